@@ -1,0 +1,21 @@
+#include "kernels/cpu/gemm.h"
+
+#include <cblas.h>
+
+namespace atl::cpu {
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
+                  int64_t sc, int64_t batch) {
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
+}
+
+}  // namespace atl::cpu
