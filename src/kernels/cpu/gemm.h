@@ -21,6 +21,12 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The path gemm_bf16 takes on CPUs without AVX-512 BF16 (widen to fp32, then sgemm); callable
+// directly so that tests cover it on any machine.
+void gemm_bf16_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+                        int64_t ldc);
+
 bool has_avx512_bf16();
 void f32_to_bf16(const float* in, bf16* out, int64_t n);
 void bf16_to_f32(const bf16* in, float* out, int64_t n);

@@ -1,0 +1,93 @@
+// Plain-timing benchmark of the fused CPU kernels at GPT-2 small shapes: attention forward and
+// backward (B=4, T=256, H=12, hd=64), layernorm, GELU and fused cross-entropy (V=50257).
+// usage: bench_kernels [threads]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "core/threads.h"
+#include "kernels/cpu/kernels.h"
+
+namespace {
+
+template <typename F>
+double median_ms(F&& f, int reps = 7) {
+  f();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> rnd(size_t n, float s = 1.0f) {
+  static std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.0f, s);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace atl;
+  set_num_threads(argc > 1 ? std::atoi(argv[1]) : 0);
+  std::printf("threads %d\n", num_threads());
+
+  {
+    const int64_t B = 4, T = 256, H = 12, KV = 12, hd = 64, S = (H + 2 * KV) * hd;
+    auto qkv = rnd(B * T * S), dout = rnd(B * T * H * hd);
+    std::vector<float> out(B * T * H * hd), lse(B * H * T), dqkv(qkv.size(), 0.0f);
+    const double fwd = median_ms([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd); });
+    const double bwd = median_ms([&] {
+      cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, KV, hd);
+    });
+    // Causal useful FLOPs: QKᵀ and PV over the lower triangle, 2·2·B·H·hd·T(T+1)/2 forward.
+    const double f = 2.0 * 2.0 * B * H * hd * (T * (T + 1) / 2.0);
+    std::printf("attention B=%lld T=%lld H=%lld hd=%lld  fwd %8.3f ms (%5.1f GFLOP/s)  bwd %8.3f ms (%5.1f GFLOP/s)\n",
+                (long long)B, (long long)T, (long long)H, (long long)hd, fwd, f / fwd / 1e6, bwd,
+                2.5 * f / bwd / 1e6);
+  }
+  {
+    const int64_t N = 4 * 256, C = 768;
+    auto x = rnd(N * C), w = rnd(C), b = rnd(C), dy = rnd(N * C);
+    std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+    const double fwd = median_ms(
+        [&] { cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f); });
+    const double bwd = median_ms([&] {
+      cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                              rstd.data(), N, C);
+    });
+    std::printf("layernorm N=%lld C=%lld                 fwd %8.3f ms  bwd %8.3f ms\n", (long long)N, (long long)C,
+                fwd, bwd);
+  }
+  {
+    const int64_t n = 4 * 256 * 3072;
+    auto x = rnd(n), dy = rnd(n);
+    std::vector<float> y(n), dx(n, 0.0f);
+    const double fwd = median_ms([&] { cpu::gelu_forward(y.data(), x.data(), n); });
+    const double bwd = median_ms([&] { cpu::gelu_backward(dx.data(), dy.data(), x.data(), n); });
+    std::printf("gelu n=%lld                          fwd %8.3f ms  bwd %8.3f ms\n", (long long)n, fwd, bwd);
+  }
+  {
+    const int64_t N = 4 * 256, V = 50257;
+    auto logits = rnd(N * V, 2.0f), dl = rnd(N);
+    std::vector<int32_t> tgt(N);
+    for (int64_t i = 0; i < N; ++i) tgt[i] = int32_t((i * 7919) % V);
+    std::vector<float> loss(N), lse(N), d(N * V);
+    const double fwd = median_ms(
+        [&] { cpu::crossentropy_forward(loss.data(), lse.data(), logits.data(), tgt.data(), N, V); }, 5);
+    const double bwd = median_ms(
+        [&] { cpu::crossentropy_backward(d.data(), dl.data(), logits.data(), lse.data(), tgt.data(), N, V); }, 5);
+    std::printf("crossentropy N=%lld V=%lld            fwd %8.3f ms  bwd %8.3f ms\n", (long long)N, (long long)V,
+                fwd, bwd);
+  }
+  return 0;
+}

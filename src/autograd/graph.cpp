@@ -1,0 +1,115 @@
+#include "autograd/graph.h"
+
+#include <unordered_map>
+
+namespace atl {
+namespace {
+
+struct Tape {
+  std::vector<Node> nodes;
+};
+thread_local Tape g_tape;
+thread_local bool g_grad_enabled = true;
+
+AutogradMeta& meta(const Tensor& t) {
+  ATOLL_CHECK(t.autograd() != nullptr, "tensor has no autograd record");
+  return *t.autograd();
+}
+
+}  // namespace
+
+void set_requires_grad(Tensor& t, bool on, const std::string& name, Tensor grad) {
+  if (!on) {
+    t.set_autograd(nullptr);
+    return;
+  }
+  auto m = std::make_shared<AutogradMeta>();
+  m->requires_grad = true;
+  m->is_leaf = true;
+  m->name = name;
+  if (grad.defined()) {
+    ATOLL_CHECK(grad.shape() == t.shape(), "gradient buffer {} for parameter {} of shape {}", shape_str(grad.shape()),
+                name, shape_str(t.shape()));
+    m->grad = grad;
+  }
+  t.set_autograd(std::move(m));
+}
+
+bool requires_grad(const Tensor& t) { return t.autograd() && t.autograd()->requires_grad; }
+
+Tensor grad_of(const Tensor& t) { return t.autograd() ? t.autograd()->grad : Tensor(); }
+
+Tensor& grad_buffer(const Tensor& t) {
+  AutogradMeta& m = meta(t);
+  if (!m.grad.defined()) m.grad = Tensor::zeros(t.shape(), DType::f32, t.device());
+  return m.grad;
+}
+
+void add_grad_hook(Tensor& leaf, std::function<void(const Tensor&)> hook) {
+  ATOLL_CHECK(requires_grad(leaf), "add_grad_hook on a tensor that does not require grad");
+  meta(leaf).hooks.push_back(std::move(hook));
+}
+
+void clear_grad_hooks(Tensor& leaf) {
+  if (leaf.autograd()) leaf.autograd()->hooks.clear();
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+
+bool should_record(std::initializer_list<const Tensor*> ts) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : ts)
+    if (t && t->defined() && requires_grad(*t)) return true;
+  return false;
+}
+
+void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::function<void(Node&)> backward) {
+  auto m = std::make_shared<AutogradMeta>();
+  m->requires_grad = true;
+  m->is_leaf = false;
+  out.set_autograd(m);
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.output = out;
+  n.backward = std::move(backward);
+  g_tape.nodes.push_back(std::move(n));
+}
+
+void backward(const Tensor& loss, float seed) {
+  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
+  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
+  auto& nodes = g_tape.nodes;
+  // A leaf's gradient is final once the node of its first forward use has run backward.
+  std::unordered_map<AutogradMeta*, size_t> first_use;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (auto& in : nodes[i].inputs)
+      if (in.defined() && in.autograd() && in.autograd()->is_leaf && !in.autograd()->hooks.empty())
+        first_use.emplace(in.autograd().get(), i);
+  std::unordered_map<size_t, std::vector<AutogradMeta*>> fire_at;
+  for (auto& [m, i] : first_use) fire_at[i].push_back(m);
+
+  grad_buffer(loss).fill(seed);
+  for (size_t i = nodes.size(); i-- > 0;) {
+    Node& n = nodes[i];
+    AutogradMeta* om = n.output.autograd().get();
+    if (om && om->grad.defined()) n.backward(n);
+    // The output's gradient and the node's saved tensors are no longer needed.
+    if (om) om->grad = Tensor();
+    n.inputs.clear();
+    n.output = Tensor();
+    n.backward = nullptr;
+    auto it = fire_at.find(i);
+    if (it != fire_at.end())
+      for (AutogradMeta* m : it->second)
+        for (auto& h : m->hooks) h(m->grad);
+  }
+  nodes.clear();
+}
+
+void clear_tape() { g_tape.nodes.clear(); }
+size_t tape_size() { return g_tape.nodes.size(); }
+
+}  // namespace atl

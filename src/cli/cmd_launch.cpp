@@ -1,0 +1,50 @@
+// `atoll launch`: runs a command as the ranks of a distributed job (see comm/launcher.h).
+#include <CLI/CLI.hpp>
+#include <cstring>
+
+#include "cli/command.h"
+#include "comm/launcher.h"
+#include "core/error.h"
+
+namespace atl::cli {
+
+static int run_launch(int argc, char** argv) {
+  // Everything after "--" is the command; CLI11 only sees what comes before.
+  int split = argc;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--")) {
+      split = i;
+      break;
+    }
+  comm::LaunchOptions o;
+  std::string rdzv;
+  CLI::App app{"Run a command as the ranks of a distributed job: atoll launch [options] -- CMD ARGS..."};
+  app.add_option("--nproc-per-node", o.nproc_per_node, "ranks on this node")->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", o.nnodes, "number of nodes")->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
+  app.add_option("--rdzv", rdzv, "HOST:PORT of node 0's rendezvous store (multi-node)");
+  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds for every rank (ATOLL_COMM_TIMEOUT)");
+  app.add_option("--grace", o.grace_s, "seconds the other ranks get to exit after one fails");
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!rdzv.empty()) {
+    auto colon = rdzv.rfind(':');
+    ATOLL_CHECK(colon != std::string::npos && colon > 0, "--rdzv '{}' is not HOST:PORT", rdzv);
+    o.rdzv_host = rdzv.substr(0, colon);
+    try {
+      o.rdzv_port = std::stoi(rdzv.substr(colon + 1));
+    } catch (const std::exception&) {
+      fail("--rdzv '{}': the port is not a number", rdzv);
+    }
+  }
+  for (int i = split + 1; i < argc; ++i) o.cmd.push_back(argv[i]);
+  ATOLL_CHECK(!o.cmd.empty(), "no command: use `atoll launch [options] -- CMD ARGS...`");
+  return comm::launch(o);
+}
+
+static Registrar reg({"launch", "run a command as N ranks (torchrun-style env, fail-fast teardown)", run_launch});
+
+}  // namespace atl::cli

@@ -1,0 +1,305 @@
+// `atoll plan …`: the analytical performance model and planner (src/plan), from the command line.
+// This file is the only part of the planner that touches the engine: `plan calibrate` times
+// atl::cpu::gemm to build the "cpu-local" device's GEMM efficiency curve.
+#include <CLI/CLI.hpp>
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "kernels/cpu/gemm.h"
+#include "plan/plan_input.h"
+#include "plan/predict.h"
+#include "plan/report.h"
+#include "plan/search.h"
+#include "plan/sweep.h"
+#include "plan/svg_plot.h"
+#include "plan/validation.h"
+
+namespace {
+
+using namespace atl;
+using namespace atl::plan;
+
+// Options every planner command shares: an input file and shortcuts for common overrides.
+struct InputArgs {
+  std::string file;
+  std::string model, device;
+  int64_t nodes = 0, islands = 0, devices_per_node = 0;
+  std::vector<std::string> sets;
+  void add(CLI::App& app) {
+    app.add_option("config", file, "planner TOML ([model], [cluster], [plan], [run]); see docs/plan.md");
+    app.add_option("--model", model, "model preset (e.g. llama3-8b); overrides [model] preset");
+    app.add_option("--device", device, "device from the catalog (e.g. h100-sxm, cpu-local)");
+    app.add_option("--nodes", nodes, "nodes per island");
+    app.add_option("--islands", islands, "number of islands");
+    app.add_option("--devices-per-node", devices_per_node, "devices per node");
+    app.add_option("--set", sets, "override any key: --set plan.tp=8 --set cluster.inter_node.bandwidth_gbs=50");
+  }
+  Config config() const {
+    Config c = file.empty() ? Config::parse("", "<defaults>") : Config::load(file);
+    if (!model.empty()) c.set_override("model.preset=\"" + model + "\"");
+    if (!device.empty()) c.set_override("cluster.device=\"" + device + "\"");
+    if (nodes) c.set_override("cluster.nodes_per_island=" + std::to_string(nodes));
+    if (islands) c.set_override("cluster.islands=" + std::to_string(islands));
+    if (devices_per_node) c.set_override("cluster.devices_per_node=" + std::to_string(devices_per_node));
+    for (auto& s : sets) c.set_override(s);
+    return c;
+  }
+};
+
+void write_out(const std::string& path, const std::string& text) {
+  auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  write_file(path, text);
+}
+
+int run_plan(int argc, char** argv) {
+  CLI::App app{"Predict memory, step time, throughput, cost and the bottleneck of one training layout"};
+  InputArgs in;
+  in.add(app);
+  bool explain = false, json = false;
+  double tokens = 0;
+  app.add_flag("--explain", explain, "print every figure with the formula and inputs that produced it");
+  app.add_flag("--json", json, "machine-readable output");
+  app.add_option("--tokens", tokens, "tokens to train (default: [run] tokens or 1e12)");
+  CLI11_PARSE(app, argc, argv);
+  Config cfg = in.config();
+  PlanInput pi = read_plan_input(cfg);
+  PredictOptions po;
+  po.explain = explain || json;
+  po.train_tokens = tokens > 0 ? tokens : pi.train_tokens;
+  Prediction p = predict(pi.model, pi.cluster, pi.layout, po);
+  if (json) {
+    std::printf("%s\n", prediction_json(pi.model, pi.cluster, pi.layout, p).dump(2).c_str());
+  } else {
+    std::printf("%s", format_prediction(pi.model, pi.cluster, pi.layout, p).c_str());
+    if (explain) std::printf("%s", format_explain(p).c_str());
+  }
+  return p.memory.oom ? 3 : 0;
+}
+
+int run_search(int argc, char** argv) {
+  CLI::App app{"Enumerate valid layouts, rank them and write the cost-vs-time Pareto frontier"};
+  InputArgs in;
+  in.add(app);
+  SearchOptions so;
+  size_t top = 10;
+  std::string out_dir = "plan-search";
+  bool json = false, fixed = false;
+  app.add_option("--objective", so.objective, "rank by throughput or cost")
+      ->check(CLI::IsMember({"throughput", "cost"}))->capture_default_str();
+  app.add_option("--batch-tokens", so.batch_tokens, "tokens per step (global batch)")->capture_default_str();
+  app.add_option("--top", top, "rows to print")->capture_default_str();
+  app.add_option("--out-dir", out_dir, "where pareto.csv and pareto.svg go")->capture_default_str();
+  app.add_flag("--fixed-cluster", fixed, "use the whole cluster only (do not try fewer nodes/islands)");
+  app.add_flag("--json", json, "machine-readable output");
+  CLI11_PARSE(app, argc, argv);
+  Config cfg = in.config();
+  PlanInput pi = read_plan_input(cfg);
+  so.vary_cluster = !fixed;
+  so.train_tokens = pi.train_tokens;
+  so.precision = pi.layout.precision, so.optimizer = pi.layout.optimizer;
+  if (cfg.has("plan.global_batch")) so.global_batch = pi.layout.global_batch;
+  so.decentral = Layout{};
+  so.decentral.diloco_h = pi.layout.diloco_h, so.decentral.diloco_compression = pi.layout.diloco_compression;
+  so.decentral.gossip_peers = pi.layout.gossip_peers, so.decentral.offload = pi.layout.offload;
+  auto t0 = std::chrono::steady_clock::now();
+  SearchResult r = search_layouts(pi.model, pi.cluster, so);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::filesystem::create_directories(out_dir);
+  write_out(out_dir + "/pareto.csv", pareto_csv(r.pareto));
+  write_out(out_dir + "/pareto.svg",
+            render_svg(pareto_plot(r, pi.model.name + " on up to " + std::to_string(pi.cluster.world()) + " × " +
+                                          pi.cluster.device.name + ": cost vs time to train")));
+  if (json) {
+    auto j = search_json(r, top);
+    j["seconds"] = secs;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", format_search(r, top).c_str());
+    std::printf("searched in %.2f s; wrote %s/pareto.csv and %s/pareto.svg\n", secs, out_dir.c_str(), out_dir.c_str());
+  }
+  return r.ranked.empty() ? 3 : 0;
+}
+
+int run_sweep_cmd(int argc, char** argv) {
+  CLI::App app{"Sweep island size, islands, batch or bandwidth and show the scaling regimes"};
+  InputArgs in;
+  in.add(app);
+  SweepOptions so;
+  std::string values, out_dir = "plan-sweep";
+  bool json = false;
+  app.add_option("--param", so.param, "island_size, islands, batch, bandwidth or wan_bandwidth")->capture_default_str();
+  app.add_option("--values", values, "comma-separated values, e.g. 1,2,4,8,16")->required();
+  app.add_flag("--best", so.best, "search the best layout at every point (default: adapt dp only)");
+  app.add_option("--out-dir", out_dir, "where sweep.svg goes")->capture_default_str();
+  app.add_flag("--json", json, "machine-readable output");
+  CLI11_PARSE(app, argc, argv);
+  Config cfg = in.config();
+  PlanInput pi = read_plan_input(cfg);
+  size_t pos = 0;
+  while (pos <= values.size()) {
+    size_t c = values.find(',', pos);
+    std::string tok = values.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    try {
+      so.values.push_back(std::stod(tok));
+    } catch (const std::exception&) {
+      fail("--values: '{}' is not a number", tok);
+    }
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  so.train_tokens = pi.train_tokens;
+  so.search.precision = pi.layout.precision, so.search.optimizer = pi.layout.optimizer;
+  so.search.micro_batches = {1, 2, 4};
+  auto pts = run_sweep(pi.model, pi.cluster, pi.layout, so);
+  std::filesystem::create_directories(out_dir);
+  write_out(out_dir + "/sweep.svg", render_svg(sweep_plot(pts, so, pi.model.name + " on " + pi.cluster.device.name +
+                                                                       ": sweep over " + so.param)));
+  if (json) std::printf("%s\n", sweep_json(pts, so).dump(2).c_str());
+  else std::printf("%swrote %s/sweep.svg\n", format_sweep(pts, so).c_str(), out_dir.c_str());
+  return 0;
+}
+
+int run_validate(int argc, char** argv) {
+  CLI::App app{"Compare predictions with published measurements (Megatron-LM papers)"};
+  std::string data = std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/published.toml";
+  app.add_option("--data", data, "published runs (TOML)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  auto rows = validate_published(load_published(data));
+  std::printf("%s\nmedian |error| %.1f%%, worst %.1f%% over %zu runs\n", format_validation(rows).c_str(),
+              100 * median_abs_error(rows), 100 * max_abs_error(rows), rows.size());
+  return 0;
+}
+
+int run_list(int argc, char** argv) {
+  CLI::App app{"List the model presets and the device catalog"};
+  CLI11_PARSE(app, argc, argv);
+  std::printf("model presets\n");
+  for (auto& n : known_presets()) {
+    ModelSpec m = model_preset(n);
+    std::printf("  %-12s %9s params (%s active), %lld layers, hidden %lld, seq %lld\n", n.c_str(),
+                human_count(double(m.total_params())).c_str(), human_count(double(m.active_params())).c_str(),
+                (long long)m.layers, (long long)m.hidden, (long long)m.seq);
+  }
+  std::printf("\ndevices (dense peak TFLOP/s bf16 / fp8, memory, bandwidth, USD/h)\n");
+  for (auto& d : device_catalog())
+    std::printf("  %-12s %7.1f / %7.1f  %6.0f GB  %6.0f GB/s  %5.2f  %s\n", d.name.c_str(), d.bf16 / 1e12,
+                d.fp8 / 1e12, d.mem_bytes / 1e9, d.mem_bw / 1e9, d.price_hour, d.note.c_str());
+  std::printf("  %-12s from `atoll plan calibrate` (%s)\n", "cpu-local", calibration_path().c_str());
+  return 0;
+}
+
+// ---- calibration ----
+
+double time_gemm(int64_t n, int reps) {
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.f);
+  cpu::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    cpu::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+double time_gemm_bf16(int64_t n, int reps) {
+  std::vector<float> af(n * n, 0.5f), c(n * n, 0.f);
+  std::vector<bf16> a(n * n);
+  cpu::f32_to_bf16(af.data(), a.data(), n * n);
+  cpu::gemm_bf16(false, false, n, n, n, 1.f, a.data(), n, a.data(), n, 0.f, c.data(), n);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    cpu::gemm_bf16(false, false, n, n, n, 1.f, a.data(), n, a.data(), n, 0.f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// STREAM-style triad a = b + s·c over arrays far larger than the caches: 3 arrays × 8 bytes moved.
+double measure_bandwidth(int64_t n, int reps) {
+  std::vector<double> a(n, 0.0), b(n, 1.0), c(n, 2.0);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0 * c[i];
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (a[n / 2] != 7.0) fail("bandwidth probe computed a wrong value");
+  return 3.0 * 8.0 * n / best;
+}
+
+int run_calibrate(int argc, char** argv) {
+  CLI::App app{"Measure this machine's GEMM efficiency curve and memory bandwidth for the cpu-local device"};
+  std::string out = calibration_path();
+  bool quick = false;
+  double price = 0.05;
+  app.add_option("--out", out, "calibration file the cpu-local device reads")->capture_default_str();
+  app.add_flag("--quick", quick, "fewer sizes and repetitions (for tests)");
+  app.add_option("--price", price, "price per hour of this machine, USD")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  std::vector<int64_t> sizes = quick ? std::vector<int64_t>{32, 64, 128, 256}
+                                     : std::vector<int64_t>{32, 64, 128, 256, 384, 512, 768, 1024, 1536};
+  int reps = quick ? 2 : 4;
+  std::vector<std::pair<double, double>> rate;  // (flops, flop/s)
+  double peak = 0;
+  for (int64_t n : sizes) {
+    double flops = 2.0 * n * n * n;
+    double fs = flops / time_gemm(n, reps);
+    rate.push_back({flops, fs});
+    peak = std::max(peak, fs);
+    std::printf("  gemm %5lld³  %8.2f GFLOP/s\n", (long long)n, fs / 1e9);
+  }
+  double peak_bf16 = 0;
+  if (cpu::has_avx512_bf16()) {
+    for (int64_t n : {256, 512}) peak_bf16 = std::max(peak_bf16, 2.0 * n * n * n / time_gemm_bf16(n, reps));
+    std::printf("  gemm bf16     %8.2f GFLOP/s\n", peak_bf16 / 1e9);
+  }
+  double bw = measure_bandwidth(quick ? (int64_t(1) << 22) : (int64_t(1) << 25), reps);
+  std::printf("  memory bandwidth %.2f GB/s (triad)\n", bw / 1e9);
+  double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  // "Peak" is the best GEMM rate measured: the curve says how far smaller GEMMs fall below it.
+  nlohmann::json j;
+  j["device"] = "cpu-local";
+  j["threads"] = omp_get_max_threads();
+  j["peak_fp32_flops"] = peak;
+  j["peak_bf16_flops"] = peak_bf16;
+  j["memory_bytes"] = mem;
+  j["memory_bandwidth"] = bw;
+  j["price_per_hour"] = price;
+  // Collective bandwidths are not measured yet (the engine's src/comm is being built); the
+  // planner uses these defaults until they are: shared-memory between ranks on one node and a
+  // 10 Gb/s network between nodes. A future `plan calibrate --collectives` writes them here.
+  j["intra_node_bandwidth"] = bw / 4;
+  j["inter_node_bandwidth"] = 1.25e9;
+  j["gemm_curve"] = nlohmann::json::array();
+  for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});
+  auto dir = std::filesystem::path(out).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  write_file(out, j.dump(2) + "\n");
+  plan::Device d = device_from_calibration(out);  // proves the file reads back
+  std::printf("wrote %s (peak %.2f GFLOP/s on %d threads, %zu curve points)\n", out.c_str(), d.fp32 / 1e9,
+              omp_get_max_threads(), d.gemm_curve.size());
+  return 0;
+}
+
+atl::cli::Registrar plan_cmd({"plan", "predict memory, speed, cost and bottleneck of a training layout", run_plan});
+atl::cli::Registrar plan_search_cmd({"plan search", "search layouts; best table and cost/time Pareto frontier", run_search});
+atl::cli::Registrar plan_sweep_cmd({"plan sweep", "sweep island size/batch/bandwidth/islands; table and SVG", run_sweep_cmd});
+atl::cli::Registrar plan_calibrate_cmd({"plan calibrate", "measure local GEMM efficiency for the cpu-local device", run_calibrate});
+atl::cli::Registrar plan_validate_cmd({"plan validate", "predicted vs published Megatron-LM measurements", run_validate});
+atl::cli::Registrar plan_list_cmd({"plan list", "list model presets and the device catalog", run_list});
+
+}  // namespace

@@ -1,0 +1,307 @@
+// Gloo backend: Gloo's TCP transport and collective algorithms, rendezvous through our TCP store
+// (this Gloo ships file, hash and Redis stores but no TCP one), dead-rank diagnosis through the
+// store's lifelines.
+#ifdef ATOLL_HAVE_GLOO
+#include "comm/gloo_communicator.h"
+
+#include <arpa/inet.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+
+namespace atl::comm {
+
+struct GlooProcess {
+  std::unique_ptr<TcpStoreServer> server;  // when this process hosts the store (rank 0)
+  std::unique_ptr<TcpStore> store;
+  std::unique_ptr<TcpStore> lifeline;
+  std::shared_ptr<gloo::transport::Device> device;
+  int world_rank = 0, world_size = 1;
+  std::string exit_prefix;
+  Millis timeout{0};
+  bool clean = true;
+  bool store_on_rank0 = false;
+
+  ~GlooProcess() {
+    // Tell the store we leave on purpose; the host then waits (bounded) for everyone else to
+    // leave too, so that no rank loses the store in the middle of its own shutdown.
+    try {
+      if (lifeline) lifeline->goodbye();
+      if (store) store->set(exit_prefix + std::to_string(world_rank), "1");
+      if (server && store && clean) {
+        auto until = std::chrono::steady_clock::now() + std::min(timeout, Millis(30000));
+        for (;;) {
+          auto dead = store->dead_ranks();
+          int gone = 0;
+          for (int r = 0; r < world_size; ++r)
+            if (std::count(dead.begin(), dead.end(), r) ||
+                store->check({exit_prefix + std::to_string(r)}))
+              ++gone;
+          if (gone == world_size || std::chrono::steady_clock::now() > until) break;
+          std::this_thread::sleep_for(Millis(20));
+        }
+      }
+    } catch (const std::exception&) {
+      // The store host is gone; nothing left to coordinate with.
+    }
+    lifeline.reset();
+    store.reset();
+    server.reset();
+  }
+};
+
+namespace {
+
+// Gloo's rendezvous goes through this adapter, so its keys live in our store under a prefix.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(TcpStore& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = s_.get(prefix_ + key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, s_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> pk;
+    for (auto& k : keys) pk.push_back(prefix_ + k);
+    s_.wait(pk, t);
+  }
+
+ private:
+  TcpStore& s_;
+  std::string prefix_;
+};
+
+// The local address the kernel would use to reach the store: right on one host (loopback) and
+// in network namespaces alike, without guessing interface names.
+std::string local_ip_towards(const std::string& host, int port) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return "127.0.0.1";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port ? port : 9));
+  std::string ip = "127.0.0.1";
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    socklen_t len = sizeof a;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      if (inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf)) ip = buf;
+    }
+  }
+  ::close(fd);
+  return ip;
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+template <typename T>
+ReduceFn reduce_fn(ReduceOp op) {
+  return op == ReduceOp::max ? ReduceFn(&gloo::max<T>) : ReduceFn(&gloo::sum<T>);
+}
+
+constexpr uint8_t kP2PSlotPrefix = 0x42;
+
+}  // namespace
+
+std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Millis timeout) {
+  ATOLL_CHECK(env.master_port > 0,
+              "the Gloo backend needs MASTER_ADDR and MASTER_PORT (set by `atoll launch`)");
+  auto proc = std::make_shared<GlooProcess>();
+  proc->world_rank = env.rank;
+  proc->world_size = env.world_size;
+  proc->timeout = timeout;
+  proc->store_on_rank0 = !env.store_hosted_externally;
+  if (env.rank == 0 && !env.store_hosted_externally)
+    proc->server = std::make_unique<TcpStoreServer>("0.0.0.0", env.master_port);
+  proc->store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+  proc->lifeline = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+  proc->lifeline->hello(env.rank);
+  // Each world communicator this process creates gets its own key space; ranks create them in
+  // the same order, so the counters agree.
+  int64_t gen = proc->store->add("gloo/generation/" + std::to_string(env.rank), 1);
+  std::string prefix = fmt::format("gloo/{}/", gen);
+  proc->exit_prefix = prefix + "exit/";
+  gloo::transport::tcp::attr attr;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+    attr.iface = ifname;
+  else
+    attr.hostname = local_ip_towards(env.master_addr, env.master_port);
+  proc->device = gloo::transport::tcp::CreateDevice(attr);
+  return std::make_unique<GlooCommunicator>(proc, env.rank, env.world_size, std::vector<int>{}, prefix,
+                                            timeout);
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooProcess> proc, int rank, int size,
+                                   std::vector<int> world_ranks, const std::string& prefix,
+                                   Millis timeout)
+    : Communicator(rank, size, std::move(world_ranks), timeout), proc_(std::move(proc)), prefix_(prefix) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  StoreAdapter st(*proc_->store, prefix_ + "mesh/");
+  try {
+    ctx->connectFullMesh(st, proc_->device);
+  } catch (const Error& e) {
+    fail("gloo rendezvous of rank {} of {} failed: {}", world_ranks_of(rank), size, e.what());
+  } catch (const std::exception& e) {
+    fail("gloo rendezvous of rank {} of {} failed: {}", world_ranks_of(rank), size, e.what());
+  }
+  ctx_ = ctx;
+  start_worker();
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  stop_worker();
+  ctx_.reset();
+}
+
+int GlooCommunicator::world_ranks_of(int r) const { return world_ranks()[size_t(r)]; }
+
+void GlooCommunicator::run_all_reduce(const Tensor& t, ReduceOp op) {
+  if (t.numel() == 0 || size() == 1) return;
+  gloo::AllreduceOptions o(ctx_);
+  o.setTag(tag());
+  o.setTimeout(remaining());
+  switch (t.dtype()) {
+    case DType::f32:
+      o.setOutput(t.data<float>(), size_t(t.numel()));
+      o.setReduceFunction(reduce_fn<float>(op));
+      break;
+    case DType::i32:
+      o.setOutput(t.data<int32_t>(), size_t(t.numel()));
+      o.setReduceFunction(reduce_fn<int32_t>(op));
+      break;
+    case DType::i64:
+      o.setOutput(t.data<int64_t>(), size_t(t.numel()));
+      o.setReduceFunction(reduce_fn<int64_t>(op));
+      break;
+    default: fail("gloo all_reduce: dtype {} reaches the backend unwidened", dtype_name(t.dtype()));
+  }
+  gloo::allreduce(o);
+}
+
+void GlooCommunicator::run_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
+  ring_reduce_scatter(ctx_, in, out, op, tag(), remaining());
+}
+
+void GlooCommunicator::run_all_gather(const Tensor& in, const Tensor& out) {
+  if (in.nbytes() == 0) return;
+  if (size() == 1) {
+    std::memcpy(out.raw(), in.raw(), in.nbytes());
+    return;
+  }
+  gloo::AllgatherOptions o(ctx_);
+  o.setTag(tag());
+  o.setTimeout(remaining());
+  o.setInput(static_cast<char*>(in.raw()), in.nbytes());
+  o.setOutput(static_cast<char*>(out.raw()), out.nbytes());
+  gloo::allgather(o);
+}
+
+void GlooCommunicator::run_broadcast(const Tensor& t, int root) {
+  if (t.nbytes() == 0 || size() == 1) return;
+  gloo::BroadcastOptions o(ctx_);
+  o.setTag(tag());
+  o.setTimeout(remaining());
+  o.setRoot(root);
+  o.setOutput(static_cast<char*>(t.raw()), t.nbytes());
+  gloo::broadcast(o);
+}
+
+void GlooCommunicator::run_all_to_all(const Tensor& in, const Tensor& out) {
+  if (in.nbytes() == 0) return;
+  if (size() == 1) {
+    std::memcpy(out.raw(), in.raw(), in.nbytes());
+    return;
+  }
+  gloo::AlltoallOptions o(ctx_);
+  o.setTag(tag());
+  o.setTimeout(remaining());
+  o.setInput(static_cast<char*>(in.raw()), in.nbytes());
+  o.setOutput(static_cast<char*>(out.raw()), out.nbytes());
+  gloo::alltoall(o);
+}
+
+void GlooCommunicator::run_barrier() {
+  if (size() == 1) return;
+  gloo::BarrierOptions o(ctx_);
+  o.setTag(tag());
+  o.setTimeout(remaining());
+  gloo::barrier(o);
+}
+
+std::function<void()> GlooCommunicator::post_send(const Tensor& t, int peer, int tag) {
+  std::shared_ptr<gloo::transport::UnboundBuffer> buf = ctx_->createUnboundBuffer(t.raw(), t.nbytes());
+  buf->send(peer, gloo::Slot::build(kP2PSlotPrefix, uint32_t(tag)));
+  Millis to = timeout();
+  return [buf, to, peer] {
+    ATOLL_CHECK(buf->waitSend(to), "send to rank {} was aborted", peer);
+  };
+}
+
+std::function<void()> GlooCommunicator::post_recv(const Tensor& t, int peer, int tag) {
+  std::shared_ptr<gloo::transport::UnboundBuffer> buf = ctx_->createUnboundBuffer(t.raw(), t.nbytes());
+  buf->recv(peer, gloo::Slot::build(kP2PSlotPrefix, uint32_t(tag)));
+  Millis to = timeout();
+  return [buf, to, peer] {
+    ATOLL_CHECK(buf->waitRecv(to), "receive from rank {} was aborted", peer);
+  };
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::run_split(const std::vector<int>& members,
+                                                          int new_rank, int color) {
+  int n = ++splits_;
+  if (members.empty()) return nullptr;
+  std::vector<int> wr;
+  for (int m : members) wr.push_back(world_ranks()[size_t(m)]);
+  return std::make_unique<GlooCommunicator>(proc_, new_rank, int(members.size()), wr,
+                                            fmt::format("{}split{}/color{}/", prefix_, n, color),
+                                            timeout());
+}
+
+std::string GlooCommunicator::diagnose() {
+  proc_->clean = false;
+  const auto& wr = world_ranks();
+  try {
+    // The transport often notices a death a moment before the store does.
+    for (int i = 0; i < 40; ++i) {
+      std::vector<int> dead_here;
+      for (int d : proc_->store->dead_ranks())
+        if (std::count(wr.begin(), wr.end(), d)) dead_here.push_back(d);
+      if (!dead_here.empty()) {
+        std::string names;
+        for (int d : dead_here) names += (names.empty() ? "" : ", ") + std::to_string(d);
+        return fmt::format("rank {} died (its connection to the rendezvous store closed)", names);
+      }
+      std::this_thread::sleep_for(Millis(50));
+    }
+  } catch (const Error& e) {
+    return fmt::format("{}; {}", e.what(),
+                       proc_->store_on_rank0 ? "rank 0, which hosts the store, has probably died"
+                                             : "`atoll launch` on node 0, which hosts the store, has exited");
+  }
+  return fmt::format("no rank is known to have died; a peer stopped answering within {:.1f} s",
+                     timeout().count() / 1000.0);
+}
+
+}  // namespace atl::comm
+#endif

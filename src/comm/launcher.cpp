@@ -1,0 +1,289 @@
+// Launcher: torchrun's (torch.distributed.run) contract — the RANK/LOCAL_RANK/WORLD_SIZE/
+// LOCAL_WORLD_SIZE/GROUP_RANK/MASTER_ADDR/MASTER_PORT environment, a TCP store on node 0 — with
+// a fail-fast policy: the first rank that exits non-zero (or dies by a signal) fails the whole
+// job. The other ranks get a short grace period to report their own errors (a dead peer makes
+// their collectives fail within their timeout), then SIGTERM, then SIGKILL. Across nodes the
+// failure travels through the store, so every node's launcher tears down its ranks.
+#include "comm/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "comm/tcp_store.h"
+#include "core/error.h"
+
+namespace atl::comm {
+
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int sig) { g_interrupted = sig; }
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int fds[2] = {-1, -1};  // stdout, stderr read ends
+  std::string partial[2];
+  bool exited = false;
+  int status = 0;
+};
+
+void write_fd(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t k = ::write(fd, s.data() + off, s.size() - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return;
+    off += size_t(k);
+  }
+}
+
+// Emits complete lines, each prefixed with the rank; keeps the unfinished tail.
+void emit_lines(Child& c, int stream, const char* data, size_t n, bool flush) {
+  std::string& buf = c.partial[stream];
+  buf.append(data, n);
+  std::string out;
+  size_t start = 0, nl;
+  while ((nl = buf.find('\n', start)) != std::string::npos) {
+    out += "[rank " + std::to_string(c.rank) + "] " + buf.substr(start, nl - start + 1);
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flush && !buf.empty()) {
+    out += "[rank " + std::to_string(c.rank) + "] " + buf + "\n";
+    buf.clear();
+  }
+  if (!out.empty()) write_fd(stream == 0 ? 1 : 2, out);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int s = WTERMSIG(status);
+    const char* name = sigabbrev_np(s);
+    return fmt::format("was killed by signal {} (SIG{})", s, name ? name : "?");
+  }
+  return fmt::format("ended with status {}", status);
+}
+
+pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, const std::string& master_addr,
+            int master_port) {
+  int out[2], err[2];
+  ATOLL_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe(): {}",
+              std::strerror(errno));
+  // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
+  std::vector<std::string> envs = {
+      "RANK=" + std::to_string(c.rank),
+      "LOCAL_RANK=" + std::to_string(local_rank),
+      "WORLD_SIZE=" + std::to_string(o.nproc_per_node * o.nnodes),
+      "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node),
+      "GROUP_RANK=" + std::to_string(o.node_rank),
+      "MASTER_ADDR=" + master_addr,
+      "MASTER_PORT=" + std::to_string(master_port),
+      "ATOLL_STORE_EXTERNAL=1",
+  };
+  if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
+  // Like torchrun: ranks sharing a node share its cores unless the user says otherwise.
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    envs.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1u, hw / unsigned(o.nproc_per_node))));
+  }
+  std::vector<std::string> keep;
+  for (char** e = environ; *e; ++e) {
+    std::string s = *e;
+    std::string k = s.substr(0, s.find('='));
+    bool overridden = false;
+    for (auto& v : envs)
+      if (v.compare(0, k.size() + 1, k + "=") == 0) overridden = true;
+    if (!overridden) keep.push_back(s);
+  }
+  for (auto& v : envs) keep.push_back(v);
+  std::vector<char*> envp, argv;
+  for (auto& s : keep) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> cmd = o.cmd;
+  for (auto& s : cmd) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  pid_t pid = ::fork();
+  ATOLL_CHECK(pid >= 0, "fork(): {}", std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own group: teardown reaches the rank's children too
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const char* msg = "atoll launch: cannot execute the command: ";
+    (void)!::write(2, msg, std::strlen(msg));
+    const char* e = std::strerror(errno);
+    (void)!::write(2, e, std::strlen(e));
+    (void)!::write(2, "\n", 1);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  c.fds[0] = out[0];
+  c.fds[1] = err[0];
+  return pid;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+  ATOLL_CHECK(!o.cmd.empty(), "atoll launch: no command given after --");
+  ATOLL_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1");
+  ATOLL_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes,
+              "--node-rank {} is outside 0..{}", o.node_rank, o.nnodes - 1);
+  ATOLL_CHECK(o.nnodes == 1 || o.rdzv_port > 0,
+              "a multi-node launch needs --rdzv HOST:PORT naming node 0's address");
+  using clock = std::chrono::steady_clock;
+  using Millis = std::chrono::milliseconds;
+
+  // Node 0 hosts the store; a single-node job keeps it on loopback.
+  std::unique_ptr<TcpStoreServer> server;
+  int port = o.rdzv_port;
+  if (o.node_rank == 0) {
+    server = std::make_unique<TcpStoreServer>(o.nnodes > 1 ? "0.0.0.0" : o.rdzv_host, port);
+    port = server->port();
+  }
+  Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
+  auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int, old_term;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Child> kids(size_t(o.nproc_per_node));
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    kids[size_t(i)].rank = o.node_rank * o.nproc_per_node + i;
+    kids[size_t(i)].pid = spawn(o, kids[size_t(i)], i, o.rdzv_host, port);
+  }
+
+  std::string failure;  // the first failure, as reported
+  clock::time_point term_at{}, kill_at{};
+  bool termed = false, killed = false;
+  auto last_store_check = clock::now();
+  auto begin_teardown = [&](const std::string& why, bool immediate) {
+    if (!failure.empty()) return;
+    failure = why;
+    std::fprintf(stderr, "atoll launch: %s; stopping the other ranks\n", why.c_str());
+    std::fflush(stderr);
+    try {
+      if (!store->check({"launch/failed"})) store->set("launch/failed", why);
+    } catch (const Error&) {
+    }
+    term_at = clock::now() + (immediate ? Millis(0) : Millis(int64_t(o.grace_s * 1000)));
+    kill_at = term_at + Millis(3000);
+  };
+
+  char buf[65536];
+  for (;;) {
+    std::vector<pollfd> pfds;
+    std::vector<std::pair<size_t, int>> who;
+    for (size_t i = 0; i < kids.size(); ++i)
+      for (int s = 0; s < 2; ++s)
+        if (kids[i].fds[s] >= 0) {
+          pfds.push_back({kids[i].fds[s], POLLIN, 0});
+          who.push_back({i, s});
+        }
+    if (!pfds.empty()) ::poll(pfds.data(), pfds.size(), 100);
+    for (size_t j = 0; j < pfds.size(); ++j) {
+      if (!(pfds[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto [i, s] = who[j];
+      ssize_t n = ::read(pfds[j].fd, buf, sizeof buf);
+      if (n > 0) {
+        emit_lines(kids[i], s, buf, size_t(n), false);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        emit_lines(kids[i], s, "", 0, true);
+        ::close(kids[i].fds[s]);
+        kids[i].fds[s] = -1;
+      }
+    }
+    for (auto& c : kids) {
+      if (!c.exited) {
+        int st = 0;
+        pid_t r = ::waitpid(c.pid, &st, WNOHANG);
+        if (r == c.pid) {
+          c.exited = true;
+          c.status = st;
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+            begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
+                           false);
+        }
+      }
+    }
+    if (pfds.empty()) std::this_thread::sleep_for(Millis(50));
+    bool all_exited = std::all_of(kids.begin(), kids.end(), [](const Child& c) { return c.exited; });
+    bool outputs_closed = std::all_of(kids.begin(), kids.end(),
+                                      [](const Child& c) { return c.fds[0] < 0 && c.fds[1] < 0; });
+    if (all_exited && (outputs_closed || killed)) break;
+    if (g_interrupted && failure.empty())
+      begin_teardown(fmt::format("interrupted by signal {}", int(g_interrupted)), true);
+    // Another node's failure reaches us through the store.
+    if (o.nnodes > 1 && failure.empty() && clock::now() - last_store_check > Millis(250)) {
+      last_store_check = clock::now();
+      try {
+        if (auto f = store->try_get("launch/failed")) begin_teardown("on another node: " + *f, false);
+      } catch (const Error& e) {
+        begin_teardown(std::string("lost the rendezvous store: ") + e.what(), false);
+      }
+    }
+    if (!failure.empty()) {
+      auto now = clock::now();
+      if (!termed && now >= term_at) {
+        termed = true;
+        for (auto& c : kids)
+          if (!c.exited) ::kill(-c.pid, SIGTERM);
+      }
+      if (!killed && now >= kill_at) {
+        killed = true;
+        for (auto& c : kids)
+          if (!c.exited) ::kill(-c.pid, SIGKILL);
+      }
+      // Grandchildren may hold the pipes open after SIGKILL: stop reading a little later.
+      if (killed && all_exited && now >= kill_at + Millis(1000)) break;
+    }
+  }
+  for (auto& c : kids)
+    for (int s = 0; s < 2; ++s)
+      if (c.fds[s] >= 0) ::close(c.fds[s]);
+
+  // Node 0 keeps the store up until every node's launcher is done with it.
+  try {
+    store->set("launch/done/" + std::to_string(o.node_rank), "1");
+    if (server && o.nnodes > 1) {
+      std::vector<std::string> keys;
+      for (int n = 0; n < o.nnodes; ++n) keys.push_back("launch/done/" + std::to_string(n));
+      store->wait(keys, Millis(failure.empty() ? 30000 : 5000));
+    }
+  } catch (const Error&) {
+  }
+  store.reset();
+  server.reset();
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+
+  if (failure.empty()) return 0;
+  std::fprintf(stderr, "atoll launch: job failed: %s\n", failure.c_str());
+  for (auto& c : kids)
+    if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0))
+      std::fprintf(stderr, "atoll launch:   rank %d %s\n", c.rank, describe_status(c.status).c_str());
+  return 1;
+}
+
+}  // namespace atl::comm

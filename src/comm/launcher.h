@@ -1,0 +1,25 @@
+// The process launcher behind `atoll launch` (torchrun's role): starts this node's ranks with
+// torchrun's environment, hosts the rendezvous store on node 0, prefixes every output line with
+// its rank, and tears the job down when any rank fails.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace atl::comm {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string rdzv_host = "127.0.0.1";  // node 0's address, reachable from every node
+  int rdzv_port = 0;                    // 0: a free port (single node only)
+  double timeout_s = 0;  // > 0: exported as ATOLL_COMM_TIMEOUT, every rank's collective timeout
+  double grace_s = 5;    // after a failure, how long the other ranks get to exit by themselves
+  std::vector<std::string> cmd;
+};
+
+// Runs the job to completion; returns 0 when every rank exited 0, otherwise 1 after printing
+// which rank failed and how.
+int launch(const LaunchOptions& opt);
+
+}  // namespace atl::comm

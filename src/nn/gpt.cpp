@@ -1,0 +1,191 @@
+#include "nn/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace atl::nn {
+
+Attention::Attention(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
+  int64_t hd = c.head_dim();
+  c_attn = child<Linear>("c_attn", c.n_embd, (c.n_head + 2 * c.n_kv_head) * hd, c.bias);
+  c_proj = child<Linear>("c_proj", c.n_head * hd, c.n_embd, c.bias);
+}
+
+Tensor Attention::operator()(const Tensor& x) const {
+  int64_t hd = c_.head_dim();
+  Tensor qkv = (*c_attn)(x);
+  if (c_.rope) qkv = ops::rope(qkv, c_.n_head, c_.n_kv_head, hd, c_.rope_theta);
+  return (*c_proj)(ops::attention(qkv, c_.n_head, c_.n_kv_head, hd));
+}
+
+MLP::MLP(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
+  c_fc = child<Linear>("c_fc", c.n_embd, c.swiglu ? 2 * c.ffn() : c.ffn(), c.bias);
+  c_proj = child<Linear>("c_proj", c.ffn(), c.n_embd, c.bias);
+}
+
+Tensor MLP::operator()(const Tensor& x) const {
+  Tensor h = (*c_fc)(x);
+  return (*c_proj)(c_.swiglu ? ops::swiglu(h) : ops::gelu(h));
+}
+
+Block::Block(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)) {
+  ln_1 = child<Norm>("ln_1", c.n_embd, c.rms_norm, c.bias, c.norm_eps);
+  attn = child<Attention>("attn", c);
+  ln_2 = child<Norm>("ln_2", c.n_embd, c.rms_norm, c.bias, c.norm_eps);
+  mlp = child<MLP>("mlp", c);
+}
+
+Tensor Block::operator()(const Tensor& x) const {
+  Tensor r = ops::add(x, (*attn)((*ln_1)(x)));
+  return ops::add(r, (*mlp)((*ln_2)(r)));
+}
+
+GPT::GPT(const GPTConfig& c) : Module(""), c_(c) {
+  c_.validate();
+  wte = child<Embedding>("transformer.wte", c_.vocab_size, c_.n_embd);
+  if (!c_.rope) wpe = child<Embedding>("transformer.wpe", c_.block_size, c_.n_embd);
+  for (int64_t i = 0; i < c_.n_layer; ++i) h.push_back(child<Block>("transformer.h." + std::to_string(i), c_));
+  ln_f = child<Norm>("transformer.ln_f", c_.n_embd, c_.rms_norm, c_.bias, c_.norm_eps);
+  if (!c_.tied_head) lm_head = declare("lm_head.weight", {c_.vocab_size, c_.n_embd});
+  materialize();
+}
+
+void GPT::init_weights(uint64_t seed) {
+  Rng rng(seed, 0);
+  float proj_std = 0.02f / std::sqrt(2.f * float(c_.n_layer));
+  for (Parameter* p : parameters()) {
+    const std::string& n = p->name;
+    bool is_bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    if (p->shape.size() == 1) p->value.fill(is_bias ? 0.f : 1.f);
+    else if (n.find("c_proj.weight") != std::string::npos) rng.fill_normal(p->value, 0.f, proj_std);
+    else rng.fill_normal(p->value, 0.f, 0.02f);
+  }
+}
+
+Parameter* GPT::head_weight() const { return c_.tied_head ? wte->weight : lm_head; }
+
+Tensor GPT::hidden(const Tensor& tokens) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
+  Tensor x = ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
+  for (const Block* b : h) x = (*b)(x);
+  return (*ln_f)(x);
+}
+
+Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
+  ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
+              shape_str(tokens.shape()));
+  Tensor logits = ops::linear_t(hidden(tokens), head_weight()->value);
+  return ops::cross_entropy(logits, targets, /*reuse_logits=*/true);
+}
+
+Tensor GPT::logits(const Tensor& tokens) const { return ops::linear_t(hidden(tokens), head_weight()->value); }
+
+std::vector<ParamRef> GPT::param_refs() {
+  std::vector<ParamRef> out;
+  for (Parameter* p : parameters()) out.push_back({p->name, p->value, p->grad});
+  return out;
+}
+
+void GPT::zero_grad() { flat_grads_.zero(); }
+
+std::vector<std::pair<std::string, Tensor>> GPT::state_dict() {
+  std::vector<std::pair<std::string, Tensor>> sd;
+  for (Parameter* p : parameters()) sd.emplace_back(p->name, p->value);
+  return sd;
+}
+
+void GPT::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what) {
+  std::map<std::string, const Tensor*> by;
+  for (auto& [n, t] : sd) by[n] = &t;
+  for (Parameter* p : parameters()) {
+    auto it = by.find(p->name);
+    ATOLL_CHECK(it != by.end(), "{}: missing weight '{}'", what, p->name);
+    ATOLL_CHECK(it->second->shape() == p->shape, "{}: weight '{}' has shape {}, the model expects {}", what, p->name,
+                shape_str(it->second->shape()), shape_str(p->shape));
+    p->value.copy_from(*it->second);
+    by.erase(it);
+  }
+  by.erase("lm_head.weight");  // HF files may carry the tied head explicitly
+  ATOLL_CHECK(by.empty(), "{}: unexpected weight '{}' (model: {})", what, by.empty() ? "" : by.begin()->first,
+              c_.describe());
+}
+
+std::map<std::string, std::string> GPT::config_metadata() const {
+  nlohmann::json j = {{"vocab_size", c_.vocab_size}, {"block_size", c_.block_size}, {"n_layer", c_.n_layer},
+                      {"n_head", c_.n_head},         {"n_kv_head", c_.n_kv_head},   {"n_embd", c_.n_embd},
+                      {"ffn_hidden", c_.ffn()},      {"rms_norm", c_.rms_norm},     {"swiglu", c_.swiglu},
+                      {"rope", c_.rope},             {"tied_head", c_.tied_head},   {"bias", c_.bias},
+                      {"rope_theta", c_.rope_theta}, {"norm_eps", c_.norm_eps}};
+  return {{"format", "pt"}, {"atoll_model", j.dump()}};
+}
+
+GPTConfig config_from_metadata(const std::map<std::string, std::string>& md) {
+  auto it = md.find("atoll_model");
+  ATOLL_CHECK(it != md.end(), "weights file has no atoll_model metadata");
+  auto j = nlohmann::json::parse(it->second);
+  GPTConfig c;
+  c.vocab_size = j["vocab_size"];
+  c.block_size = j["block_size"];
+  c.n_layer = j["n_layer"];
+  c.n_head = j["n_head"];
+  c.n_kv_head = j["n_kv_head"];
+  c.n_embd = j["n_embd"];
+  c.ffn_hidden = j["ffn_hidden"];
+  c.rms_norm = j["rms_norm"];
+  c.swiglu = j["swiglu"];
+  c.rope = j["rope"];
+  c.tied_head = j["tied_head"];
+  c.bias = j["bias"];
+  c.rope_theta = j["rope_theta"];
+  c.norm_eps = j["norm_eps"];
+  c.validate();
+  return c;
+}
+
+double GPT::flops_per_token(int64_t T) const {
+  // Matmul parameters: everything except norms, biases and position embeddings; the tied or
+  // untied head counts once as the output projection, the input embedding lookup is free.
+  double n = 0;
+  for (Parameter* p : const_cast<GPT*>(this)->parameters()) {
+    if (p->shape.size() < 2 || p->name.find("wpe") != std::string::npos) continue;
+    if (p->name.find("wte") != std::string::npos && !c_.tied_head) continue;
+    n += double(shape_numel(p->shape));
+  }
+  return 6.0 * n + 12.0 * double(c_.n_layer) * double(c_.n_head * c_.head_dim()) * double(T);
+}
+
+std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new, float temperature,
+                                   int64_t top_k, Rng& rng) const {
+  NoGradGuard ng;
+  std::vector<int32_t> seq = prompt;
+  if (seq.empty()) seq.push_back(0);
+  for (int64_t s = 0; s < max_new; ++s) {
+    int64_t start = std::max<int64_t>(0, int64_t(seq.size()) - c_.block_size);
+    std::vector<int32_t> ctx(seq.begin() + start, seq.end());
+    Tensor tok = Tensor::from_vector_i32(ctx, {1, int64_t(ctx.size())});
+    Tensor lg = logits(tok);
+    int64_t V = c_.vocab_size;
+    const float* row = lg.f32() + (int64_t(ctx.size()) - 1) * V;
+    std::vector<std::pair<float, int32_t>> cand(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) cand[size_t(v)] = {row[v] / std::max(temperature, 1e-6f), int32_t(v)};
+    int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    double mx = cand[0].first, z = 0;
+    for (int64_t i = 0; i < k; ++i) z += std::exp(double(cand[size_t(i)].first) - mx);
+    double u = double(rng.uniform()) * z, acc = 0;
+    int32_t pick = cand[size_t(k - 1)].second;
+    for (int64_t i = 0; i < k; ++i) {
+      acc += std::exp(double(cand[size_t(i)].first) - mx);
+      if (acc >= u) {
+        pick = cand[size_t(i)].second;
+        break;
+      }
+    }
+    seq.push_back(pick);
+  }
+  return seq;
+}
+
+}  // namespace atl::nn

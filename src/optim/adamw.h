@@ -1,0 +1,31 @@
+// AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, "Decoupled Weight Decay
+// Regularization", 2019). Weight decay applies to parameters of two or more dimensions only
+// (matrices and embeddings), not to gains and biases, as in GPT-2 training recipes.
+#pragma once
+#include "optim/optimizer.h"
+
+namespace atl {
+
+struct AdamWConfig {
+  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<ParamRef> params, AdamWConfig cfg);
+  std::string name() const override { return "adamw"; }
+  void step(const StepContext& ctx) override;
+  void save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const override;
+  void load_state(const TensorFile& f, const std::string& prefix) override;
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  std::vector<ParamRef> params_;
+  std::vector<Tensor> m_, v_;
+  AdamWConfig cfg_;
+};
+
+std::unique_ptr<Optimizer> make_adamw(std::vector<ParamRef> params, float lr, float beta1, float beta2, float eps,
+                                      float weight_decay);
+
+}  // namespace atl

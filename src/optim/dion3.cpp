@@ -1,0 +1,122 @@
+// Dion3; see dion3.h.
+#include "optim/dion3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "optim/muon.h"
+
+namespace atl {
+
+Dion3::Dion3(std::vector<ParamRef> params, Dion3Config cfg) : params_(std::move(params)), cfg_(std::move(cfg)) {
+  ATOLL_CHECK(cfg_.fraction > 0.f && cfg_.fraction <= 1.f, "dion3: fraction must be in (0, 1], got {}",
+              cfg_.fraction);
+  const auto& s = cfg_.select;
+  ATOLL_CHECK(s == "rows" || s == "cols" || s == "neurons" || s == "shorter",
+              "dion3: select must be rows, cols, neurons or shorter, got '{}'", s);
+  for (auto& p : params_) {
+    ATOLL_CHECK(p.value.dim() >= 2, "dion3: parameter {} has shape {}; it only takes matrices", p.name,
+                shape_str(p.value.shape()));
+    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
+                    p.grad.shape() == p.value.shape(),
+                "dion3: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    auto d = optim::mat_dims(p.value);
+    bool rows = s == "rows" || (s == "neurons" && cfg_.layout == optim::Layout::out_in) ||
+                (s == "shorter" && d.rows <= d.cols);
+    select_rows_.push_back(rows);
+    momentum_.push_back(Tensor::zeros(p.value.shape()));
+    variance_.push_back(Tensor::zeros({rows ? d.rows : d.cols}));
+  }
+}
+
+void Dion3::step(const StepContext& ctx) {
+  ++steps_;
+  const float lr = cfg_.lr * ctx.lr_scale;
+  std::vector<float> norms, U, O;
+  std::vector<int64_t> idx;
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    auto& p = params_[pi];
+    auto d = optim::mat_dims(p.value);
+    const bool by_rows = select_rows_[pi];
+    const int64_t nslice = by_rows ? d.rows : d.cols, len = by_rows ? d.cols : d.rows;
+    // Element (s, j) of slice s: M[s, j] for rows, M[j, s] for columns.
+    auto at = [&](int64_t s, int64_t j) { return by_rows ? s * d.cols + j : j * d.cols + s; };
+    float* M = momentum_[pi].f32();
+    const float* G = p.grad.f32();
+    const int64_t n = p.value.numel();
+    const float gs = ctx.grad_scale;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) M[i] += gs * G[i];
+
+    norms.assign(size_t(nslice), 0.f);
+    for (int64_t r = 0; r < d.rows; ++r)
+      for (int64_t c = 0; c < d.cols; ++c) norms[size_t(by_rows ? r : c)] += std::fabs(M[r * d.cols + c]);
+    const int64_t k = std::max<int64_t>(1, int64_t(std::ceil(double(cfg_.fraction) * double(nslice))));
+    idx.resize(size_t(nslice));
+    std::iota(idx.begin(), idx.end(), 0);
+    // Largest norms first; ties broken by index so the selection is deterministic.
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+      return norms[size_t(a)] != norms[size_t(b)] ? norms[size_t(a)] > norms[size_t(b)] : a < b;
+    });
+    idx.resize(size_t(k));
+    std::sort(idx.begin(), idx.end());
+
+    // Gather the selected slices as the rows of U [k, len], and decay them in M.
+    U.resize(size_t(k * len));
+    O.resize(size_t(k * len));
+    for (int64_t s = 0; s < k; ++s)
+      for (int64_t j = 0; j < len; ++j) {
+        float& m = M[at(idx[size_t(s)], j)];
+        U[size_t(s * len + j)] = m;
+        m *= cfg_.mu;
+      }
+    optim::orthogonalize(U.data(), O.data(), k, len, cfg_.ns);
+
+    // NorMuon normalization of the selected slices.
+    float* V = variance_[pi].f32();
+    double fro_before = optim::sum_sq(O.data(), k * len);
+    for (int64_t s = 0; s < k; ++s) {
+      float* row = O.data() + s * len;
+      double ms = 0;
+      for (int64_t j = 0; j < len; ++j) ms += double(row[j]) * row[j];
+      float mean_sq = float(ms / double(len));
+      float& v = V[idx[size_t(s)]];
+      v = v + (1.f - cfg_.beta2) * (mean_sq - v);
+      float inv = 1.f / (std::sqrt(v) + 1e-8f);
+      for (int64_t j = 0; j < len; ++j) row[j] *= inv;
+    }
+    double fro_after = std::max(std::sqrt(optim::sum_sq(O.data(), k * len)), 1e-8);
+    const float renorm = float(std::sqrt(fro_before) / fro_after);
+
+    // Weight decay on the whole matrix, the update on the selected slices only.
+    float* W = p.value.f32();
+    const float decay = 1.f - lr * cfg_.weight_decay;
+    if (decay != 1.f) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) W[i] *= decay;
+    }
+    const float step = lr * optim::update_scale(cfg_.scale, d.rows, d.cols, cfg_.layout) * renorm;
+    for (int64_t s = 0; s < k; ++s)
+      for (int64_t j = 0; j < len; ++j) W[at(idx[size_t(s)], j)] -= step * O[size_t(s * len + j)];
+  }
+}
+
+void Dion3::save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const {
+  out.emplace_back(prefix + "step", optim::step_tensor(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(prefix + params_[i].name + ".momentum", momentum_[i]);
+    out.emplace_back(prefix + params_[i].name + ".variance", variance_[i]);
+  }
+}
+
+void Dion3::load_state(const TensorFile& f, const std::string& prefix) {
+  steps_ = optim::read_step(f, prefix + "step");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    optim::load_checked(momentum_[i], f, prefix + params_[i].name + ".momentum");
+    optim::load_checked(variance_[i], f, prefix + params_[i].name + ".variance");
+  }
+}
+
+}  // namespace atl

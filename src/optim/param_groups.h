@@ -1,0 +1,54 @@
+// Parameter groups: parameters routed by rule to different optimizers, each with its own
+// hyperparameters, the usual Muon set-up being hidden matrices to Muon and the rest to AdamW (or
+// Ember for the embedding and head tables).
+//
+// Config ([optim] section):
+//   type   = "muon"    optimizer of the hidden matrices: adamw, muon, prmuon, dion3, soap, adams, lion
+//   embed  = "adamw"   embeddings (names containing "wte" or "wpe"): adamw, ember, adams, lion
+//   head   = "adamw"   the LM head ("lm_head"): adamw, ember, adams, lion
+//   vector = "adamw"   gains and biases (1-D): adamw, adams, lion
+// and one section per optimizer in use for its hyperparameters, e.g. [optim.muon] lr = 0.02,
+// [optim.adamw] lr = 6e-4. Groups routed to the same optimizer share one instance.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace atl {
+
+class Config;
+
+enum class ParamClass { hidden, embedding, head, vector };
+const char* param_class_name(ParamClass c);
+ParamClass classify_param(const ParamRef& p);
+
+// One optimizer per group, stepped in order; state is saved under prefix + group name + ".".
+class GroupedOptimizer : public Optimizer {
+ public:
+  struct Group {
+    std::string name;  // the optimizer type, e.g. "muon"
+    std::vector<std::string> params;
+    std::unique_ptr<Optimizer> opt;
+  };
+  explicit GroupedOptimizer(std::vector<Group> groups);
+  std::string name() const override;  // "muon+adamw"
+  void step(const StepContext& ctx) override;
+  void save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const override;
+  void load_state(const TensorFile& f, const std::string& prefix) override;
+  const std::vector<Group>& groups() const { return groups_; }
+  // The group that holds a parameter, or nullptr.
+  const Group* group_of(const std::string& param) const;
+
+ private:
+  std::vector<Group> groups_;
+};
+
+// Builds one optimizer of `type` over params from the [optim.<type>] section.
+std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params);
+
+// The composite optimizer the config asks for.
+std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params);
+
+}  // namespace atl

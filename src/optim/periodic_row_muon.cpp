@@ -1,0 +1,85 @@
+// Periodic Row-wise Muon; see periodic_row_muon.h.
+#include "optim/periodic_row_muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace atl {
+
+namespace optim {
+
+void normalize_slices(float* u, int64_t rows, int64_t cols, bool rows_axis, float eps, float gain) {
+  if (rows_axis) {
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t i = 0; i < rows; ++i) {
+      float* r = u + i * cols;
+      double s = 0;
+      for (int64_t j = 0; j < cols; ++j) s += double(r[j]) * r[j];
+      float f = gain / (float(std::sqrt(s)) + eps);
+      for (int64_t j = 0; j < cols; ++j) r[j] *= f;
+    }
+  } else {
+    std::vector<double> s(size_t(cols), 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) s[size_t(j)] += double(u[i * cols + j]) * u[i * cols + j];
+    std::vector<float> f(static_cast<size_t>(cols));
+    for (int64_t j = 0; j < cols; ++j) f[size_t(j)] = gain / (float(std::sqrt(s[size_t(j)])) + eps);
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) u[i * cols + j] *= f[size_t(j)];
+  }
+}
+
+}  // namespace optim
+
+PeriodicRowMuon::PeriodicRowMuon(std::vector<ParamRef> params, PeriodicRowMuonConfig cfg)
+    : params_(std::move(params)), cfg_(std::move(cfg)) {
+  ATOLL_CHECK(cfg_.period >= 1, "prmuon: period K must be at least 1, got {}", cfg_.period);
+  for (auto& p : params_) {
+    ATOLL_CHECK(p.value.dim() >= 2, "prmuon: parameter {} has shape {}; it only takes matrices", p.name,
+                shape_str(p.value.shape()));
+    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
+                    p.grad.shape() == p.value.shape(),
+                "prmuon: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    momentum_.push_back(Tensor::zeros(p.value.shape()));
+  }
+}
+
+void PeriodicRowMuon::step(const StepContext& ctx) {
+  ++steps_;
+  const auto& mc = cfg_.muon;
+  const float lr = mc.lr * ctx.lr_scale;
+  const bool refresh = is_refresh(steps_);
+  std::vector<float> u, o;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto d = optim::mat_dims(p.value);
+    int64_t n = p.value.numel();
+    u.resize(size_t(n));
+    optim::muon_momentum(momentum_[i].f32(), p.grad.f32(), u.data(), n, mc.momentum, mc.nesterov, ctx.grad_scale);
+    float scale = optim::update_scale(mc.scale, d.rows, d.cols, mc.layout);
+    if (refresh) {
+      o.resize(size_t(n));
+      optim::orthogonalize(u.data(), o.data(), d.rows, d.cols, mc.ns);
+      optim::apply_scaled_update(p.value.f32(), o.data(), n, lr, scale, mc.weight_decay);
+    } else {
+      int64_t len = cfg_.normalize_rows ? d.rows : d.cols;
+      float gain = float(std::sqrt(double(std::min(d.rows, d.cols)) / double(len)));
+      optim::normalize_slices(u.data(), d.rows, d.cols, cfg_.normalize_rows, cfg_.eps, gain);
+      optim::apply_scaled_update(p.value.f32(), u.data(), n, lr, scale, mc.weight_decay);
+    }
+  }
+}
+
+void PeriodicRowMuon::save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const {
+  out.emplace_back(prefix + "step", optim::step_tensor(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back(prefix + params_[i].name + ".momentum", momentum_[i]);
+}
+
+void PeriodicRowMuon::load_state(const TensorFile& f, const std::string& prefix) {
+  steps_ = optim::read_step(f, prefix + "step");
+  for (size_t i = 0; i < params_.size(); ++i) optim::load_checked(momentum_[i], f, prefix + params_[i].name + ".momentum");
+}
+
+}  // namespace atl

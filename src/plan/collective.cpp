@@ -1,0 +1,86 @@
+// Alpha-beta costs of hierarchical collectives (see collective.h).
+#include "plan/collective.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace atl::plan {
+
+Level CommCost::top() const {
+  int b = 0;
+  for (int i = 1; i < 3; ++i)
+    if (t[i] > t[b]) b = i;
+  return Level(b);
+}
+
+namespace {
+struct Span {
+  int64_t k_node, n_nodes, k_island, n_islands;  // ranks per node, nodes per island, ...
+};
+Span span(const Cluster& c, Group g) {
+  int64_t dpn = c.devices_per_node, dpi = c.devices_per_island();
+  Span s;
+  s.k_node = g.stride >= dpn ? 1 : std::min(g.size, std::max<int64_t>(1, dpn / g.stride));
+  s.k_island = g.stride >= dpi ? 1 : std::min(g.size, std::max<int64_t>(1, dpi / g.stride));
+  s.n_nodes = std::max<int64_t>(1, s.k_island / s.k_node);
+  s.n_islands = std::max<int64_t>(1, g.size / s.k_island);
+  return s;
+}
+double lg(int64_t n) { return n > 1 ? std::ceil(std::log2(double(n))) : 0; }
+// One ring phase (reduce-scatter or all-gather) over n ranks of per-rank bandwidth bw.
+double phase(int64_t n, double bytes, const Link& l) {
+  if (n <= 1) return 0;
+  return double(n - 1) / n * bytes / l.bw + lg(n) * l.latency;
+}
+// The wide-area link is shared by every device of the island: each of the island's
+// devices_per_island/k_island groups sends its share at once.
+double wan_phase(const Cluster& c, const Span& s, double bytes) {
+  if (s.n_islands <= 1) return 0;
+  double groups = double(c.devices_per_island()) / s.k_island;
+  return double(s.n_islands - 1) / s.n_islands * bytes * groups / c.wan.bw + lg(s.n_islands) * c.wan.latency;
+}
+}  // namespace
+
+Level group_level(const Cluster& c, Group g) {
+  Span s = span(c, g);
+  if (s.n_islands > 1) return Level::inter_island;
+  if (s.n_nodes > 1) return Level::inter_node;
+  return Level::intra_node;
+}
+
+CommCost reduce_scatter(const Cluster& c, Group g, double bytes) {
+  CommCost r;
+  if (g.size <= 1 || bytes <= 0) return r;
+  Span s = span(c, g);
+  r.t[0] = phase(s.k_node, bytes, c.intra);
+  r.t[1] = phase(s.n_nodes, bytes / s.k_node, c.inter);
+  r.t[2] = wan_phase(c, s, bytes / s.k_island);
+  return r;
+}
+CommCost all_gather(const Cluster& c, Group g, double bytes) { return reduce_scatter(c, g, bytes); }
+CommCost all_reduce(const Cluster& c, Group g, double bytes) { return reduce_scatter(c, g, bytes).scaled(2.0); }
+
+CommCost all_to_all(const Cluster& c, Group g, double bytes) {
+  CommCost r;
+  if (g.size <= 1 || bytes <= 0) return r;
+  Span s = span(c, g);
+  double n = double(g.size);
+  // Of each rank's bytes, (k_node-1)/n stay in the node, the rest of the island crosses NICs,
+  // the rest of the group crosses islands.
+  r.t[0] = (s.k_node - 1) / n * bytes / c.intra.bw + (s.k_node > 1 ? c.intra.latency * (s.k_node - 1) : 0);
+  r.t[1] = (s.k_island - s.k_node) / n * bytes / c.inter.bw + (s.n_nodes > 1 ? c.inter.latency * (s.n_nodes - 1) : 0);
+  if (s.n_islands > 1)
+    r.t[2] = (n - s.k_island) / n * bytes * c.devices_per_island() / c.wan.bw + c.wan.latency * (s.n_islands - 1);
+  return r;
+}
+
+CommCost send_recv(const Cluster& c, int64_t distance, double bytes) {
+  CommCost r;
+  if (bytes <= 0) return r;
+  if (distance < c.devices_per_node) r.t[0] = bytes / c.intra.bw + c.intra.latency;
+  else if (distance < c.devices_per_island()) r.t[1] = bytes / c.inter.bw + c.inter.latency;
+  else r.t[2] = bytes * c.devices_per_node / c.wan.bw + c.wan.latency;  // a node's stages cross at once
+  return r;
+}
+
+}  // namespace atl::plan

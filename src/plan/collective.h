@@ -1,0 +1,44 @@
+// Cost of collectives on a hierarchical topology, split by level. Rings and trees follow the
+// usual alpha-beta model (Thakur, Rabenseifner & Gropp 2005): an all-reduce of B bytes over g
+// ranks moves 2(g-1)/g·B per rank. Groups that span levels run hierarchically: reduce-scatter
+// inside the node, all-reduce of 1/k of the data across nodes (every rank's NIC in parallel),
+// then across islands over the shared wide-area link.
+//
+// Extension point: `atoll plan calibrate` measures only GEMMs today; a measured collective
+// bandwidth/latency per level can be written into the [cluster.*] links (bandwidth_gbs,
+// latency_us) once the engine's src/comm collectives exist.
+#pragma once
+#include <cstdint>
+
+#include "plan/cluster.h"
+
+namespace atl::plan {
+
+struct CommCost {
+  double t[3] = {0, 0, 0};  // seconds per Level
+  double total() const { return t[0] + t[1] + t[2]; }
+  Level top() const;  // the slowest level
+  CommCost& operator+=(const CommCost& o) {
+    for (int i = 0; i < 3; ++i) t[i] += o.t[i];
+    return *this;
+  }
+  CommCost scaled(double s) const {
+    CommCost c = *this;
+    for (double& x : c.t) x *= s;
+    return c;
+  }
+};
+
+// A group of `size` ranks whose consecutive members are `stride` ranks apart.
+struct Group {
+  int64_t stride = 1, size = 1;
+};
+
+CommCost all_reduce(const Cluster& c, Group g, double bytes);
+CommCost reduce_scatter(const Cluster& c, Group g, double bytes);  // bytes: the full buffer
+CommCost all_gather(const Cluster& c, Group g, double bytes);      // bytes: the full buffer
+CommCost all_to_all(const Cluster& c, Group g, double bytes);      // bytes: sent by each rank
+CommCost send_recv(const Cluster& c, int64_t distance, double bytes);
+Level group_level(const Cluster& c, Group g);
+
+}  // namespace atl::plan

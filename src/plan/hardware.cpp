@@ -1,0 +1,169 @@
+// Hardware catalog. Peak figures are vendor datasheet dense (no sparsity) numbers; memory
+// bandwidths are datasheet HBM/GDDR figures; interconnect defaults are per-device unidirectional
+// NVLink/xGMI/PCIe figures and one 200-400 Gb/s NIC per GPU for data-centre parts. Prices are
+// round on-demand cloud list figures, meant to be overridden (price_per_device_hour).
+#include "plan/hardware.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace atl::plan {
+
+static constexpr double T = 1e12, G = 1e9, GiB = 1073741824.0;
+
+// Fitted once for the A100 against Narayanan et al. 2021 Table 1 and shared by every GPU:
+// 85% of peak for large GEMMs, half of that at F_half = 2.5e9·(peak/312 TFLOP/s) FLOPs.
+static constexpr double kGpuEffMax = 0.85;
+static constexpr double kGpuHalfFlopsA100 = 2.5e9;
+
+std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16) {
+  std::vector<std::pair<double, double>> c;
+  double half = kGpuHalfFlopsA100 * peak_bf16 / (312 * T);
+  for (double f = 1e6; f <= 1e16; f *= 10) c.push_back({f, kGpuEffMax * f / (f + half)});
+  return c;
+}
+
+double Device::peak(const std::string& p) const {
+  if (p == "fp8" && fp8 > 0) return fp8;
+  if (p == "fp8" || p == "bf16" || p == "fp16") return bf16 > 0 ? bf16 : (tf32 > 0 ? tf32 : fp32);
+  if (p == "tf32") return tf32 > 0 ? tf32 : fp32;
+  return fp32;
+}
+
+double Device::gemm_efficiency(double flops) const {
+  if (gemm_curve.empty()) return 1.0;
+  if (flops <= gemm_curve.front().first) return gemm_curve.front().second * flops / gemm_curve.front().first;
+  if (flops >= gemm_curve.back().first) return gemm_curve.back().second;
+  for (size_t i = 1; i < gemm_curve.size(); ++i) {
+    if (flops <= gemm_curve[i].first) {
+      auto [f0, e0] = gemm_curve[i - 1];
+      auto [f1, e1] = gemm_curve[i];
+      double t = (std::log(flops) - std::log(f0)) / (std::log(f1) - std::log(f0));
+      return e0 + t * (e1 - e0);
+    }
+  }
+  return gemm_curve.back().second;
+}
+
+double Device::gemm_time(double m, double n, double k, const std::string& precision, double eb) const {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  double flops = 2 * m * n * k;
+  double compute = flops / (peak(precision) * gemm_efficiency(flops));
+  double memory = eb * (m * k + k * n + m * n) / mem_bw;
+  return std::max(compute, memory);
+}
+
+static Device gpu(const char* name, double fp32, double tf32, double bf16, double fp8, double mem_gb,
+                  double bw_gbs, double intra_gbs, double inter_gbs, double host_gbs, double price,
+                  const char* note) {
+  Device d;
+  d.name = name, d.note = note;
+  d.fp32 = fp32 * T, d.tf32 = tf32 * T, d.bf16 = bf16 * T, d.fp8 = fp8 * T;
+  d.mem_bytes = mem_gb * G, d.mem_bw = bw_gbs * G;
+  d.intra_bw = intra_gbs * G, d.inter_bw = inter_gbs * G, d.host_bw = host_gbs * G;
+  d.price_hour = price;
+  d.reserved_bytes = 1.0 * GiB;  // CUDA/ROCm context, allocator fragmentation, NCCL buffers
+  d.gemm_curve = default_gemm_curve(d.bf16);
+  return d;
+}
+
+const std::vector<Device>& device_catalog() {
+  static const std::vector<Device> c = {
+      gpu("a100-40gb", 19.5, 156, 312, 0, 40, 1555, 300, 25, 32, 1.3, "NVIDIA A100 SXM4 40GB datasheet"),
+      gpu("a100-80gb", 19.5, 156, 312, 0, 80, 2039, 300, 25, 32, 1.8, "NVIDIA A100 SXM4 80GB datasheet"),
+      gpu("h100-sxm", 67, 494.7, 989.4, 1978.9, 80, 3350, 450, 50, 64, 2.9, "NVIDIA H100 SXM5 datasheet"),
+      gpu("h100-pcie", 51, 378, 756, 1513, 80, 2000, 64, 50, 64, 2.2, "NVIDIA H100 PCIe datasheet"),
+      gpu("h200", 67, 494.7, 989.4, 1978.9, 141, 4800, 450, 50, 64, 3.5, "NVIDIA H200 SXM datasheet"),
+      gpu("b200", 80, 1100, 2250, 4500, 180, 8000, 900, 50, 64, 5.0, "NVIDIA DGX B200 per-GPU figures"),
+      gpu("b300", 75, 1100, 2250, 4500, 288, 8000, 900, 100, 64, 6.5, "NVIDIA Blackwell Ultra (approx.)"),
+      gpu("gb10", 31, 62, 125, 250, 128, 273, 25, 25, 600, 0.3,
+          "NVIDIA GB10 / DGX Spark (approx.; unified LPDDR5x memory, 200 Gb/s ConnectX-7)"),
+      gpu("rtx6000-ada", 91.1, 182, 364, 728, 48, 960, 32, 12.5, 32, 1.0, "NVIDIA RTX 6000 Ada datasheet"),
+      gpu("rtx4090", 82.6, 82.6, 165, 330, 24, 1008, 32, 12.5, 32, 0.4,
+          "NVIDIA RTX 4090 (fp32-accumulate tensor rate)"),
+      gpu("rtx3090", 35.6, 35.6, 71, 0, 24, 936, 32, 12.5, 32, 0.25,
+          "NVIDIA RTX 3090 (fp32-accumulate tensor rate)"),
+      gpu("mi300x", 163.4, 653.7, 1307.4, 2614.9, 192, 5300, 448, 50, 64, 2.5, "AMD Instinct MI300X datasheet"),
+      gpu("l40s", 91.6, 183, 362, 733, 48, 864, 32, 25, 32, 1.0, "NVIDIA L40S datasheet"),
+  };
+  return c;
+}
+
+std::vector<std::string> known_devices() {
+  std::vector<std::string> v;
+  for (auto& d : device_catalog()) v.push_back(d.name);
+  v.push_back("cpu-local");
+  return v;
+}
+
+std::string calibration_path() {
+  if (const char* e = std::getenv("ATOLL_PLAN_CALIBRATION")) return e;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.atoll/plan_calibration.json";
+}
+
+Device device_from_calibration(const std::string& path) {
+  std::ifstream in(path);
+  ATOLL_CHECK(in.good(),
+              "device 'cpu-local' needs a calibration file, and '{}' cannot be opened; run `atoll plan "
+              "calibrate` first (or set ATOLL_PLAN_CALIBRATION)",
+              path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    fail("calibration file '{}' is not valid JSON: {}", path, e.what());
+  }
+  auto need = [&](const char* k) -> const nlohmann::json& {
+    ATOLL_CHECK(j.contains(k), "calibration file '{}' lacks the key '{}'", path, k);
+    return j[k];
+  };
+  Device d;
+  d.name = "cpu-local";
+  d.note = "calibrated from " + path;
+  d.fp32 = need("peak_fp32_flops").get<double>();
+  d.tf32 = d.fp32;
+  d.bf16 = j.value("peak_bf16_flops", 0.0);
+  d.mem_bytes = need("memory_bytes").get<double>();
+  d.mem_bw = need("memory_bandwidth").get<double>();
+  d.intra_bw = j.value("intra_node_bandwidth", d.mem_bw / 4);
+  d.inter_bw = j.value("inter_node_bandwidth", 1.25e9);
+  d.host_bw = d.mem_bw;
+  d.price_hour = j.value("price_per_hour", 0.05);
+  d.reserved_bytes = 0;
+  for (auto& p : need("gemm_curve")) d.gemm_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
+  ATOLL_CHECK(!d.gemm_curve.empty(), "calibration file '{}' has an empty gemm_curve", path);
+  std::sort(d.gemm_curve.begin(), d.gemm_curve.end());
+  return d;
+}
+
+Device find_device(const std::string& name) {
+  if (name == "cpu-local") return device_from_calibration(calibration_path());
+  for (auto& d : device_catalog())
+    if (d.name == name) return d;
+  std::string list;
+  for (auto& k : known_devices()) list += (list.empty() ? "" : ", ") + k;
+  fail("unknown device '{}'; known devices: {} (did you mean '{}'?)", name, list, nearest(name, known_devices()));
+}
+
+void apply_device_overrides(Device& d, Config& cfg, const std::string& s) {
+  d.fp32 = cfg.get_float(s + ".peak_fp32_tflops", d.fp32 / T, 0, 1e9) * T;
+  d.tf32 = cfg.get_float(s + ".peak_tf32_tflops", d.tf32 / T, 0, 1e9) * T;
+  d.bf16 = cfg.get_float(s + ".peak_bf16_tflops", d.bf16 / T, 0, 1e9) * T;
+  d.fp8 = cfg.get_float(s + ".peak_fp8_tflops", d.fp8 / T, 0, 1e9) * T;
+  d.mem_bytes = cfg.get_float(s + ".memory_gb", d.mem_bytes / G, 0.001, 1e9) * G;
+  d.mem_bw = cfg.get_float(s + ".memory_bandwidth_gbs", d.mem_bw / G, 0.001, 1e9) * G;
+  d.reserved_bytes = cfg.get_float(s + ".reserved_gb", d.reserved_bytes / G, 0, 1e6) * G;
+  if (cfg.has(s + ".gemm_efficiency")) {
+    // A flat efficiency replaces the curve (useful to test what-ifs).
+    double e = cfg.get_float(s + ".gemm_efficiency", 0.8, 0.001, 1.0);
+    d.gemm_curve = {{1.0, e}, {1e20, e}};
+  }
+}
+
+}  // namespace atl::plan

@@ -1,0 +1,50 @@
+// Accelerator catalog: peak FLOP/s per dtype, memory size and bandwidth, and the fraction of
+// peak a GEMM of a given size achieves. "cpu-local" is filled from `atoll plan calibrate`.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace atl {
+class Config;
+}
+
+namespace atl::plan {
+
+struct Device {
+  std::string name;
+  std::string note;  // provenance of the figures
+  double fp32 = 0, tf32 = 0, bf16 = 0, fp8 = 0;  // dense peak FLOP/s (0: unsupported)
+  double mem_bytes = 0;     // device memory
+  double mem_bw = 0;        // bytes/s
+  double intra_bw = 0;      // default intra-node bytes/s per device (NVLink, xGMI or PCIe)
+  double inter_bw = 0;      // default inter-node bytes/s per device (NIC share)
+  double host_bw = 0;       // host link (PCIe / C2C) bytes/s, used by offload
+  double price_hour = 0;    // default price per device-hour, USD
+  double reserved_bytes = 0;  // runtime/context memory not available to the model
+  // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
+  std::vector<std::pair<double, double>> gemm_curve;
+
+  double peak(const std::string& precision) const;  // falls back to the next wider dtype
+  double gemm_efficiency(double flops) const;
+  // Time of one [m,k]x[k,n] GEMM: the larger of the compute time at the curve's efficiency and
+  // the time to stream its operands through memory (a roofline).
+  double gemm_time(double m, double n, double k, const std::string& precision, double elem_bytes) const;
+};
+
+// The default curve of a GPU: eff(F) = e_max · F / (F + F_half). F_half grows with peak FLOP/s
+// (a bigger device needs a bigger GEMM to fill), see hardware.cpp.
+std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16);
+
+const std::vector<Device>& device_catalog();
+std::vector<std::string> known_devices();
+// Looks a device up by name; "cpu-local" reads the calibration file (see calibration_path()).
+Device find_device(const std::string& name);
+// $ATOLL_PLAN_CALIBRATION, else ~/.atoll/plan_calibration.json.
+std::string calibration_path();
+// Builds the cpu-local device from a calibration JSON (written by `atoll plan calibrate`).
+Device device_from_calibration(const std::string& path);
+// Reads [cluster.device_override] style keys: peak_bf16_tflops, memory_gb, ...
+void apply_device_overrides(Device& d, Config& cfg, const std::string& section);
+
+}  // namespace atl::plan

@@ -1,0 +1,48 @@
+// A training layout: how a model is split over a cluster and how each step runs.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "plan/cluster.h"
+#include "plan/model_spec.h"
+
+namespace atl {
+class Config;
+}
+
+namespace atl::plan {
+
+struct Layout {
+  // Degrees. Ranks are ordered tp (innermost), cp, dp, pp (outermost), as Megatron-LM places
+  // them, so tensor parallelism stays inside a node. EP groups are carved out of dp×cp.
+  int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int zero = 0;             // 0..3 (Rajbhandari et al. 2020); 3 is FSDP
+  int64_t hsdp = 0;         // >0: ZeRO shards only within groups of this many dp ranks, replicated across
+  bool sp = false;          // sequence parallelism over the tp group (Korthikanti et al. 2022)
+  std::string schedule = "1f1b";  // "gpipe", "1f1b", "interleaved"
+  int64_t virtual_stages = 1;     // model chunks per device for the interleaved schedule
+  int64_t micro_batch = 1;        // sequences per micro-batch
+  int64_t global_batch = 0;       // sequences per step; 0: dp × micro_batch
+  std::string recompute = "none";  // "none", "selective", "full"
+  std::string precision = "bf16";  // "fp32", "bf16", "fp16", "fp8" (fp8 GEMMs, bf16 storage)
+  std::string optimizer = "adam";  // "adam" (AdamW-class) or "muon" (Muon-class)
+  std::string offload = "none";    // "none" or "optimizer" (state and step on the host)
+  bool overlap_dp = true;          // gradient sync overlaps the backward pass
+  bool overlap_tp = false;         // tensor-parallel collectives overlap compute
+  int64_t diloco_h = 0;            // >0: DiLoCo, islands sync every H inner steps
+  double diloco_compression = 1.0; // fraction of pseudo-gradient bytes sent (quantized / sparsified)
+  int64_t gossip_peers = 0;        // >0: islands gossip with this many peers instead of all-reducing
+
+  int64_t world() const { return dp * tp * pp * cp; }
+  int64_t batch() const { return global_batch > 0 ? global_batch : dp * micro_batch; }
+  int64_t micro_batches() const { return batch() / (dp * micro_batch); }  // per pipeline per step
+  std::string describe() const;
+};
+
+// Throws an atl::Error naming the first constraint the layout breaks.
+void validate_layout(const Layout& l, const ModelSpec& m, const Cluster& c);
+
+// Reads the [plan] section.
+Layout load_layout(Config& cfg, const std::string& section = "plan");
+
+}  // namespace atl::plan

@@ -1,0 +1,376 @@
+// Step-time model. Per micro-batch and pipeline stage: every GEMM of the layer is timed with the
+// device's efficiency-vs-size curve under a roofline, the element-wise work is timed as memory
+// traffic proportional to the activations it produces, the backward pass costs twice the
+// forward (Narayanan et al. 2021 §3.4), recompute repeats the forward (full) or the attention
+// core (selective, Korthikanti et al. 2022 §5). Pipelines take (m + p - 1) micro-batch slots,
+// (m + (p-1)/v) interleaved (Narayanan et al. 2021 §2.2). Collectives use collective.h.
+// DiLoCo (Douillard et al. 2023) synchronises islands every H inner steps with an
+// all-reduce of (optionally compressed) fp32 pseudo-gradients; gossip replaces that all-reduce
+// with exchanges between peers.
+#include "plan/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace atl::plan {
+
+// Element-wise kernels move about this many bytes per byte of activation they keep for the
+// backward pass (read inputs, write outputs). One global constant, not fitted per experiment.
+static constexpr double kTrafficFactor = 2.0;
+// Host memory bandwidth used for an offloaded optimizer step.
+static constexpr double kHostMemBw = 100e9;
+
+CommCost Prediction::comm_total() const {
+  CommCost c = tp;
+  c += cp, c += ep, c += pp_p2p, c += dp, c += outer;
+  return c;
+}
+
+namespace {
+
+struct Timer {
+  const Device& d;
+  std::string prec;
+  double eb;
+  double compute = 0, memory = 0;  // split of the roofline time
+  // fused: the [m, n] result never reaches memory (flash attention keeps scores on chip).
+  void gemm(double m, double n, double k, double times = 1, bool fused = false) {
+    if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
+    double flops = 2 * m * n * k;
+    double c = flops / (d.peak(prec) * d.gemm_efficiency(flops));
+    double mem = eb * (m * k + k * n + (fused ? 0.0 : m * n)) / d.mem_bw;
+    if (c >= mem) compute += c * times;
+    else memory += mem * times;
+  }
+  void stream(double bytes) { memory += bytes / d.mem_bw; }
+  double total() const { return compute + memory; }
+};
+
+// Forward time of one transformer layer for one micro-batch on one device.
+struct LayerTime {
+  Timer full, core;  // whole layer; the attention core alone (for selective recompute)
+};
+
+LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bool moe, double act_e) {
+  const std::string prec = l.precision;
+  const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp, h = double(m.hidden);
+  const double T = b * s;
+  LayerTime lt{Timer{d, prec, act_e}, Timer{d, prec, act_e}};
+  Timer& g = lt.full;
+  // Projections.
+  if (m.is_mla()) {
+    g.gemm(T, double(m.attn_params()) / h / t, h);
+  } else {
+    g.gemm(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
+    g.gemm(T, h, m.value_dim() / t);
+  }
+  // Attention core: per head, [s_local × d]·[d × s] scores then [s_local × s]·[s × d_v].
+  const double heads_local = b * m.heads / t;
+  const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
+  const double s_keys = double(m.seq);
+  const bool flash = m.attention == "flash";
+  for (Timer* x : {&g, &lt.core}) {
+    x->gemm(s, s_keys, dq, heads_local, flash);
+    x->gemm(s, dv, s_keys, heads_local, flash);
+  }
+  // FFN.
+  const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
+  if (moe) {
+    g.gemm(T, double(m.experts), h);  // router
+    const double f = double(m.expert_ffn);
+    if (m.shared_experts > 0) {
+      g.gemm(T, mult * f * m.shared_experts / t, h);
+      g.gemm(T, h, f * m.shared_experts / t);
+    }
+    const double local_experts = double(m.experts) / l.ep;
+    const double tokens_per_expert = T * m.top_k * l.ep / m.experts;
+    const double split = l.ep > 1 ? 1.0 : t;
+    g.gemm(tokens_per_expert, mult * f / split, h, local_experts);
+    g.gemm(tokens_per_expert, h, f / split, local_experts);
+  } else {
+    g.gemm(T, mult * m.ffn / t, h);
+    g.gemm(T, h, m.ffn / t);
+  }
+  // Element-wise work: traffic proportional to what the layer stores (Korthikanti's terms).
+  ActivationOptions ao{l.tp, l.sp, "none", act_e, moe};
+  double act = layer_activation_bytes(m, l.micro_batch, int64_t(s), ao);
+  g.stream(kTrafficFactor * act);
+  if (m.attention == "standard") {
+    double core_bytes = b * s * m.heads / t * s_keys * (act_e + (m.dropout ? 1 + act_e : 0));
+    lt.core.stream(kTrafficFactor * core_bytes);
+  }
+  return lt;
+}
+
+std::string fmt_s(double x) { return fmt::format("{:.4g} s", x); }
+
+}  // namespace
+
+Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& opt) {
+  m.validate();
+  validate_layout(l, m, c);
+  Recorder rec(opt.explain);
+  Prediction p;
+  const Device& d = c.device;
+  const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
+  const double t = double(l.tp), b = double(l.micro_batch), s_local = double(m.seq) / l.cp, h = double(m.hidden);
+  const int64_t n_micro = l.micro_batches();
+  const int64_t per_stage = layers_per_stage(m, l);
+
+  p.memory = predict_memory(m, l, c, rec);
+
+  // ---- compute per micro-batch on the slowest stage (the last: it also has the head) ----
+  LayerTime dense = layer_forward(m, l, d, false, act_e);
+  LayerTime moe = m.is_moe() ? layer_forward(m, l, d, true, act_e) : dense;
+  // The heaviest stage holds as many MoE layers as a stage can.
+  const int64_t moe_in_stage = std::min<int64_t>(per_stage, m.moe_layers());
+  const double n_dense = double(per_stage - moe_in_stage), n_moe = double(moe_in_stage);
+  Timer head{d, l.precision, act_e};
+  head.gemm(b * s_local, double(m.vocab) / t, h);
+  head.stream(3 * 4.0 * b * s_local * m.vocab / t);  // fp32 softmax / cross-entropy passes
+  const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
+  const double fwd_m = n_dense * dense.full.memory + n_moe * moe.full.memory + head.memory;
+  double rc_c = 0, rc_m = 0;
+  if (l.recompute == "full") {
+    rc_c = n_dense * dense.full.compute + n_moe * moe.full.compute;
+    rc_m = n_dense * dense.full.memory + n_moe * moe.full.memory;
+  } else if (l.recompute == "selective") {
+    rc_c = (n_dense + n_moe) * dense.core.compute;
+    rc_m = (n_dense + n_moe) * dense.core.memory;
+  }
+  // Backward: twice the forward (input and weight gradients).
+  const double mb_compute = 3 * fwd_c + rc_c, mb_memory = 3 * fwd_m + rc_m;
+
+  // ---- per-micro-batch communication inside the model ----
+  const double layer_io = b * s_local * h * act_e;  // one [b, s, h] activation
+  const double n_tp_colls = (4.0 + (l.recompute == "full" ? 2.0 : 0.0)) * per_stage;
+  CommCost tp_mb;
+  if (l.tp > 1) {
+    // Megatron: 2 all-reduces forward, 2 backward per layer; SP turns each into an all-gather
+    // plus a reduce-scatter of the same total volume.
+    tp_mb = all_reduce(c, {1, l.tp}, layer_io).scaled(n_tp_colls);
+    if (l.overlap_tp) tp_mb = tp_mb.scaled(0.3);  // the part that typically stays exposed
+  }
+  CommCost cp_mb;
+  if (l.cp > 1) {
+    // Ring attention: K and V of the local chunk travel cp-1 hops forward, twice that backward,
+    // overlapped with the attention core it feeds.
+    double kv = b * s_local * 2.0 * m.kv_dim() / t * act_e;
+    CommCost ring = send_recv(c, l.tp, kv).scaled(3.0 * (l.cp - 1) * per_stage);
+    double hide = 3 * dense.core.total() * per_stage;
+    double exposed = std::max(0.0, ring.total() - hide);
+    cp_mb = ring.total() > 0 ? ring.scaled(exposed / ring.total()) : ring;
+  }
+  CommCost ep_mb;
+  if (l.ep > 1 && moe_in_stage > 0) {
+    // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens.
+    double bytes = b * s_local * h * act_e * m.top_k;
+    ep_mb = all_to_all(c, {l.tp * l.cp, l.ep}, bytes).scaled(4.0 * moe_in_stage);
+  }
+  const double mb_time = mb_compute + mb_memory + tp_mb.total() + cp_mb.total() + ep_mb.total();
+
+  // ---- pipeline ----
+  const double v = l.schedule == "interleaved" ? double(l.virtual_stages) : 1.0;
+  const double slots = double(n_micro) + double(l.pp - 1) / v;
+  const double pipe_time = slots * mb_time;
+  p.bubble = (slots - n_micro) * mb_time;
+  if (l.pp > 1) {
+    // Activations forward, gradients backward, split over tp (scatter/gather, Narayanan §4.1).
+    double bytes = layer_io / t;
+    p.pp_p2p = send_recv(c, l.tp * l.cp * l.dp, bytes).scaled(2.0 * v * (double(n_micro) + l.pp - 1));
+  }
+  p.compute = n_micro * mb_compute;
+  p.memory_bound = n_micro * mb_memory;
+  p.recompute = n_micro * (rc_c + rc_m);
+  p.tp = tp_mb.scaled(double(n_micro));
+  p.cp = cp_mb.scaled(double(n_micro));
+  p.ep = ep_mb.scaled(double(n_micro));
+
+  // ---- data-parallel gradient synchronisation ----
+  StateBytes sb = state_bytes(l.precision, l.optimizer);
+  const double params_local = p.memory.params_per_device;
+  const int64_t dp_inner = (l.diloco_h > 0 || l.gossip_peers > 0) ? l.dp / c.islands : l.dp;
+  const Group dp_group{l.tp, dp_inner * l.cp};
+  const double grad_bytes = params_local * sb.grad, weight_bytes = params_local * sb.weight;
+  CommCost dp_cost;
+  if (l.zero >= 3) {
+    // FSDP: gather the weights for forward and backward of every micro-batch, reduce-scatter
+    // the gradients; prefetching hides it behind that micro-batch's compute.
+    Group shard = l.hsdp ? Group{l.tp, l.hsdp} : dp_group;
+    CommCost per_mb = all_gather(c, shard, weight_bytes).scaled(2.0);
+    per_mb += reduce_scatter(c, shard, grad_bytes);
+    double exposed = std::max(0.0, per_mb.total() - (mb_compute + mb_memory));
+    dp_cost = per_mb.total() > 0 ? per_mb.scaled(n_micro * exposed / per_mb.total()) : per_mb;
+    if (l.hsdp && dp_inner / l.hsdp > 1)
+      dp_cost += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
+  } else {
+    CommCost sync;
+    if (l.hsdp) {
+      sync = reduce_scatter(c, {l.tp, l.hsdp}, grad_bytes);
+      sync += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
+      sync += all_gather(c, {l.tp, l.hsdp}, weight_bytes);
+    } else if (l.zero >= 1) {
+      sync = reduce_scatter(c, dp_group, grad_bytes);
+      sync += all_gather(c, dp_group, weight_bytes);
+    } else {
+      sync = all_reduce(c, dp_group, grad_bytes);
+    }
+    // Overlap with the backward pass of the last micro-batch, whose gradients arrive in buckets.
+    double window = l.overlap_dp ? 2.0 * (fwd_c + fwd_m) : 0.0;
+    double exposed = std::max(0.0, sync.total() - window);
+    dp_cost = sync.total() > 0 ? sync.scaled(exposed / sync.total()) : sync;
+  }
+  p.dp = dp_cost;
+
+  // ---- optimizer step ----
+  const int64_t nd = l.hsdp ? l.hsdp : dp_inner * l.cp;
+  const double opt_params = l.zero >= 1 ? params_local / nd : params_local;
+  // Adam-class: stream master weights, gradient, two moments and write them back (+ 16-bit copy).
+  const double bytes_per_param = sb.optim * 2 + sb.grad + sb.weight;
+  double opt_time = opt_params * bytes_per_param / (l.offload == "optimizer" ? kHostMemBw : d.mem_bw);
+  if (l.optimizer == "muon") {
+    // Newton–Schulz quintic, 5 iterations on every hidden matrix [r × c] (r ≤ c):
+    // 5·(4r²c + 2r³) FLOPs (Jordan et al. 2024). Matrices are spread over the ZeRO group.
+    Timer ns{d, l.precision, act_e};
+    auto mat = [&](double r, double cc, double count) {
+      if (r > cc) std::swap(r, cc);
+      ns.gemm(r, cc, r, 5 * 2 * count);   // X·Xᵀ and (B)·X
+      ns.gemm(r, r, r, 5 * count);        // A·A
+    };
+    double share = (l.zero >= 1 ? double(nd) : 1.0) * t;
+    double lps = double(per_stage);
+    mat(h, double(m.q_dim() + 2 * m.kv_dim()), lps / share);
+    mat(double(m.value_dim()), h, lps / share);
+    double f = m.is_moe() ? double(m.expert_ffn) : double(m.ffn);
+    double mats = (m.ffn_type == "swiglu" ? 3.0 : 2.0) *
+                  (m.is_moe() ? double(m.experts) / l.ep * (l.ep > 1 ? t : 1.0) + m.shared_experts : 1.0);
+    mat(h, f, lps * mats / share);
+    opt_time += ns.total();
+  }
+  p.optimizer = opt_time;
+  if (l.offload == "optimizer")
+    p.offload = (opt_params * sb.grad + opt_params * sb.weight) / d.host_bw;  // grads down, weights up
+
+  // ---- decentralized: DiLoCo outer sync / gossip across islands ----
+  if (l.diloco_h > 0 || l.gossip_peers > 0) {
+    double h_steps = double(std::max<int64_t>(1, l.diloco_h));
+    double pg_bytes = 4.0 * params_local * l.diloco_compression;  // fp32 pseudo-gradient
+    CommCost sync;
+    if (l.gossip_peers > 0) {
+      // Each island exchanges one full model copy with each of its peers over its WAN link.
+      double model_bytes = 4.0 * double(m.total_params()) * l.diloco_compression;
+      sync.t[2] = l.gossip_peers * (model_bytes / c.wan.bw + c.wan.latency);
+    } else {
+      // Replicas within an island hold the same pseudo-gradient: reduce-scatter it inside the
+      // island, all-reduce each shard across islands, all-gather it back.
+      Group inner{l.tp, dp_inner * l.cp}, across{c.devices_per_island(), c.islands};
+      sync = reduce_scatter(c, inner, pg_bytes);
+      sync += all_reduce(c, across, pg_bytes / double(dp_inner * l.cp));
+      sync += all_gather(c, inner, pg_bytes);
+    }
+    p.outer = sync.scaled(1.0 / h_steps);
+  }
+
+  p.step = pipe_time + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
+
+  // ---- throughput, utilisation, time and cost ----
+  p.tokens_per_step = double(l.batch()) * m.seq;
+  p.tokens_per_s = p.tokens_per_step / p.step;
+  p.tokens_per_s_device = p.tokens_per_s / c.world();
+  p.tokens_per_s_island = p.tokens_per_s / c.islands;
+  p.model_flops_per_token = m.train_flops_per_token("none");
+  p.hardware_flops_per_token = m.train_flops_per_token(l.recompute);
+  const double peak = d.peak(l.precision);
+  p.achieved_flops_per_device = p.model_flops_per_token * p.tokens_per_s_device;
+  p.mfu = p.achieved_flops_per_device / peak;
+  p.hfu = p.hardware_flops_per_token * p.tokens_per_s_device / peak;
+  p.train_tokens = opt.train_tokens;
+  p.train_seconds = opt.train_tokens / p.tokens_per_s;
+  p.price_per_hour = c.price_per_hour();
+  p.train_cost = p.train_seconds / 3600.0 * p.price_per_hour;
+
+  // ---- bottleneck: the largest share of the step ----
+  {
+    CommCost comm = p.comm_total();
+    std::vector<std::pair<double, std::string>> parts = {
+        {p.compute, "compute-bound (GEMMs)"},
+        {p.memory_bound + p.optimizer + p.offload, "memory-bound (element-wise kernels, optimizer)"},
+        {p.bubble, "pipeline-bubble-bound"},
+    };
+    for (int lv = 0; lv < 3; ++lv)
+      parts.push_back({comm.t[lv], fmt::format("communication-bound ({})", level_name(Level(lv)))});
+    auto best = std::max_element(parts.begin(), parts.end());
+    p.bottleneck = fmt::format("{} — {:.0f}% of the step", best->second, 100.0 * best->first / p.step);
+  }
+
+  if (rec.explaining()) {
+    auto lv = [](const CommCost& x) {
+      return fmt::format("intra-node {:.4g} s + inter-node {:.4g} s + inter-island {:.4g} s", x.t[0], x.t[1], x.t[2]);
+    };
+    rec.add("time.compute", p.compute, "s", [&] {
+      return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
+                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}",
+                         n_micro, per_stage, peak / 1e12, d.gemm_efficiency(1e11));
+    });
+    rec.add("time.memory_bound", p.memory_bound, "s", [&] {
+      return fmt::format("m × 3 × {:.1f} × activation bytes per layer / {:.4g} GB/s (+ memory-bound GEMMs)",
+                         kTrafficFactor, d.mem_bw / 1e9);
+    });
+    rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
+    rec.add("time.tp", p.tp.total(), "s", [&] {
+      return fmt::format("m × {} all-reduces of b·s·h·{}B = {:.4g} MB over tp={} ({}){}: {}", n_tp_colls, act_e,
+                         layer_io / 1e6, l.tp, level_name(group_level(c, {1, l.tp})),
+                         l.overlap_tp ? " ×0.3 overlapped" : "", lv(p.tp));
+    });
+    rec.add("time.cp", p.cp.total(), "s", [&] { return "ring attention K/V passes not hidden by the attention core: " + lv(p.cp); });
+    rec.add("time.ep", p.ep.total(), "s", [&] {
+      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}: {}", moe_in_stage, l.ep, lv(p.ep));
+    });
+    rec.add("time.pp_p2p", p.pp_p2p.total(), "s", [&] {
+      return fmt::format("2·v·(m+p−1) sends of b·s·h/t = {:.4g} MB: {}", layer_io / t / 1e6, lv(p.pp_p2p));
+    });
+    rec.add("time.bubble", p.bubble, "s", [&] {
+      return fmt::format("(p−1)/v × micro-batch time = ({}−1)/{} × {}", l.pp, v, fmt_s(mb_time));
+    });
+    rec.add("time.dp", p.dp.total(), "s", [&] {
+      return fmt::format("{} of {:.4g} MB gradients over dp group of {} ({}), exposed after overlap: {}",
+                         l.zero >= 3 ? "ZeRO-3 gathers + reduce-scatter" : l.zero ? "reduce-scatter + all-gather" : "all-reduce",
+                         grad_bytes / 1e6, dp_inner * l.cp, level_name(group_level(c, dp_group)), lv(p.dp));
+    });
+    rec.add("time.optimizer", p.optimizer, "s", [&] {
+      return fmt::format("{:.4g} params × {} B streamed / bandwidth{}", opt_params, bytes_per_param,
+                         l.optimizer == "muon" ? " + Newton–Schulz 5 iterations on each hidden matrix" : "");
+    });
+    rec.add("time.offload", p.offload, "s", [&] { return "optimizer offload: gradients to host + weights back over the host link"; });
+    rec.add("time.outer_sync", p.outer.total(), "s", [&] {
+      return fmt::format("DiLoCo/gossip sync of fp32 pseudo-gradients × compression {:g}, every H={} steps: {}",
+                         l.diloco_compression, std::max<int64_t>(1, l.diloco_h), lv(p.outer));
+    });
+    rec.add("time.step", p.step, "s", [&] {
+      return "(m + (p−1)/v) × micro-batch time + p2p + dp + optimizer + offload + outer sync";
+    });
+    rec.add("throughput.tokens_per_s", p.tokens_per_s, "tokens/s", [&] {
+      return fmt::format("global batch {} × seq {} / step {}", l.batch(), m.seq, fmt_s(p.step));
+    });
+    rec.add("throughput.tokens_per_s_device", p.tokens_per_s_device, "tokens/s",
+            [&] { return fmt::format("tokens/s / {} devices", c.world()); });
+    rec.add("throughput.tokens_per_s_island", p.tokens_per_s_island, "tokens/s",
+            [&] { return fmt::format("tokens/s / {} islands", c.islands); });
+    rec.add("utilization.mfu", p.mfu, "", [&] {
+      return fmt::format("{:.4g} model FLOPs/token (no recompute) × tokens/s/device / peak {:.4g} TFLOP/s",
+                         p.model_flops_per_token, peak / 1e12);
+    });
+    rec.add("utilization.hfu", p.hfu, "", [&] { return fmt::format("as MFU with recompute FLOPs ({:.4g}/token)", p.hardware_flops_per_token); });
+    rec.add("train.seconds", p.train_seconds, "s", [&] { return fmt::format("{:.4g} tokens / tokens/s", opt.train_tokens); });
+    rec.add("train.cost", p.train_cost, "USD", [&] {
+      return fmt::format("hours × cluster price {:.4g} USD/h ({} devices)", p.price_per_hour, c.world());
+    });
+    p.figures = rec.figures();
+  }
+  return p;
+}
+
+}  // namespace atl::plan

@@ -1,0 +1,44 @@
+// The planner's analytical performance model (the "ShardMeter" model of sharded, multi-cluster
+// and decentralized training): given a model, a cluster and a layout, predict memory per
+// device, the step time split into its parts, throughput, MFU, time and cost, and the
+// bottleneck. See docs/plan.md for the formulas and their sources.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "plan/collective.h"
+#include "plan/explain.h"
+#include "plan/layout.h"
+#include "plan/memory_model.h"
+
+namespace atl::plan {
+
+struct Prediction {
+  MemoryBreakdown memory;
+  // Step time parts, seconds. compute/memory-bound are per step on the slowest stage,
+  // excluding the bubble; the comm parts are the exposed (not overlapped) times.
+  double compute = 0, memory_bound = 0, recompute = 0;
+  double bubble = 0;
+  double optimizer = 0, offload = 0;
+  CommCost tp, cp, ep, pp_p2p, dp, outer;  // exposed communication by kind and level
+  double step = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0, tokens_per_s_device = 0, tokens_per_s_island = 0;
+  double model_flops_per_token = 0, hardware_flops_per_token = 0;
+  double mfu = 0, hfu = 0, achieved_flops_per_device = 0;  // model FLOP/s per device
+  double train_tokens = 0, train_seconds = 0, train_cost = 0, price_per_hour = 0;
+  std::string bottleneck;
+  std::vector<Figure> figures;  // filled when explaining
+
+  CommCost comm_total() const;
+};
+
+struct PredictOptions {
+  bool explain = false;
+  double train_tokens = 1e12;  // tokens to train, for time and cost
+};
+
+// Validates the inputs (throws with the failing constraint) and predicts.
+Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& o = {});
+
+}  // namespace atl::plan

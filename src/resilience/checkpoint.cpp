@@ -1,0 +1,100 @@
+#include "resilience/checkpoint.h"
+
+#include <filesystem>
+
+#include "core/checksum.h"
+#include "core/fileio.h"
+#include "core/log.h"
+
+namespace atl {
+namespace fs = std::filesystem;
+
+namespace {
+const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+
+std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+  fs::create_directories(dir_);
+}
+
+std::string CheckpointStore::save(int64_t step, const Checkpoint& ck) {
+  std::string final_dir = (fs::path(dir_) / step_name(step)).string();
+  std::string tmp_dir = final_dir + ".tmp";
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  std::map<std::string, std::string> blobs;
+  blobs["model.safetensors"] = safetensors_encode(ck.model, ck.model_metadata);
+  blobs["optimizer.safetensors"] = safetensors_encode(ck.optimizer);
+  blobs["state.json"] = ck.state.dump(2);
+  nlohmann::json manifest = {{"step", step}, {"files", nlohmann::json::object()}};
+  for (auto& [name, bytes] : blobs) {
+    write_file_atomic((fs::path(tmp_dir) / name).string(), bytes);
+    manifest["files"][name] = {{"bytes", bytes.size()}, {"crc32c", crc32c(bytes)}};
+  }
+  write_file_atomic((fs::path(tmp_dir) / "manifest.json").string(), manifest.dump(2));
+  // Swap into place; an existing checkpoint of the same step is only removed once the new one is whole.
+  std::string old_dir = final_dir + ".old";
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  fs::rename(tmp_dir, final_dir);
+  fs::remove_all(old_dir);
+  write_file_atomic((fs::path(dir_) / "latest").string(), step_name(step) + "\n");
+
+  // Retention: drop the oldest complete checkpoints beyond `keep`.
+  std::vector<std::string> steps;
+  for (auto& e : fs::directory_iterator(dir_)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos) steps.push_back(n);
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; keep_ > 0 && i + size_t(keep_) < steps.size(); ++i) fs::remove_all(fs::path(dir_) / steps[i]);
+  return final_dir;
+}
+
+std::optional<std::string> CheckpointStore::latest() const {
+  fs::path p = fs::path(dir_) / "latest";
+  if (!fs::exists(p)) return std::nullopt;
+  std::string n = read_file(p.string());
+  while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+  fs::path d = fs::path(dir_) / n;
+  if (!fs::exists(d)) return std::nullopt;
+  return d.string();
+}
+
+void CheckpointStore::verify(const std::string& path) {
+  fs::path mp = fs::path(path) / "manifest.json";
+  ATOLL_CHECK(fs::exists(mp), "checkpoint '{}' has no manifest.json: incomplete or not a checkpoint", path);
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(mp.string()));
+  } catch (const std::exception& e) {
+    fail("checkpoint '{}': manifest.json is corrupt ({})", path, e.what());
+  }
+  for (const char* f : kFiles) {
+    ATOLL_CHECK(m["files"].contains(f), "checkpoint '{}': manifest lists no '{}'", path, f);
+    fs::path fp = fs::path(path) / f;
+    ATOLL_CHECK(fs::exists(fp), "checkpoint '{}': file '{}' is missing", path, f);
+    std::string bytes = read_file(fp.string());
+    size_t want = m["files"][f]["bytes"].get<size_t>();
+    ATOLL_CHECK(bytes.size() == want, "checkpoint '{}': '{}' has {} bytes, the manifest says {} (truncated?); refusing to load",
+                path, f, bytes.size(), want);
+    uint32_t crc = crc32c(bytes);
+    ATOLL_CHECK(crc == m["files"][f]["crc32c"].get<uint32_t>(),
+                "checkpoint '{}': checksum mismatch in '{}' (corrupt); refusing to load", path, f);
+  }
+}
+
+Checkpoint CheckpointStore::load(const std::string& path) {
+  verify(path);
+  Checkpoint ck;
+  TensorFile mf = load_safetensors((fs::path(path) / "model.safetensors").string());
+  ck.model = std::move(mf.tensors);
+  ck.model_metadata = std::move(mf.metadata);
+  ck.optimizer = load_safetensors((fs::path(path) / "optimizer.safetensors").string()).tensors;
+  ck.state = nlohmann::json::parse(read_file((fs::path(path) / "state.json").string()));
+  return ck;
+}
+
+}  // namespace atl

@@ -1,0 +1,63 @@
+// The training loop: data → forward → backward → clip → optimizer step, with the schedule,
+// gradient accumulation, periodic evaluation and sampling, telemetry and checkpoints.
+// Everything is read from one Config; unknown keys are rejected before the first step.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "nn/gpt.h"
+#include "optim/optimizer.h"
+#include "train/schedule.h"
+
+namespace atl {
+
+struct TrainOptions {
+  // [run]
+  std::string run_dir = "runs/default";
+  // [data]
+  std::string data_dir = "data/fortunes-byte", tokenizer = "byte";
+  bool auto_prepare = true;  // prepare the default corpus into data_dir when it is missing
+  // [train]
+  int64_t steps = 200, batch_size = 8, seq_len = 128, grad_accum = 1, seed = 1337, threads = 0;
+  float grad_clip = 1.f;
+  LrSchedule schedule;
+  // [eval] / [sample] / [checkpoint] / [log]
+  int64_t eval_every = 50, eval_steps = 8;
+  int64_t sample_every = 100, sample_tokens = 64;
+  float sample_temperature = 1.f;
+  int64_t sample_top_k = 40;
+  std::string sample_prompt = "";
+  int64_t ckpt_every = 100, ckpt_keep = 3;
+  int64_t log_every = 1;
+  double peak_gflops = 0;  // 0: measure a quick fp32 GEMM peak at startup
+  // Stop after this many steps of this invocation (tests use it to interrupt a run); 0 = never.
+  int64_t stop_after = 0;
+
+  static TrainOptions from_config(Config& cfg);
+};
+
+struct TrainResult {
+  int64_t final_step = 0;
+  double final_loss = 0, final_val_loss = -1;
+  double tokens_per_s = 0, mfu = 0;
+};
+
+class Trainer {
+ public:
+  // Reads the whole config (model, optimizer, training) and rejects unknown keys.
+  explicit Trainer(Config& cfg);
+  ~Trainer();
+  // resume: continue from run_dir's latest checkpoint when there is one.
+  TrainResult run(bool resume);
+  nn::GPT& model();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A quick fp32 GEMM peak (GFLOP/s) of this machine at the current thread count.
+double measure_gemm_peak_gflops();
+
+}  // namespace atl

@@ -1,0 +1,75 @@
+// `atoll launch`: the environment it gives each rank, output prefixes, fail-fast teardown, and
+// the fault tests: a rank killed (or stopped) mid-collective makes every other rank fail, naming
+// it and the collective, within the configured timeout, and the launcher names the failed rank.
+#include <gtest/gtest.h>
+
+#include "comm_test_util.h"
+
+using namespace atl::comm::test;
+
+TEST(Launch, SetsTorchrunEnvironmentAndPrefixesOutput) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "3", "--",
+                "sh", "-c", "echo env $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR; echo to-stderr >&2"},
+               20);
+  EXPECT_EQ(p.exit_code(), 0) << p.out;
+  for (int r = 0; r < 3; ++r) {
+    std::string R = std::to_string(r);
+    EXPECT_EQ(count_of(p.out, "[rank " + R + "] env " + R + " " + R + " 3 3 0 127.0.0.1\n"), 1) << p.out;
+    EXPECT_EQ(count_of(p.out, "[rank " + R + "] to-stderr\n"), 1) << p.out;
+  }
+}
+
+TEST(Launch, FailingRankStopsTheJobAndIsNamed) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "3", "--grace", "0.5", "--",
+                "sh", "-c", "if [ $RANK = 2 ]; then sleep 0.3; exit 7; fi; sleep 60"},
+               30);
+  EXPECT_FALSE(p.timed_out);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_LT(p.seconds, 10);
+  EXPECT_NE(p.out.find("job failed: rank 2 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("exited with code 7"), std::string::npos) << p.out;
+}
+
+TEST(Launch, MissingCommandIsAnError) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2"}, 10);
+  EXPECT_NE(p.exit_code(), 0);
+  EXPECT_NE(p.out.find("no command"), std::string::npos) << p.out;
+}
+
+// kill -9 of rank 2 in the middle of a stream of all_reduces.
+TEST(Fault, KilledRankIsNamedByEveryOtherRankAndTheLauncher) {
+  const double timeout = 8;
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "3", "--timeout", "8", "--grace", "5", "--",
+                self_exe(), "--worker", "fault", "2", "kill", "20"},
+               60);
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_NE(p.exit_code(), 0) << p.out;
+  EXPECT_LT(p.seconds, timeout + 5) << p.out;
+  EXPECT_NE(p.out.find("job failed: rank 2 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("killed by signal 9 (SIGKILL)"), std::string::npos) << p.out;
+  for (int r : {0, 1}) {
+    // Each survivor reports on its own line, naming the collective and the dead rank, and
+    // exits with the worker's error code (3), not by the launcher's SIGTERM.
+    std::string pre = "[rank " + std::to_string(r) + "] worker error: all_reduce #";
+    size_t at = p.out.find(pre);
+    ASSERT_NE(at, std::string::npos) << p.out;
+    std::string line = p.out.substr(at, p.out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank 2 died"), std::string::npos) << line;
+    EXPECT_NE(p.out.find("rank " + std::to_string(r) + " exited with code 3"), std::string::npos) << p.out;
+  }
+}
+
+// A rank that stops answering (SIGSTOP) without dying: the others time out, say so, and exit.
+TEST(Fault, StoppedRankMakesOthersTimeOutNotHang) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2", "--timeout", "2", "--grace", "5", "--",
+                self_exe(), "--worker", "fault", "1", "stop", "10"},
+               40);
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_NE(p.exit_code(), 0) << p.out;
+  EXPECT_LT(p.seconds, 15) << p.out;
+  size_t at = p.out.find("[rank 0] worker error: all_reduce #");
+  ASSERT_NE(at, std::string::npos) << p.out;
+  std::string line = p.out.substr(at, p.out.find('\n', at) - at);
+  EXPECT_NE(line.find("stopped answering within 2.0 s"), std::string::npos) << line;
+  EXPECT_NE(p.out.find("rank 0 exited with code 3"), std::string::npos) << p.out;
+}

@@ -1,0 +1,82 @@
+// The rendezvous store: values, counters, waiting with a timeout, and dead-rank detection.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/tcp_store.h"
+#include "core/error.h"
+
+using namespace atl::comm;
+using Millis = std::chrono::milliseconds;
+
+TEST(TcpStore, SetGetAddCheck) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore a("127.0.0.1", server.port(), Millis(2000)), b("127.0.0.1", server.port(), Millis(2000));
+  std::string bin("x\0y\n", 4);
+  a.set("k", bin);
+  EXPECT_EQ(b.get("k"), bin);
+  EXPECT_FALSE(b.try_get("missing").has_value());
+  EXPECT_EQ(a.add("n", 5), 5);
+  EXPECT_EQ(b.add("n", -2), 3);
+  EXPECT_TRUE(a.check({"k", "n"}));
+  EXPECT_FALSE(a.check({"k", "nope"}));
+}
+
+TEST(TcpStore, WaitBlocksUntilSetAndTimesOutNamingTheKey) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore a("127.0.0.1", server.port(), Millis(3000)), b("127.0.0.1", server.port(), Millis(3000));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(Millis(100));
+    b.set("late", "v");
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.get("late"), "v");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, Millis(80));
+  setter.join();
+  t0 = std::chrono::steady_clock::now();
+  try {
+    a.wait({"late", "never"}, Millis(300));
+    FAIL() << "wait did not time out";
+  } catch (const atl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'never'"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("'late'"), std::string::npos) << e.what();
+  }
+  auto el = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(el, Millis(250));
+  EXPECT_LT(el, Millis(2000));
+}
+
+TEST(TcpStore, LostLifelineMarksRankDeadButGoodbyeDoesNot) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore q("127.0.0.1", server.port(), Millis(2000));
+  {
+    TcpStore polite("127.0.0.1", server.port(), Millis(2000));
+    polite.hello(1);
+    polite.goodbye();
+  }
+  {
+    TcpStore abrupt("127.0.0.1", server.port(), Millis(2000));
+    abrupt.hello(2);
+  }  // closed without goodbye, as when a process is killed
+  std::vector<int> dead;
+  for (int i = 0; i < 100 && dead.empty(); ++i) {
+    std::this_thread::sleep_for(Millis(10));
+    dead = q.dead_ranks();
+  }
+  EXPECT_EQ(dead, std::vector<int>{2});
+}
+
+TEST(TcpStore, ClientGivesUpWhenNoServer) {
+  int port = pick_free_port();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(TcpStore("127.0.0.1", port, Millis(300)), atl::Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, Millis(3000));
+}
+
+TEST(TcpStore, ServerGoneIsAnErrorNotAHang) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  TcpStore a("127.0.0.1", server->port(), Millis(5000));
+  a.set("k", "v");
+  server.reset();
+  EXPECT_THROW(a.get("other"), atl::Error);
+}

@@ -1,0 +1,45 @@
+// AdamW over several steps against a scalar double-precision transcription of the paper's
+// algorithm, plus the clipping reductions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/kernels.h"
+
+using namespace atl;
+using namespace atl::test;
+
+TEST(AdamW, SeveralStepsMatchScalarReference) {
+  const int64_t n = 1000;
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+  auto p = randn(n, 1);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
+  for (int64_t t = 1; t <= 5; ++t) {
+    auto g = randn(n, 100 + t);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, gs, t);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = double(g[i]) * gs;
+      rm[i] = b1 * rm[i] + (1 - double(b1)) * gi;
+      rv[i] = b2 * rv[i] + (1 - double(b2)) * gi * gi;
+      const double mh = rm[i] / (1 - std::pow(double(b1), double(t)));
+      const double vh = rv[i] / (1 - std::pow(double(b2), double(t)));
+      rp[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * rp[i]);
+    }
+  }
+  EXPECT_LT(rel_l2(p, rp), 1e-6);
+  EXPECT_LT(rel_l2(m, rm), 1e-6);
+  EXPECT_LT(rel_l2(v, rv), 1e-6);
+}
+
+TEST(AdamW, SumSquaresAndScale) {
+  const int64_t n = 100003;
+  auto x = randn(n, 2);
+  double ref = 0;
+  for (float f : x) ref += double(f) * f;
+  EXPECT_NEAR(cpu::sum_squares(x.data(), n), ref, 1e-9 * ref);
+  auto y = x;
+  cpu::scale_inplace(y.data(), -0.5f, n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * -0.5f);
+}

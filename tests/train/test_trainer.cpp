@@ -1,0 +1,199 @@
+// The training loop end to end on a small generated corpus: bit-exact resume, divergence
+// handling, corrupt checkpoints, and config errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/fileio.h"
+#include "resilience/checkpoint.h"
+#include "train/corpus.h"
+#include "train/trainer.h"
+
+using namespace atl;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("atoll_trainer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A small corpus of pseudo-sentences, prepared once per test directory.
+std::string make_data(const fs::path& root) {
+  fs::path txt = root / "corpus.txt";
+  std::ofstream out(txt);
+  const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
+  uint32_t s = 12345;
+  for (int doc = 0; doc < 300; ++doc) {
+    for (int w = 0; w < 40; ++w) {
+      s = s * 1664525u + 1013904223u;
+      out << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+    }
+    out << "\n%\n";
+  }
+  out.close();
+  PrepareOptions po;
+  po.inputs = {txt.string()};
+  po.out_dir = (root / "data").string();
+  po.val_fraction = 0.1;
+  prepare_data(po);
+  return po.out_dir;
+}
+
+Config tiny_config(const fs::path& root, const std::string& data, int64_t steps) {
+  std::string text = fmt::format(R"(
+[run]
+dir = "{}"
+[data]
+dir = "{}"
+auto_prepare = false
+[model]
+preset = "gpt2-tiny"
+[train]
+steps = {}
+batch_size = 4
+seq_len = 32
+grad_accum = 2
+warmup_steps = 2
+threads = 2
+[optim]
+lr = 1e-2
+[eval]
+every = 4
+steps = 2
+[sample]
+every = 0
+[checkpoint]
+every = 4
+[log]
+every = 100
+[hardware]
+peak_gflops = 100.0
+)",
+                                 (root / "run").string(), data, steps);
+  return Config::parse(text, "tiny.toml");
+}
+
+std::vector<float> weights_of(Trainer& t) { return t.model().flat_values().to_vector(); }
+
+}  // namespace
+
+TEST(Trainer, ResumeIsBitExact) {
+  fs::path a = scratch("resume_a"), b = scratch("resume_b");
+  std::string data = make_data(a);
+  std::vector<float> straight, resumed;
+  double loss_straight, loss_resumed;
+  {
+    Config c = tiny_config(a, data, 8);
+    Trainer t(c);
+    auto r = t.run(false);
+    EXPECT_EQ(r.final_step, 8);
+    loss_straight = r.final_loss;
+    straight = weights_of(t);
+  }
+  {
+    Config c = tiny_config(b, data, 8);
+    c.set_override("train.stop_after=4");
+    Trainer t(c);
+    EXPECT_EQ(t.run(false).final_step, 4);
+  }
+  {
+    Config c = tiny_config(b, data, 8);
+    Trainer t(c);
+    auto r = t.run(true);
+    EXPECT_EQ(r.final_step, 8);
+    loss_resumed = r.final_loss;
+    resumed = weights_of(t);
+  }
+  EXPECT_EQ(loss_straight, loss_resumed);
+  ASSERT_EQ(straight.size(), resumed.size());
+  EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
+      << "weights differ after resuming";
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(Trainer, LossGoesDown) {
+  fs::path a = scratch("learn");
+  std::string data = make_data(a);
+  Config c = tiny_config(a, data, 30);
+  Trainer t(c);
+  auto r = t.run(false);
+  EXPECT_LT(r.final_val_loss, 0.75 * std::log(257.0)) << "the model did not learn";
+  EXPECT_TRUE(fs::exists(a / "run" / "metrics.jsonl"));
+  fs::remove_all(a);
+}
+
+TEST(Trainer, DivergenceStopsAndKeepsLastCheckpoint) {
+  fs::path a = scratch("nan");
+  std::string data = make_data(a);
+  {
+    Config c = tiny_config(a, data, 4);
+    Trainer t(c);
+    t.run(false);
+  }
+  std::string before = read_file((a / "run" / "checkpoints" / "step_00000004" / "model.safetensors").string());
+  Config c = tiny_config(a, data, 40);
+  c.set_override("optim.lr=1e30");
+  c.set_override("train.grad_clip=0.0");
+  c.set_override("train.warmup_steps=0");
+  Trainer t(c);
+  try {
+    t.run(true);
+    FAIL() << "a diverging run did not stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("diverged at step"), std::string::npos) << e.what();
+  }
+  std::string after = read_file((a / "run" / "checkpoints" / "step_00000004" / "model.safetensors").string());
+  EXPECT_EQ(before, after);
+  CheckpointStore store((a / "run" / "checkpoints").string());
+  EXPECT_EQ(fs::path(*store.latest()).filename(), "step_00000004");
+  fs::remove_all(a);
+}
+
+TEST(Trainer, CorruptCheckpointIsRefusedAndKept) {
+  fs::path a = scratch("corrupt");
+  std::string data = make_data(a);
+  {
+    Config c = tiny_config(a, data, 4);
+    Trainer t(c);
+    t.run(false);
+  }
+  fs::path f = a / "run" / "checkpoints" / "step_00000004" / "model.safetensors";
+  std::string bytes = read_file(f.string());
+  bytes[bytes.size() / 2] ^= 0x40;
+  { std::ofstream(f, std::ios::binary) << bytes; }
+  Config c = tiny_config(a, data, 8);
+  Trainer t(c);
+  try {
+    t.run(true);
+    FAIL() << "a corrupt checkpoint was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(f.string()), bytes) << "the corrupt checkpoint was overwritten";
+  // Truncation is caught as well.
+  { std::ofstream(f, std::ios::binary) << bytes.substr(0, bytes.size() / 3); }
+  EXPECT_THROW(CheckpointStore::verify(f.parent_path().string()), Error);
+  fs::remove_all(a);
+}
+
+TEST(Trainer, UnknownConfigKeyIsNamed) {
+  fs::path a = scratch("badkey");
+  Config c = tiny_config(a, "unused", 4);
+  c.set_override("train.learning_rate=0.1");
+  try {
+    Trainer t(c);
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("train.learning_rate"), std::string::npos) << m;
+    EXPECT_NE(m.find("did you mean"), std::string::npos) << m;
+  }
+  fs::remove_all(a);
+}
