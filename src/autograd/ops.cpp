@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/linear_bf16.h"
 #include "kernels/cpu/kernels.h"
 
 namespace atl::ops {
@@ -56,6 +57,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   ATOLL_CHECK(x.size(-1) == C, "linear: input {} does not match weight {}", shape_str(x.shape()), shape_str(w.shape()));
   if (b.defined()) ATOLL_CHECK(b.numel() == OC, "linear: bias of {} for {} outputs", b.numel(), OC);
   int64_t N = rows(x);
+  if (matmul_dtype() == DType::bf16) return ops_bf16::linear(x, w, b, N, C, OC, with_last(x.shape(), OC));
   Tensor out = Tensor::empty(with_last(x.shape(), OC));
   cpu::linear_forward(out.f32(), x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, N, C, OC);
   if (should_record({&x, &w, &b})) {
@@ -265,6 +267,7 @@ Tensor linear_t(const Tensor& x, const Tensor& w) {
   check_f32(w, "linear_t", "weight");
   int64_t OC = w.size(0), C = w.size(1), N = rows(x);
   ATOLL_CHECK(x.size(-1) == C, "linear_t: input {} does not match weight {}", shape_str(x.shape()), shape_str(w.shape()));
+  if (matmul_dtype() == DType::bf16) return ops_bf16::linear_t(x, w, N, C, OC, with_last(x.shape(), OC));
   Tensor out = Tensor::empty(with_last(x.shape(), OC));
   cpu::gemm(false, true, N, OC, C, 1.f, x.f32(), C, w.f32(), C, 0.f, out.f32(), OC);
   if (should_record({&x, &w})) {

@@ -67,7 +67,7 @@ int run_bench_gemm(int argc, char** argv) {
     maxB = std::max(maxB, s.K * s.N);
     maxC = std::max(maxC, s.M * s.N);
   }
-  std::vector<float> A(size_t(maxA)), B(size_t(maxB)), C(size_t(maxC));
+  std::vector<float> A(static_cast<size_t>(maxA)), B(static_cast<size_t>(maxB)), C(static_cast<size_t>(maxC));
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& x : A) x = u(rng);

@@ -201,30 +201,34 @@ int run_list(int argc, char** argv) {
 
 // ---- calibration ----
 
-double time_gemm(int64_t n, int reps) {
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.f);
-  cpu::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);  // warm-up
+// Seconds per GEMM: each sample repeats the call until it has run for `min_s`, so that tiny
+// GEMMs are not lost in timer resolution; the best of `reps` samples filters out interference.
+template <typename F>
+double time_repeated(F&& call, double flops, int reps, double min_s) {
+  call();  // warm-up: page faults, thread pool start
+  int64_t iters = std::max<int64_t>(1, int64_t(min_s * 5e9 / flops));
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    cpu::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (int64_t i = 0; i < iters; ++i) call();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
   }
   return best;
 }
 
-double time_gemm_bf16(int64_t n, int reps) {
+double time_gemm(int64_t n, int reps, double min_s) {
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.f);
+  return time_repeated([&] { cpu::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); },
+                       2.0 * n * n * n, reps, min_s);
+}
+
+double time_gemm_bf16(int64_t n, int reps, double min_s) {
   std::vector<float> af(n * n, 0.5f), c(n * n, 0.f);
   std::vector<bf16> a(n * n);
   cpu::f32_to_bf16(af.data(), a.data(), n * n);
-  cpu::gemm_bf16(false, false, n, n, n, 1.f, a.data(), n, a.data(), n, 0.f, c.data(), n);
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    cpu::gemm_bf16(false, false, n, n, n, 1.f, a.data(), n, a.data(), n, 0.f, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
+  return time_repeated(
+      [&] { cpu::gemm_bf16(false, false, n, n, n, 1.f, a.data(), n, a.data(), n, 0.f, c.data(), n); },
+      2.0 * n * n * n, reps, min_s);
 }
 
 // STREAM-style triad a = b + s·c over arrays far larger than the caches: 3 arrays × 8 bytes moved.
@@ -252,22 +256,23 @@ int run_calibrate(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{32, 64, 128, 256}
                                      : std::vector<int64_t>{32, 64, 128, 256, 384, 512, 768, 1024, 1536};
-  int reps = quick ? 2 : 4;
+  int reps = quick ? 3 : 5;
+  double min_s = quick ? 0.01 : 0.05;
   std::vector<std::pair<double, double>> rate;  // (flops, flop/s)
   double peak = 0;
   for (int64_t n : sizes) {
     double flops = 2.0 * n * n * n;
-    double fs = flops / time_gemm(n, reps);
+    double fs = flops / time_gemm(n, reps, min_s);
     rate.push_back({flops, fs});
     peak = std::max(peak, fs);
     std::printf("  gemm %5lld³  %8.2f GFLOP/s\n", (long long)n, fs / 1e9);
   }
   double peak_bf16 = 0;
   if (cpu::has_avx512_bf16()) {
-    for (int64_t n : {256, 512}) peak_bf16 = std::max(peak_bf16, 2.0 * n * n * n / time_gemm_bf16(n, reps));
+    for (int64_t n : {256, 512}) peak_bf16 = std::max(peak_bf16, 2.0 * n * n * n / time_gemm_bf16(n, reps, min_s));
     std::printf("  gemm bf16     %8.2f GFLOP/s\n", peak_bf16 / 1e9);
   }
-  double bw = measure_bandwidth(quick ? (int64_t(1) << 22) : (int64_t(1) << 25), reps);
+  double bw = measure_bandwidth(quick ? (int64_t(1) << 22) : (int64_t(1) << 25), 2 * reps);
   std::printf("  memory bandwidth %.2f GB/s (triad)\n", bw / 1e9);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   // "Peak" is the best GEMM rate measured: the curve says how far smaller GEMMs fall below it.

@@ -107,12 +107,13 @@ std::string Communicator::describe_failure(const std::string& op, const std::exc
 WorkPtr Communicator::enqueue(std::string op, std::vector<Tensor> keep,
                               std::function<void(Work&)> run) {
   auto w = std::make_shared<Work>();
-  w->name_ = fmt::format("{} #{}", op, ++seq_);
   w->keep_ = std::move(keep);
   w->run_ = std::move(run);
   w->timeout_ = timeout_;
   {
     std::lock_guard<std::mutex> lk(qmu_);
+    w->seq_ = ++seq_;
+    w->name_ = fmt::format("{} #{}", op, w->seq_);
     ATOLL_CHECK(!stopping_, "{} issued on a communicator that is shutting down", w->name_);
     queue_.push_back(w);
   }
@@ -121,7 +122,6 @@ WorkPtr Communicator::enqueue(std::string op, std::vector<Tensor> keep,
 }
 
 void Communicator::worker_loop() {
-  uint64_t seq = 0;
   for (;;) {
     WorkPtr w;
     {
@@ -131,7 +131,6 @@ void Communicator::worker_loop() {
       w = queue_.front();
       queue_.pop_front();
     }
-    ++seq;
     std::string err;
     if (!failed_.empty()) {
       err = fmt::format("{} not run: this communicator failed earlier: {}", w->name_, failed_);
@@ -142,8 +141,9 @@ void Communicator::worker_loop() {
         w->start_time_ = std::chrono::steady_clock::now();
       }
       op_deadline_ = std::chrono::steady_clock::now() + w->timeout_;
+      running_seq_ = w->seq_;
       try {
-        on_op_start(w->name_, seq);
+        on_op_start(w->name_, w->seq_);
         w->run_(*w);
       } catch (const std::exception& e) {
         err = describe_failure(w->name_, e);

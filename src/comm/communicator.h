@@ -49,6 +49,7 @@ class Work {
  private:
   friend class Communicator;
   std::string name_;
+  uint64_t seq_ = 0;
   std::function<void(Work&)> run_;  // on the worker thread
   std::function<void()> finish_;  // set by point-to-point posts; runs in wait()
   std::vector<Tensor> keep_;      // storage kept alive while queued
@@ -136,7 +137,9 @@ class Communicator {
 
   std::chrono::steady_clock::time_point deadline() const { return op_deadline_; }
   Millis remaining() const;
-  uint64_t op_seq() const { return seq_; }
+  // Sequence number of the operation running on the worker (the same on every rank: ranks issue
+  // operations in the same order), used as the backend's message tag.
+  uint64_t op_seq() const { return running_seq_; }
 
  private:
   WorkPtr enqueue(std::string op, std::vector<Tensor> keep, std::function<void(Work&)> run);
@@ -147,6 +150,7 @@ class Communicator {
   std::vector<int> world_ranks_;
   Millis timeout_;
   uint64_t seq_ = 0;  // operations issued (user thread)
+  uint64_t running_seq_ = 0;  // the operation the worker runs
   std::chrono::steady_clock::time_point op_deadline_;
 
   std::mutex qmu_;

@@ -20,7 +20,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <thread>
 
@@ -39,7 +42,46 @@ struct GlooProcess {
   bool clean = true;
   bool store_on_rank0 = false;
 
+  // Heartbeat: the operation each communicator last started, posted to the store every 200 ms
+  // by a background thread (never on the collective's path), so that when a peer stops
+  // answering the others can tell which rank is behind.
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool hb_stop = false;
+  std::map<std::string, std::string> progress, posted;
+  std::thread heartbeat;
+
+  void start_heartbeat() {
+    heartbeat = std::thread([this] {
+      std::unique_lock<std::mutex> lk(hb_mu);
+      while (!hb_stop) {
+        hb_cv.wait_for(lk, Millis(200));
+        std::vector<std::pair<std::string, std::string>> todo;
+        for (auto& [k, v] : progress)
+          if (posted[k] != v) todo.push_back({k, v});
+        lk.unlock();
+        try {
+          for (auto& [k, v] : todo) lifeline->set(k, v);
+        } catch (const std::exception&) {
+          return;  // the store is gone; the collectives will report it
+        }
+        lk.lock();
+        for (auto& [k, v] : todo) posted[k] = v;
+      }
+    });
+  }
+  void note_progress(const std::string& key, std::string value) {
+    std::lock_guard<std::mutex> lk(hb_mu);
+    progress[key] = std::move(value);
+  }
+
   ~GlooProcess() {
+    {
+      std::lock_guard<std::mutex> lk(hb_mu);
+      hb_stop = true;
+    }
+    hb_cv.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
     // Tell the store we leave on purpose; the host then waits (bounded) for everyone else to
     // leave too, so that no rank loses the store in the middle of its own shutdown.
     try {
@@ -147,6 +189,7 @@ std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Milli
   else
     attr.hostname = local_ip_towards(env.master_addr, env.master_port);
   proc->device = gloo::transport::tcp::CreateDevice(attr);
+  proc->start_heartbeat();
   return std::make_unique<GlooCommunicator>(proc, env.rank, env.world_size, std::vector<int>{}, prefix,
                                             timeout);
 }
@@ -278,6 +321,11 @@ std::unique_ptr<Communicator> GlooCommunicator::run_split(const std::vector<int>
                                             timeout());
 }
 
+void GlooCommunicator::on_op_start(const std::string& name, uint64_t seq) {
+  current_op_ = name;
+  proc_->note_progress(fmt::format("{}progress/{}", prefix_, rank()), fmt::format("{} {}", seq, name));
+}
+
 std::string GlooCommunicator::diagnose() {
   proc_->clean = false;
   const auto& wr = world_ranks();
@@ -299,6 +347,22 @@ std::string GlooCommunicator::diagnose() {
                        proc_->store_on_rank0 ? "rank 0, which hosts the store, has probably died"
                                              : "`atoll launch` on node 0, which hosts the store, has exited");
   }
+  // Nobody died: find the ranks whose last started operation is older than ours.
+  std::string behind;
+  try {
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      auto v = proc_->store->try_get(fmt::format("{}progress/{}", prefix_, r));
+      uint64_t seq = v ? std::strtoull(v->c_str(), nullptr, 10) : 0;
+      if (seq < op_seq())
+        behind += fmt::format("{}rank {} (last started: {})", behind.empty() ? "" : ", ", world_ranks_of(r),
+                              v ? v->substr(v->find(' ') + 1) : std::string("nothing"));
+    }
+  } catch (const std::exception&) {
+  }
+  if (!behind.empty())
+    return fmt::format("{} stopped answering: not in {} after {:.1f} s", behind, current_op_,
+                       timeout().count() / 1000.0);
   return fmt::format("no rank is known to have died; a peer stopped answering within {:.1f} s",
                      timeout().count() / 1000.0);
 }

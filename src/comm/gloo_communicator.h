@@ -45,6 +45,7 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<Communicator> run_split(const std::vector<int>& members, int new_rank,
                                           int color) override;
   std::string diagnose() override;
+  void on_op_start(const std::string& name, uint64_t seq) override;
 
  private:
   uint32_t tag() const { return uint32_t(op_seq()); }
@@ -53,6 +54,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   std::string prefix_;
   int splits_ = 0;
+  std::string current_op_;
 };
 
 // Ring reduce-scatter (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for

@@ -248,7 +248,10 @@ int launch(const LaunchOptions& o) {
       if (!termed && now >= term_at) {
         termed = true;
         for (auto& c : kids)
-          if (!c.exited) ::kill(-c.pid, SIGTERM);
+          if (!c.exited) {
+            ::kill(-c.pid, SIGTERM);
+            ::kill(-c.pid, SIGCONT);  // a stopped rank must run to act on SIGTERM
+          }
       }
       if (!killed && now >= kill_at) {
         killed = true;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/kernels.h"
+
 namespace atl::nn {
 
 Attention::Attention(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
@@ -63,13 +65,43 @@ void GPT::init_weights(uint64_t seed) {
   }
 }
 
+namespace {
+// A pass-through node whose backward calls a block hook: placed after a block it runs when the
+// block's backward begins, placed before it when that backward has ended.
+Tensor hook_marker(const Tensor& x, BlockHooks* h, int64_t block, bool at_block_output) {
+  Tensor out = x.view(x.shape());
+  record("block_hook", out, {x}, [h, block, at_block_output](Node& n) {
+    if (at_block_output) h->before_backward(block);
+    Tensor g = grad_of(n.output);
+    Tensor& in = n.inputs[0];
+    if (!grad_of(in).defined()) in.autograd()->grad = g;  // hand the buffer on, no copy
+    else cpu::add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
+    if (!at_block_output) h->after_backward(block);
+  });
+  return out;
+}
+}  // namespace
+
 Parameter* GPT::head_weight() const { return c_.tied_head ? wte->weight : lm_head; }
 
 Tensor GPT::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
+  if (hooks_) hooks_->forward_begin();
   Tensor x = ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
-  for (const Block* b : h) x = (*b)(x);
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (!hooks_) {
+      x = (*h[i])(x);
+      continue;
+    }
+    int64_t bi = int64_t(i);
+    hooks_->before_forward(bi);
+    bool rec = should_record({&x});
+    if (rec) x = hook_marker(x, hooks_, bi, false);
+    x = (*h[i])(x);
+    if (rec) x = hook_marker(x, hooks_, bi, true);
+    hooks_->after_forward(bi);
+  }
   return (*ln_f)(x);
 }
 

@@ -42,6 +42,20 @@ class Block : public Module {
   MLP* mlp;
 };
 
+// Callbacks around each transformer block, for parallelism that must act just before a block
+// runs (ZeRO-3/FSDP gathers the block's sharded parameters there and frees them after). With
+// hooks set and gradients recorded, hidden() adds a pass-through node before and after each block
+// so the backward calls arrive when the block's backward starts and ends. Without hooks (the
+// default) nothing changes.
+struct BlockHooks {
+  virtual ~BlockHooks() = default;
+  virtual void forward_begin() {}  // start of hidden(), before the embeddings
+  virtual void before_forward(int64_t block) {}
+  virtual void after_forward(int64_t block) {}
+  virtual void before_backward(int64_t block) {}
+  virtual void after_backward(int64_t block) {}
+};
+
 class GPT : public Module {
  public:
   explicit GPT(const GPTConfig& c);
@@ -81,8 +95,12 @@ class GPT : public Module {
   Norm* ln_f;
   Parameter* lm_head = nullptr;
 
+  // nullptr (the default) removes them; the hooks must outlive their use.
+  void set_block_hooks(BlockHooks* h) { hooks_ = h; }
+
  private:
   GPTConfig c_;
+  BlockHooks* hooks_ = nullptr;
 };
 
 GPTConfig config_from_metadata(const std::map<std::string, std::string>& md);

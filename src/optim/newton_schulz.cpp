@@ -72,6 +72,21 @@ namespace {
 
 inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// C = alpha op(A) op(B) + beta C. In bf16 mode the operands (already rounded to bf16 values) go
+// through cpu::gemm_bf16: exact conversion, bf16 x bf16 products, fp32 accumulation.
+void mm(bool bf, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!bf) {
+    cpu::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+  std::vector<bf16> a(static_cast<size_t>(na)), b(static_cast<size_t>(nb));
+  cpu::f32_to_bf16(A, a.data(), na);
+  cpu::f32_to_bf16(B, b.data(), nb);
+  cpu::gemm_bf16(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
+}
+
 void maybe_round(std::vector<float>& v, bool bf) {
   if (!bf) return;
   int64_t n = int64_t(v.size());
@@ -84,13 +99,13 @@ void ns_plain(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std
   std::vector<float> A(size_t(m * m)), B(size_t(m * m)), Xn(X.size());
   for (const auto& [a, b, c] : coef) {
     maybe_round(X, bf);
-    cpu::gemm(false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, A.data(), m);
+    mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, A.data(), m);
     maybe_round(A, bf);
     for (size_t i = 0; i < A.size(); ++i) B[i] = b * A[i];
-    cpu::gemm(false, false, m, m, m, c, A.data(), m, A.data(), m, 1.f, B.data(), m);
+    mm(bf, false, false, m, m, m, c, A.data(), m, A.data(), m, 1.f, B.data(), m);
     maybe_round(B, bf);
     scale_into(Xn.data(), X.data(), a, int64_t(X.size()));
-    cpu::gemm(false, false, m, n, m, 1.f, B.data(), m, X.data(), n, 1.f, Xn.data(), n);
+    mm(bf, false, false, m, n, m, 1.f, B.data(), m, X.data(), n, 1.f, Xn.data(), n);
     std::swap(X, Xn);
   }
   maybe_round(X, bf);
@@ -105,23 +120,23 @@ void ns_gram(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std:
   std::vector<float> R(mm), Z(mm), Q(mm), T(mm), RZ(mm), Xn(X.size());
   bool have_q = false;
   maybe_round(X, bf);
-  cpu::gemm(false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
+  mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
   maybe_round(R, bf);
   const int steps = int(coef.size());
   for (int it = 0; it < steps; ++it) {
     const auto [a, b, c] = coef[size_t(it)];
     if (it != 0 && is_restart(it)) {
       // Re-form X = Q X and its Gram matrix from scratch.
-      cpu::gemm(false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
+      mm(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
       std::swap(X, Xn);
       maybe_round(X, bf);
-      cpu::gemm(false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
+      mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
       maybe_round(R, bf);
       have_q = false;
     }
     // Z = b R + c R^2
     for (size_t i = 0; i < mm; ++i) Z[i] = b * R[i];
-    cpu::gemm(false, false, m, m, m, c, R.data(), m, R.data(), m, 1.f, Z.data(), m);
+    mm(bf, false, false, m, m, m, c, R.data(), m, R.data(), m, 1.f, Z.data(), m);
     maybe_round(Z, bf);
     if (!have_q) {
       Q = Z;
@@ -130,21 +145,21 @@ void ns_gram(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std:
     } else {
       // Q <- Q (a I + Z) = a Q + Q Z
       scale_into(T.data(), Q.data(), a, int64_t(mm));
-      cpu::gemm(false, false, m, m, m, 1.f, Q.data(), m, Z.data(), m, 1.f, T.data(), m);
+      mm(bf, false, false, m, m, m, 1.f, Q.data(), m, Z.data(), m, 1.f, T.data(), m);
       std::swap(Q, T);
     }
     maybe_round(Q, bf);
     if (it < steps - 1 && !is_restart(it + 1)) {
       // R <- (a I + Z) R (a I + Z): RZ = a R + R Z, then R = a RZ + Z RZ.
       scale_into(RZ.data(), R.data(), a, int64_t(mm));
-      cpu::gemm(false, false, m, m, m, 1.f, R.data(), m, Z.data(), m, 1.f, RZ.data(), m);
+      mm(bf, false, false, m, m, m, 1.f, R.data(), m, Z.data(), m, 1.f, RZ.data(), m);
       maybe_round(RZ, bf);
       scale_into(R.data(), RZ.data(), a, int64_t(mm));
-      cpu::gemm(false, false, m, m, m, 1.f, Z.data(), m, RZ.data(), m, 1.f, R.data(), m);
+      mm(bf, false, false, m, m, m, 1.f, Z.data(), m, RZ.data(), m, 1.f, R.data(), m);
       maybe_round(R, bf);
     }
   }
-  cpu::gemm(false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
+  mm(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
   std::swap(X, Xn);
   maybe_round(X, bf);
 }

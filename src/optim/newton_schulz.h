@@ -13,8 +13,9 @@
 //    small m x m Gram matrix R and apply the accumulated Q to X once; a restart re-forms X and R
 //    exactly to stop the round-off in R from growing (at the iterations listed in gram_restarts).
 //    For wide m x n matrices this trades 4 m^2 n flops per iteration for about 8 m^3.
-// Precision: f32, or bf16 with fp32 accumulation (operands rounded to bf16 before every product,
-// results rounded after every combination, as a bf16 PyTorch implementation does).
+// Precision: f32, or bf16: every product takes bf16 operands with fp32 accumulation
+// (cpu::gemm_bf16, AVX-512 BF16 where the CPU has it) and every iterate is rounded to bf16, as a
+// bf16 PyTorch implementation does.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -32,12 +32,12 @@ double phase(int64_t n, double bytes, const Link& l) {
   if (n <= 1) return 0;
   return double(n - 1) / n * bytes / l.bw + lg(n) * l.latency;
 }
-// The wide-area link is shared by every device of the island: each of the island's
-// devices_per_island/k_island groups sends its share at once.
+// The wide-area link is shared by the whole island: every one of its devices pushes its own
+// share (bytes, already divided by the k_island ranks of its group inside the island) at once.
 double wan_phase(const Cluster& c, const Span& s, double bytes) {
   if (s.n_islands <= 1) return 0;
-  double groups = double(c.devices_per_island()) / s.k_island;
-  return double(s.n_islands - 1) / s.n_islands * bytes * groups / c.wan.bw + lg(s.n_islands) * c.wan.latency;
+  double senders = double(c.devices_per_island());
+  return double(s.n_islands - 1) / s.n_islands * bytes * senders / c.wan.bw + lg(s.n_islands) * c.wan.latency;
 }
 }  // namespace
 
@@ -74,12 +74,18 @@ CommCost all_to_all(const Cluster& c, Group g, double bytes) {
   return r;
 }
 
-CommCost send_recv(const Cluster& c, int64_t distance, double bytes) {
+CommCost send_recv(const Cluster& c, Group g, double bytes) {
   CommCost r;
-  if (bytes <= 0) return r;
-  if (distance < c.devices_per_node) r.t[0] = bytes / c.intra.bw + c.intra.latency;
-  else if (distance < c.devices_per_island()) r.t[1] = bytes / c.inter.bw + c.inter.latency;
-  else r.t[2] = bytes * c.devices_per_node / c.wan.bw + c.wan.latency;  // a node's stages cross at once
+  if (bytes <= 0 || g.size <= 1) return r;
+  // A pipeline runs at the pace of its slowest stage-to-stage link. Over a node's NIC every rank
+  // of the stage sends on its own link; over the wide-area link all of them share it.
+  switch (group_level(c, g)) {
+    case Level::intra_node: r.t[0] = bytes / c.intra.bw + c.intra.latency; break;
+    case Level::inter_node: r.t[1] = bytes / c.inter.bw + c.inter.latency; break;
+    case Level::inter_island:
+      r.t[2] = bytes * double(std::min(g.stride, c.devices_per_island())) / c.wan.bw + c.wan.latency;
+      break;
+  }
   return r;
 }
 

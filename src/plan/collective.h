@@ -38,7 +38,9 @@ CommCost all_reduce(const Cluster& c, Group g, double bytes);
 CommCost reduce_scatter(const Cluster& c, Group g, double bytes);  // bytes: the full buffer
 CommCost all_gather(const Cluster& c, Group g, double bytes);      // bytes: the full buffer
 CommCost all_to_all(const Cluster& c, Group g, double bytes);      // bytes: sent by each rank
-CommCost send_recv(const Cluster& c, int64_t distance, double bytes);
+// One point-to-point transfer between neighbours of group g (pipeline stages: stride = ranks per
+// stage, size = pp), timed on the slowest link any neighbour pair crosses.
+CommCost send_recv(const Cluster& c, Group g, double bytes);
 Level group_level(const Cluster& c, Group g);
 
 }  // namespace atl::plan

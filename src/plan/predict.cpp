@@ -159,7 +159,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     // Ring attention: K and V of the local chunk travel cp-1 hops forward, twice that backward,
     // overlapped with the attention core it feeds.
     double kv = b * s_local * 2.0 * m.kv_dim() / t * act_e;
-    CommCost ring = send_recv(c, l.tp, kv).scaled(3.0 * (l.cp - 1) * per_stage);
+    CommCost ring = send_recv(c, {l.tp, l.cp}, kv).scaled(3.0 * (l.cp - 1) * per_stage);
     double hide = 3 * dense.core.total() * per_stage;
     double exposed = std::max(0.0, ring.total() - hide);
     cp_mb = ring.total() > 0 ? ring.scaled(exposed / ring.total()) : ring;
@@ -180,7 +180,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   if (l.pp > 1) {
     // Activations forward, gradients backward, split over tp (scatter/gather, Narayanan §4.1).
     double bytes = layer_io / t;
-    p.pp_p2p = send_recv(c, l.tp * l.cp * l.dp, bytes).scaled(2.0 * v * (double(n_micro) + l.pp - 1));
+    p.pp_p2p = send_recv(c, {l.tp * l.cp * l.dp, l.pp}, bytes).scaled(2.0 * v * (double(n_micro) + l.pp - 1));
   }
   p.compute = n_micro * mb_compute;
   p.memory_bound = n_micro * mb_memory;

@@ -53,8 +53,9 @@ SearchResult search_layouts(const ModelSpec& m, const Cluster& full, const Searc
     c.island_names.resize(isl), c.island_price.resize(isl);
     if (decentral && isl < 2) continue;
     const int64_t world = c.world();
-    const int64_t gb = o.global_batch > 0 ? o.global_batch
-                                          : std::max<int64_t>(1, int64_t(std::llround(o.batch_tokens / m.seq)));
+    // A fixed global batch must divide evenly; a batch given in tokens is rounded to the nearest
+    // multiple of dp × micro_batch, as one would when choosing it for that layout.
+    const double want = std::max(1.0, o.batch_tokens / m.seq);
     for (int64_t tp : divisors(world, std::min<int64_t>(m.heads, 2 * c.devices_per_node))) {
       for (int64_t pp : divisors(world / tp, m.layers)) {
         for (int64_t cp : divisors(world / (tp * pp), 8)) {
@@ -70,6 +71,10 @@ SearchResult search_layouts(const ModelSpec& m, const Cluster& full, const Searc
                     for (int sp = 0; sp < (tp > 1 ? 2 : 1); ++sp) {
                       Layout l = o.decentral;
                       l.dp = dp, l.tp = tp, l.pp = pp, l.cp = cp, l.ep = ep, l.zero = zero;
+                      const int64_t unit = dp * mb;
+                      const int64_t gb = o.global_batch > 0
+                                             ? o.global_batch
+                                             : unit * std::max<int64_t>(1, std::llround(want / double(unit)));
                       l.micro_batch = mb, l.global_batch = gb, l.recompute = rc, l.sp = sp;
                       l.schedule = sched ? "interleaved" : "1f1b";
                       l.virtual_stages = sched ? 2 : 1;

@@ -215,14 +215,20 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
 
   ShardSetWriter train(opt.out_dir, "train", size_t(opt.shard_tokens));
   ShardSetWriter val(opt.out_dir, "val", size_t(opt.shard_tokens));
-  std::vector<int32_t> ids;
+  // Documents are encoded in parallel, a block at a time, and written in order: the shards do
+  // not depend on the thread count.
   const int32_t eot = tok->eot();
-  for (size_t k = 0; k < order.size(); ++k) {
-    ids.clear();
-    ids.push_back(eot);
-    std::vector<int32_t> t = tok->encode(docs[order[k]]);
-    ids.insert(ids.end(), t.begin(), t.end());
-    (k < n_val ? val : train).add(ids);
+  const size_t block = 4096;
+  std::vector<std::vector<int32_t>> enc(std::min(block, order.size()));
+  for (size_t k0 = 0; k0 < order.size(); k0 += block) {
+    const int64_t n = int64_t(std::min(block, order.size() - k0));
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t i = 0; i < n; ++i) enc[size_t(i)] = tok->encode(docs[order[k0 + size_t(i)]]);
+    for (int64_t i = 0; i < n; ++i) {
+      ShardSetWriter& w = k0 + size_t(i) < n_val ? val : train;
+      w.add(&eot, 1);
+      w.add(enc[size_t(i)]);
+    }
   }
   auto shard_list = [&](const std::vector<std::string>& paths) {
     nlohmann::json a = nlohmann::json::array();

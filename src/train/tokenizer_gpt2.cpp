@@ -217,10 +217,11 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& dir_
 
 void Gpt2BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>* out) const {
   const bool cacheable = word.size() <= 64;
+  CacheShard& shard = cache_[std::hash<std::string_view>()(word) % kCacheShards];
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(std::string(word));
-    if (it != cache_.end()) {
+    std::lock_guard<std::mutex> lock(shard.mu);
+    auto it = shard.map.find(std::string(word));
+    if (it != shard.map.end()) {
       out->insert(out->end(), it->second.begin(), it->second.end());
       return;
     }
@@ -255,9 +256,9 @@ void Gpt2BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>* 
   }
   out->insert(out->end(), sym.begin(), sym.end());
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cache_.size() > (1u << 18)) cache_.clear();
-    cache_.emplace(std::string(word), std::move(sym));
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.map.size() > (1u << 14)) shard.map.clear();
+    shard.map.emplace(std::string(word), std::move(sym));
   }
 }
 

@@ -58,9 +58,14 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};
   // (left << 32 | right) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_;
-  // Words repeat heavily in text, so their encodings are memoized (bounded, thread-safe).
-  mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  // Words repeat heavily in text, so their encodings are memoized: bounded, and split into
+  // independently locked shards so that threads encoding in parallel rarely wait on each other.
+  struct CacheShard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>> map;
+  };
+  static constexpr size_t kCacheShards = 64;
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace atl

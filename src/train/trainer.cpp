@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "autograd/graph.h"
+#include "autograd/precision.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
@@ -38,6 +40,8 @@ TrainOptions TrainOptions::from_config(Config& c) {
   o.schedule.kind = c.get_string("train.schedule", "cosine", {"cosine", "constant"}) == "cosine" ? "cosine" : "constant";
   o.schedule.total_steps = o.steps;
   o.stop_after = c.get_int("train.stop_after", 0, 0);
+  o.fault_nan_at_step = c.get_int("fault.nan_at_step", 0, 0);
+  o.matmul_dtype = c.get_string("train.dtype", "f32", {"f32", "bf16"});
   o.eval_every = c.get_int("eval.every", o.eval_every, 0);
   o.eval_steps = c.get_int("eval.steps", o.eval_steps, 1);
   o.sample_every = c.get_int("sample.every", o.sample_every, 0);
@@ -126,6 +130,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.config_text = cfg.source();
 
   set_num_threads(int(I.o.threads));
+  set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
   I.tok = load_tokenizer(I.o.tokenizer);
   if (!fs::exists(fs::path(I.o.data_dir) / "meta.json") && I.o.auto_prepare) {
     log::info("preparing the default corpus (Debian fortunes) into {} ...", I.o.data_dir);
@@ -185,6 +190,7 @@ TrainResult Trainer::run(bool resume) {
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
     I.model->zero_grad();
+    if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
     double loss_sum = 0;
     for (int64_t m = 0; m < o.grad_accum; ++m) {
       I.train_data->next_batch(x.i32(), y.i32());

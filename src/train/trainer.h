@@ -33,6 +33,10 @@ struct TrainOptions {
   double peak_gflops = 0;  // 0: measure a quick fp32 GEMM peak at startup
   // Stop after this many steps of this invocation (tests use it to interrupt a run); 0 = never.
   int64_t stop_after = 0;
+  // [fault] injection for resilience tests: at this step one weight becomes NaN; 0 = off.
+  int64_t fault_nan_at_step = 0;
+  // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
+  std::string matmul_dtype = "f32";
 
   static TrainOptions from_config(Config& cfg);
 };

@@ -29,6 +29,8 @@ int fault(int victim, const std::string& how, int after) {
   for (int it = 0; it < 100000; ++it) {
     if (c->rank() == victim && it == after) {
       std::fflush(stdout);
+      // A hang comes after a while of normal progress, which the heartbeat has reported.
+      if (how == "stop") usleep(500000);
       raise(how == "stop" ? SIGSTOP : SIGKILL);
     }
     c->all_reduce(t, ReduceOp::max);

@@ -81,8 +81,8 @@ TEST(GemmBf16, DetectsTheCpuFeature) {
 }
 
 TEST(GemmBf16, MatchesFp32GemmOnRoundedInputs) {
-  // K = 517 is odd and spans three k blocks; M, N leave partial micro tiles.
-  const int64_t M = 37, N = 70, K = 517, ldc = N + 5;
+  // K = 1601 is odd and spans three k blocks of 768; M, N leave partial micro tiles.
+  const int64_t M = 37, N = 70, K = 1601, ldc = N + 5;
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
     auto A = make(ta, M, K, 3, 50 + t), B = make(tb, K, N, 2, 60 + t);

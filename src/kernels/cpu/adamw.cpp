@@ -2,6 +2,7 @@
 // with the gradient scale (clipping, averaging) folded in, plus the reductions clipping needs.
 #include <cmath>
 
+#include "kernels/cpu/kernel_util.h"
 #include "kernels/cpu/kernels.h"
 
 namespace atl::cpu {
@@ -12,7 +13,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   const float bc1 = float(1.0 - std::pow(double(beta1), double(t)));
   const float bc2 = float(1.0 - std::pow(double(beta2), double(t)));
   const float inv_bc1 = 1.0f / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
@@ -26,13 +27,13 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 
 double sum_squares(const float* x, int64_t n) {
   double acc = 0.0;
-#pragma omp parallel for simd schedule(static) reduction(+ : acc)
+#pragma omp parallel for simd schedule(static) reduction(+ : acc) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
   return acc;
 }
 
 void scale_inplace(float* x, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 

@@ -46,18 +46,20 @@ inline void tile_abt(float* C, const float* const* arows, const float* Bt, int64
     for (int q = 0; q < 4; ++q) store16(C + r * kAttnBlock + 16 * q, acc[r][q]);
 }
 
-// O[r][0..16*NV) += sum_{j<n} P[r][j] * M[j][0..16*NV) for r < 4. P has row stride 64, M row
-// stride ldm, O row stride ldo.
+// O[r][0..16*NV) += sum_{j<n} P(r, j) * M[j][0..16*NV) for r < 4, with P(r, j) = P[r*prs + j*pcs]
+// (so a transposed P costs nothing), M row stride ldm, O row stride ldo.
 template <int NV>
-inline void tile_pm(float* O, int64_t ldo, const float* P, const float* M, int64_t ldm, int64_t n) {
+inline void tile_pm(float* O, int64_t ldo, const float* P, int64_t prs, int64_t pcs, const float* M, int64_t ldm,
+                    int64_t n) {
   v16f acc[kTileRows][NV];
   for (int r = 0; r < kTileRows; ++r)
     for (int q = 0; q < NV; ++q) acc[r][q] = load16(O + r * ldo + 16 * q);
   for (int64_t j = 0; j < n; ++j) {
     v16f m[NV];
     for (int q = 0; q < NV; ++q) m[q] = load16(M + j * ldm + 16 * q);
+    const float* pj = P + j * pcs;
     for (int r = 0; r < kTileRows; ++r) {
-      const float p = P[r * kAttnBlock + j];
+      const float p = pj[r * prs];
       for (int q = 0; q < NV; ++q) acc[r][q] += p * m[q];
     }
   }
@@ -67,18 +69,18 @@ inline void tile_pm(float* O, int64_t ldo, const float* P, const float* M, int64
 
 // O[rows][0..width) += P[rows][0..n) · M[0..n)[0..width), width a multiple of 16, in column
 // chunks of 64 so that each register tile stays at 16 accumulators.
-inline void block_pm(float* O, int64_t ldo, const float* P, const float* M, int64_t ldm, int64_t rows,
-                     int64_t width, int64_t n) {
+inline void block_pm(float* O, int64_t ldo, const float* P, int64_t prs, int64_t pcs, const float* M, int64_t ldm,
+                     int64_t rows, int64_t width, int64_t n) {
   for (int64_t r = 0; r < rows; r += kTileRows) {
     for (int64_t c = 0; c < width; c += 64) {
       float* o = O + r * ldo + c;
-      const float* p = P + r * kAttnBlock;
+      const float* p = P + r * prs;
       const float* m = M + c;
       switch (std::min<int64_t>(4, (width - c) / 16)) {
-        case 1: tile_pm<1>(o, ldo, p, m, ldm, n); break;
-        case 2: tile_pm<2>(o, ldo, p, m, ldm, n); break;
-        case 3: tile_pm<3>(o, ldo, p, m, ldm, n); break;
-        default: tile_pm<4>(o, ldo, p, m, ldm, n); break;
+        case 1: tile_pm<1>(o, ldo, p, prs, pcs, m, ldm, n); break;
+        case 2: tile_pm<2>(o, ldo, p, prs, pcs, m, ldm, n); break;
+        case 3: tile_pm<3>(o, ldo, p, prs, pcs, m, ldm, n); break;
+        default: tile_pm<4>(o, ldo, p, prs, pcs, m, ldm, n); break;
       }
     }
   }
@@ -98,12 +100,20 @@ inline void pack_transposed(float* Bt, const float* const* rows, int64_t n, int6
   }
 }
 
-// Packs n rows of length hd into M[n][hdp], zero-padding each row to hdp.
-inline void pack_rows(float* M, const float* const* rows, int64_t n, int64_t hd, int64_t hdp) {
-  for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(M + j * hdp, rows[j], size_t(hd) * sizeof(float));
-    for (int64_t e = hd; e < hdp; ++e) M[j * hdp + e] = 0.0f;
+// n rows of a head (uniform stride ld) as a tile_pm operand: read in place when hd is a multiple of
+// the vector width, otherwise copied to `pad` with rows zero-padded to hdp. Returns the row stride.
+inline const float* rows_operand(const float* first, int64_t ld, int64_t n, int64_t hd, int64_t hdp, float* pad,
+                                 int64_t* ldm) {
+  if (hd == hdp) {
+    *ldm = ld;
+    return first;
   }
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(pad + j * hdp, first + j * ld, size_t(hd) * sizeof(float));
+    for (int64_t e = hd; e < hdp; ++e) pad[j * hdp + e] = 0.0f;
+  }
+  *ldm = hdp;
+  return pad;
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

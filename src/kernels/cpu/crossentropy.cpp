@@ -1,6 +1,7 @@
 // Softmax fused with cross-entropy over the vocabulary (llm.c's fused classifier): forward keeps
 // only the row's log-sum-exp, backward recomputes softmax from it and overwrites the logits'
 // gradient in one pass. Rows whose target is negative are ignored (loss 0, gradient 0).
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -14,15 +15,27 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
   for (int64_t i = 0; i < N; ++i)
     ATOLL_CHECK(targets[i] < V, "crossentropy: target {} at row {} is outside the vocabulary of {}",
                 targets[i], i, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * V >= detail::kMinParallelWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = logits + i * V;
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t v = 0; v < V; ++v) s += detail::exp_approx(x[v] - m);
+    // One pass over the row (it does not fit in cache at GPT-2's V): a running max and sum,
+    // updated per L1-sized chunk as in the online softmax of Milakov & Gimelshein 2018.
+    constexpr int64_t kChunk = 2048;
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
+      const int64_t c1 = std::min(V, c0 + kChunk);
+      float cm = -INFINITY;
+#pragma omp simd reduction(max : cm)
+      for (int64_t v = c0; v < c1; ++v) cm = x[v] > cm ? x[v] : cm;
+      if (cm > m) {
+        s *= std::exp(m - cm);
+        m = cm;
+      }
+      float cs = 0.0f;
+#pragma omp simd reduction(+ : cs)
+      for (int64_t v = c0; v < c1; ++v) cs += detail::exp_approx(x[v] - m);
+      s += cs;
+    }
     const float l = m + std::log(s);
     if (lse) lse[i] = l;
     losses[i] = targets[i] < 0 ? 0.0f : l - x[targets[i]];
@@ -31,7 +44,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 
 void crossentropy_backward(float* dlogits, const float* dlosses, const float* logits, const float* lse,
                            const int32_t* targets, int64_t N, int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * V >= detail::kMinParallelWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = logits + i * V;
     float* d = dlogits + i * V;  // may be x itself: each element is read before it is written

@@ -12,7 +12,7 @@ constexpr float kA = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float t = detail::tanh_approx(kS * (x + kA * x * x * x));
@@ -21,7 +21,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float t = detail::tanh_approx(kS * (x + kA * x * x * x));

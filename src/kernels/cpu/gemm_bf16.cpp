@@ -18,8 +18,8 @@ namespace {
 
 constexpr int64_t MR = 6;    // micro tile rows: 6 × 4 accumulators = 24 zmm registers
 constexpr int64_t NR = 64;   // micro tile columns: four 16-lane fp32 vectors
-constexpr int64_t KC = 256;  // k per packed block (B panel = 32 KiB, fits L1/L2)
-constexpr int64_t MC = 96;   // rows per task (A block = 48 KiB, stays in L2)
+constexpr int64_t KC = 768;  // k per packed block (B panel = 96 KiB, in L2); few blocks = few barriers
+constexpr int64_t MC = 96;   // rows per task (A block = 144 KiB, stays in L2)
 
 inline uint16_t at(const bf16* X, bool trans, int64_t ld, int64_t r, int64_t c) {
   return trans ? X[c * ld + r].bits : X[r * ld + c].bits;
@@ -103,13 +103,14 @@ void gemm_bf16_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
   // Shared packed operands for one k block, in the calling thread's grow-once scratch.
   uint16_t* Bp = detail::scratch<uint16_t, 0>(size_t(npan * kpmax * NR * 2));
   uint32_t* Ap = detail::scratch<uint32_t, 0>(size_t(mpan * kpmax * MR));
-#pragma omp parallel
+#pragma omp parallel if(parallel : M * N * K / 8 >= detail::kMinParallelWork)
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0), kp = (kc + 1) / 2;
 #pragma omp for schedule(static)
-    for (int64_t j = 0; j < npan; ++j) pack_b_panel(Bp + j * kp * NR * 2, B, tb, ldb, K, N, k0, kc, j * NR);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < mpan; ++i) pack_a_panel(Ap + i * kp * MR, A, ta, lda, M, k0, kc, i * MR);
+    for (int64_t x = 0; x < npan + mpan; ++x) {
+      if (x < npan) pack_b_panel(Bp + x * kp * NR * 2, B, tb, ldb, K, N, k0, kc, x * NR);
+      else pack_a_panel(Ap + (x - npan) * kp * MR, A, ta, lda, M, k0, kc, (x - npan) * MR);
+    }
     // One task = MC rows × one 64-column panel: the B panel is reused by every micro tile.
 #pragma omp for schedule(static) collapse(2)
     for (int64_t ib = 0; ib < mblocks; ++ib) {
@@ -132,7 +133,7 @@ bool has_avx512_bf16() {
 }
 
 void f32_to_bf16(const float* in, bf16* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, &in[i], 4);
@@ -144,7 +145,7 @@ void f32_to_bf16(const float* in, bf16* out, int64_t n) {
 }
 
 void bf16_to_f32(const bf16* in, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t u = uint32_t(in[i].bits) << 16;
     std::memcpy(&out[i], &u, 4);
@@ -158,7 +159,7 @@ void gemm_bf16_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
   const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
   float* Af = detail::scratch<float, 10>(size_t(arows * acols));
   float* Bf = detail::scratch<float, 11>(size_t(brows * bcols));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : M * K + K * N >= detail::kMinParallelWork)
   for (int64_t r = 0; r < arows + brows; ++r) {
     const bool is_a = r < arows;
     const bf16* src = is_a ? A + r * lda : B + (r - arows) * ldb;

@@ -9,6 +9,10 @@
 
 namespace atl::cpu::detail {
 
+// Below this many elements of work a kernel runs on the calling thread: forking a team costs
+// microseconds (far more when cores are oversubscribed) and tiny calls cannot amortise it.
+constexpr int64_t kMinParallelWork = int64_t(1) << 15;
+
 // exp(x) by Cody-Waite range reduction, x = n*ln2 + r with |r| <= ln2/2, and Cephes' degree-5
 // polynomial for exp(r); about 1 ulp over the normal range. x below -87.3 (including -inf)
 // gives 0, x above 88 saturates at exp(88); NaN is not propagated (callers never pass one).

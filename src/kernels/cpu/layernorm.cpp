@@ -5,13 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/kernel_util.h"
 #include "kernels/cpu/kernels.h"
 
 namespace atl::cpu {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * C >= detail::kMinParallelWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     float s = 0.0f;
@@ -38,7 +39,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
   if (dinp) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * C >= detail::kMinParallelWork)
     for (int64_t i = 0; i < N; ++i) {
       const float* x = inp + i * C;
       const float* dy = dout + i * C;
@@ -61,7 +62,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (dweight || dbias) {
     constexpr int64_t kCols = 64;
     const int64_t nblk = (C + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * C >= detail::kMinParallelWork)
     for (int64_t blk = 0; blk < nblk; ++blk) {
       const int64_t c0 = blk * kCols, c1 = std::min(C, c0 + kCols);
       float aw[kCols] = {}, ab[kCols] = {};

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kernel_util.h"
 #include "kernels/cpu/kernels.h"
 
 namespace atl::cpu {
@@ -12,7 +13,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   if (N == 0 || OC == 0) return;
   if (bias) {
     // Seed every row with the bias and let the gemm add onto it (beta = 1): one pass over out.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * OC >= detail::kMinParallelWork)
     for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + OC, out + i * OC);
   }
   gemm(false, false, N, OC, C, 1.0f, inp, C, weight, OC, bias ? 1.0f : 0.0f, out, OC);
@@ -26,7 +27,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
     // Column sums, split by column blocks so that each thread owns its outputs (deterministic).
     constexpr int64_t kCols = 64;
     const int64_t nblk = (OC + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * OC >= detail::kMinParallelWork)
     for (int64_t blk = 0; blk < nblk; ++blk) {
       const int64_t c0 = blk * kCols, c1 = std::min(OC, c0 + kCols);
       float acc[kCols] = {};

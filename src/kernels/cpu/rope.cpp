@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/kernel_util.h"
 #include "kernels/cpu/kernels.h"
 
 namespace atl::cpu {
@@ -46,7 +47,7 @@ void rope_apply(float* out, const float* inp, int64_t B, int64_t T, int64_t H, i
   const float* ctab = tab.cos.data();
   const float* stab = tab.sin.data();
   const int64_t half = hd / 2, row = (H + 2 * KV) * hd, rotated = (H + KV) * hd;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : B * T * row >= detail::kMinParallelWork)
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int64_t t = bt % T;
     const float* c = ctab + t * half;

@@ -6,7 +6,7 @@
 namespace atl::cpu {
 
 void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * F >= detail::kMinParallelWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = inp + i * 2 * F;
     const float* u = g + F;
@@ -20,7 +20,7 @@ void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
 }
 
 void swiglu_backward(float* dinp, const float* dout, const float* inp, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel : N * F >= detail::kMinParallelWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = inp + i * 2 * F;
     const float* u = g + F;

@@ -1,0 +1,209 @@
+// `atoll bench comm`: all_reduce, reduce_scatter and all_gather bandwidth against message size,
+// reported as nccl-tests does (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+//   algbw = size / time;  busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for
+//   reduce_scatter and all_gather, where size is the full buffer (all_reduce's tensor,
+//   reduce_scatter's input, all_gather's output). busbw is comparable to the link's bandwidth.
+// Inside a job (`atoll launch ... -- atoll bench comm`, `mpirun ... atoll bench comm`) it measures
+// that job's backend. Run plainly, it starts one job per backend itself (Gloo through
+// `atoll launch`, MPI through mpirun) and prints them side by side with the host's memcpy
+// bandwidth, the ceiling for any transport between processes on one host.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <unistd.h>
+#include <vector>
+
+#include "cli/command.h"
+#include "comm/communicator.h"
+#include "comm/mpi_communicator.h"
+#include "core/error.h"
+
+namespace atl::cli {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+const char* kOps[] = {"all_reduce", "reduce_scatter", "all_gather"};
+
+double bus_factor(const std::string& op, int n) {
+  return op == "all_reduce" ? 2.0 * (n - 1) / n : double(n - 1) / n;
+}
+
+struct Opts {
+  int64_t min_bytes = 1024, max_bytes = 16 << 20;
+  int nproc = 2;
+  double seconds = 0.2;  // time per size, spread over as many iterations as fit
+  std::string backends = "gloo,mpi";
+  bool in_job = false;
+};
+
+// backend -> op -> bytes -> seconds
+using Results = std::map<std::string, std::map<std::string, std::map<int64_t, double>>>;
+void print_table(const Results& res, int n);
+
+// One measurement per (op, size): the slowest rank's mean time per iteration. With --in-job
+// rank 0 prints machine-readable RESULT lines for the driver, otherwise the table.
+void run_in_job(const Opts& o) {
+  Results res;
+  auto c = comm::make_communicator("auto");
+  const int n = c->size();
+  for (const char* op : kOps) {
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);  // f32, divisible by n
+      Tensor big = Tensor::full({elems}, 1.0f), part = Tensor::full({elems / n}, 1.0f);
+      auto once = [&] {
+        if (!std::strcmp(op, "all_reduce")) c->all_reduce(big);
+        else if (!std::strcmp(op, "reduce_scatter")) c->reduce_scatter(big, part);
+        else c->all_gather(part, big);
+      };
+      once();  // warm-up: connections, page faults
+      // Every rank must run the same iteration count: rank 0 decides from its warm-up time.
+      c->barrier();
+      auto t0 = clock_type::now();
+      once();
+      Tensor iters = Tensor::empty({1}, DType::i64);
+      double one = std::chrono::duration<double>(clock_type::now() - t0).count();
+      iters.data<int64_t>()[0] = std::clamp<int64_t>(int64_t(o.seconds / std::max(one, 1e-6)), 3, 1000);
+      c->broadcast(iters, 0);
+      int64_t k = iters.data<int64_t>()[0];
+      c->barrier();
+      t0 = clock_type::now();
+      for (int64_t i = 0; i < k; ++i) once();
+      Tensor t = Tensor::full({1}, float(std::chrono::duration<double>(clock_type::now() - t0).count() / k));
+      c->all_reduce(t, comm::ReduceOp::max);
+      res[c->backend()][op][elems * 4] = double(t.f32()[0]);
+      if (c->rank() == 0 && o.in_job) {
+        std::printf("RESULT %s %s %d %lld %.9f\n", c->backend().c_str(), op, n,
+                    (long long)(elems * 4), double(t.f32()[0]));
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (c->rank() == 0 && !o.in_job) print_table(res, n);
+}
+
+double memcpy_gbps(int64_t bytes) {
+  std::vector<char> a(size_t(bytes), 1), b(size_t(bytes), 0);
+  std::memcpy(b.data(), a.data(), a.size());
+  int k = 0;
+  auto t0 = clock_type::now();
+  double el = 0;
+  while (el < 0.2 || k < 3) {
+    std::memcpy(k % 2 ? a.data() : b.data(), k % 2 ? b.data() : a.data(), a.size());
+    ++k;
+    el = std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+  return double(bytes) * k / el / 1e9;
+}
+
+std::string self_path() {
+  char buf[4096] = {};
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  ATOLL_CHECK(n > 0, "cannot find the atoll binary (/proc/self/exe)");
+  return std::string(buf, size_t(n));
+}
+
+void collect(const std::string& cmd, Results& res, int& ranks) {
+  FILE* p = popen(cmd.c_str(), "r");
+  ATOLL_CHECK(p, "cannot run: {}", cmd);
+  char line[512];
+  while (std::fgets(line, sizeof line, p)) {
+    const char* r = std::strstr(line, "RESULT ");
+    if (!r) {
+      std::fputs(line, stderr);
+      continue;
+    }
+    char backend[32], op[32];
+    int n;
+    long long bytes;
+    double secs;
+    if (std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+      res[backend][op][bytes] = secs;
+      ranks = n;
+    }
+  }
+  int rc = pclose(p);
+  if (rc != 0) std::fprintf(stderr, "bench comm: `%s` failed (status %d)\n", cmd.c_str(), rc);
+}
+
+void print_table(const Results& res, int n) {
+  std::vector<std::string> bks;
+  for (auto& [b, _] : res) bks.push_back(b);
+  for (const char* op : kOps) {
+    std::printf("\n%s, %d ranks, f32 (GB/s; time in us)\n%12s", op, n, "size(B)");
+    for (auto& b : bks) std::printf(" | %8s %9s %9s", (b + ":us").c_str(), "algbw", "busbw");
+    std::printf("\n");
+    std::map<int64_t, int> sizes;
+    for (auto& b : bks)
+      if (res.at(b).count(op))
+        for (auto& [s, _] : res.at(b).at(op)) sizes[s] = 1;
+    for (auto& [s, _] : sizes) {
+      std::printf("%12lld", (long long)s);
+      for (auto& b : bks) {
+        auto& m = res.at(b);
+        auto it = m.find(op);
+        if (it == m.end() || !it->second.count(s)) {
+          std::printf(" | %8s %9s %9s", "-", "-", "-");
+          continue;
+        }
+        double t = it->second.at(s), alg = double(s) / t / 1e9;
+        std::printf(" | %8.1f %9.3f %9.3f", t * 1e6, alg, alg * bus_factor(op, n));
+      }
+      std::printf("\n");
+    }
+  }
+}
+
+int run_bench_comm(int argc, char** argv) {
+  Opts o;
+  CLI::App app{"Collective bandwidth (algbw, busbw as nccl-tests), Gloo and MPI side by side"};
+  app.add_option("--nproc", o.nproc, "ranks per job when this command starts the jobs itself")
+      ->check(CLI::Range(2, 64));
+  app.add_option("--min-bytes", o.min_bytes, "smallest message")->check(CLI::Range(int64_t(4), int64_t(1) << 34));
+  app.add_option("--max-bytes", o.max_bytes, "largest message")->check(CLI::Range(int64_t(4), int64_t(1) << 34));
+  app.add_option("--seconds", o.seconds, "time spent per message size");
+  app.add_option("--backends", o.backends, "comma-separated, when this command starts the jobs: gloo,mpi");
+  app.add_flag("--in-job", o.in_job, "measure the current job's backend (implied under a launcher)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto env = comm::DistEnv::from_environment();
+  if (o.in_job || env.world_size > 1) {
+    run_in_job(o);
+    return 0;
+  }
+  std::string self = self_path();
+  std::string args = fmt::format("bench comm --in-job --min-bytes {} --max-bytes {} --seconds {}",
+                                 o.min_bytes, o.max_bytes, o.seconds);
+  Results res;
+  int n = o.nproc;
+  if (o.backends.find("gloo") != std::string::npos)
+    collect(fmt::format("'{}' launch --nproc-per-node {} -- '{}' {}", self, o.nproc, self, args), res, n);
+  if (o.backends.find("mpi") != std::string::npos) {
+    if (comm::mpi_available())
+      collect(fmt::format("OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 mpirun --allow-run-as-root "
+                          "--oversubscribe -np {} '{}' {}",
+                          o.nproc, self, args),
+              res, n);
+    else
+      std::printf("MPI: atoll was built without MPI; skipped\n");
+  }
+  ATOLL_CHECK(!res.empty(), "no backend produced results");
+  print_table(res, n);
+  std::printf("\nhost memcpy bandwidth (the ceiling for busbw between processes on one host): %.2f GB/s "
+              "for %lld-byte copies\n",
+              memcpy_gbps(o.max_bytes), (long long)o.max_bytes);
+  return 0;
+}
+
+Registrar reg({"bench comm", "collective bandwidth (algbw/busbw), Gloo vs MPI, vs memcpy", run_bench_comm});
+
+}  // namespace
+
+}  // namespace atl::cli

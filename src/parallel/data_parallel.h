@@ -1,0 +1,83 @@
+// Data parallelism, one interface over its strategies: DDP (replicated model and optimizer,
+// gradients all-reduced in buckets during backward), ZeRO stages 1-3 (optimizer state, then
+// gradients, then parameters sharded across ranks) and HSDP (ZeRO-3 within groups of ranks,
+// replicated across the groups). The trainer drives a step as
+//
+//   dp.zero_grad();
+//   for each micro-batch m: dp.set_sync(m is the last); loss = model.loss(...); backward(loss, 1/accum);
+//   dp.finish_backward();            // gradients now averaged over ranks (this rank's shard of them)
+//   coef = clip_coefficient(dp.grad_norm(), max);   // the norm of the global gradient
+//   dp.step({lr_scale, coef});       // the optimizer, and gathering updated parameters
+//
+// With no communicator (a single process) every call reduces to the plain single-rank loop.
+//
+// Uneven inputs (PyTorch's Join): before a step every rank calls join(has_data), which returns
+// how many ranks have data. A rank without data still takes part in the step: it runs forward and
+// backward on any batch (its last one, say) with backward seed 0, so it issues the same collectives
+// and contributes zero gradient; gradients are averaged over the ranks that had data. Every rank
+// stays in step with the same parameters; the loop ends when join() returns 0.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+namespace atl::parallel {
+
+struct ParallelConfig {
+  std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | hsdp
+  double bucket_mb = 25;         // MiB of f32 gradients per bucket (DDP, ZeRO-1/2)
+  int hsdp_shard_size = 0;       // ranks per sharding group (hsdp); 0: the ranks of one node
+  // [parallel] strategy, bucket_mb, hsdp_shard_size
+  static ParallelConfig from_config(Config& cfg);
+};
+
+class DataParallel {
+ public:
+  virtual ~DataParallel();
+  virtual std::string name() const = 0;
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int world() const { return comm_ ? comm_->size() : 1; }
+  comm::Communicator* comm() const { return comm_; }
+
+  // Off during accumulation micro-steps: backward then only accumulates locally (no_sync).
+  void set_sync(bool on) { sync_ = on; }
+  bool sync() const { return sync_; }
+  int join(bool has_data);
+  // The mean of x over the ranks (for reporting the job's loss).
+  double average(double x);
+
+  virtual void zero_grad() = 0;
+  virtual void finish_backward() = 0;
+  virtual double grad_norm() = 0;
+  virtual void step(const StepContext& ctx) = 0;
+  Optimizer& optimizer() { return *opt_; }
+
+  // Checkpoints hold the full model and the full optimizer state under the names a single-rank
+  // AdamW uses, so they load under any strategy and world size. Both calls are collective.
+  virtual void full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                          std::vector<std::pair<std::string, Tensor>>& opt_state) = 0;
+  virtual void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,
+                               const TensorFile& opt_state, const std::string& what) = 0;
+
+ protected:
+  DataParallel(nn::GPT& model, comm::Communicator* comm) : model_(model), comm_(comm) {}
+  // 1 / ranks that contribute gradients this step; resets the join count for the next step.
+  float take_grad_divisor();
+
+  nn::GPT& model_;
+  comm::Communicator* comm_;  // null: one process
+  std::unique_ptr<Optimizer> opt_;
+  bool sync_ = true;
+  int active_ = -1;  // ranks with data this step (-1: all)
+};
+
+// comm may be null (one process); world 1 with a communicator works too.
+std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
+                                                 const ParallelConfig& pc, const AdamWConfig& ac);
+
+}  // namespace atl::parallel

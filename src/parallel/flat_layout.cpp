@@ -1,0 +1,89 @@
+#include "parallel/flat_layout.h"
+
+#include <algorithm>
+
+namespace atl::parallel {
+
+namespace {
+FlatLayout base_layout(nn::GPT& model) {
+  FlatLayout L;
+  L.params = model.parameters();
+  const float* base = model.flat_values().f32();
+  for (nn::Parameter* p : L.params) {
+    int64_t lo = p->value.f32() - base;
+    L.spans.push_back({lo, lo + p->value.numel()});
+  }
+  L.numel = model.flat_values().numel();
+  for (size_t i = 1; i < L.spans.size(); ++i)
+    ATOLL_CHECK(L.spans[i].lo == L.spans[i - 1].hi, "parameters are not laid out contiguously in declaration order");
+  L.buckets_of_param.resize(L.params.size());
+  return L;
+}
+
+void add_bucket(FlatLayout& L, Span r, int shards, int shard_rank) {
+  if (r.size() <= 0) return;
+  BucketLayout b;
+  b.range = r;
+  b.shards = shards;
+  b.chunk = (r.size() + shards - 1) / shards;
+  b.own.lo = std::min(r.hi, r.lo + shard_rank * b.chunk);
+  b.own.hi = std::min(r.hi, r.lo + (shard_rank + 1) * b.chunk);
+  int idx = int(L.buckets.size());
+  for (size_t i = 0; i < L.spans.size(); ++i)
+    if (L.spans[i].lo < r.hi && L.spans[i].hi > r.lo && L.spans[i].size() > 0) {
+      b.params.push_back(int(i));
+      L.buckets_of_param[i].push_back(idx);
+    }
+  L.buckets.push_back(std::move(b));
+}
+}  // namespace
+
+FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard_rank) {
+  FlatLayout L = base_layout(model);
+  cap_elems = std::max<int64_t>(cap_elems, 1);
+  int64_t hi = L.numel;
+  int i = int(L.spans.size()) - 1;
+  while (hi > 0) {
+    // Whole parameters from the top until the cap is reached...
+    int64_t lo = hi;
+    while (i >= 0 && hi - lo < cap_elems) lo = std::min(lo, L.spans[size_t(i--)].lo);
+    // ...then down to a multiple of the shard count; a parameter cut there is in both buckets.
+    int64_t size = hi - lo;
+    if (shards > 1) size = (size + shards - 1) / shards * shards;
+    lo = std::max<int64_t>(0, hi - size);
+    while (i >= 0 && L.spans[size_t(i)].lo >= lo) --i;
+    add_bucket(L, {lo, hi}, shards, shard_rank);
+    hi = lo;
+  }
+  return L;
+}
+
+FlatLayout unit_buckets(nn::GPT& model, int shards, int shard_rank, std::vector<int>& block_bucket,
+                        std::vector<int>& root_buckets) {
+  FlatLayout L = base_layout(model);
+  std::vector<Span> blocks;
+  for (nn::Block* b : model.h) {
+    auto ps = b->parameters();
+    const float* base = model.flat_values().f32();
+    int64_t lo = ps.front()->value.f32() - base, hi = ps.back()->value.f32() - base + ps.back()->value.numel();
+    blocks.push_back({lo, hi});
+  }
+  block_bucket.assign(blocks.size(), -1);
+  root_buckets.clear();
+  int64_t first = blocks.empty() ? L.numel : blocks.front().lo, last = blocks.empty() ? L.numel : blocks.back().hi;
+  // Reverse order, as gradients become ready: upper root, blocks top down, lower root.
+  auto add_root = [&](Span s) {
+    if (s.size() <= 0) return;
+    root_buckets.push_back(int(L.buckets.size()));
+    add_bucket(L, s, shards, shard_rank);
+  };
+  add_root({last, L.numel});
+  for (size_t k = blocks.size(); k-- > 0;) {
+    block_bucket[k] = int(L.buckets.size());
+    add_bucket(L, blocks[k], shards, shard_rank);
+  }
+  add_root({0, first});
+  return L;
+}
+
+}  // namespace atl::parallel

@@ -1,0 +1,79 @@
+// ZeRO data parallelism (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+// Parameter Models", SC 2020) and its FSDP/HSDP forms (Zhao et al., "PyTorch FSDP: Experiences
+// on Scaling Fully Sharded Data Parallel", VLDB 2023):
+//
+//  stage 1: gradients all-reduced as in DDP; each rank updates only its shard with its shard of
+//           the optimizer state (ShardedAdamW), then the updated shards are all-gathered;
+//  stage 2: gradients reduce-scattered instead, each rank receiving only its shard's sum;
+//  stage 3: parameters sharded too. The units are the transformer blocks and the parameters
+//           outside them (the "root": embeddings, final norm, head). A block is all-gathered just
+//           before its forward (the next one prefetched) and released after it, gathered again
+//           before its backward (the previous one prefetched) and released after; the root is
+//           gathered at the start of forward and released after the optimizer step. Released
+//           memory is returned to the kernel (page_release.h), so a rank holds ~1/N of the
+//           parameters, gradients (after each step) and optimizer state plus the blocks in use.
+//  HSDP:    stage 3 within groups of hsdp_shard_size ranks, each group a replica; gradient shards
+//           are all-reduced across the replicas after the reduce-scatter.
+//
+// Every bucket is a range of the flat buffers cut into equal per-rank chunks; a reduction starts
+// from gradient hooks as soon as its bucket is final, overlapped with the rest of backward.
+#pragma once
+#include "parallel/data_parallel.h"
+#include "parallel/flat_layout.h"
+#include "parallel/sharded_adamw.h"
+
+namespace atl::parallel {
+
+class Zero final : public DataParallel, private nn::BlockHooks {
+ public:
+  // hsdp_shard_size > 0: HSDP with groups of that many ranks (stage must be 3).
+  Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
+       const AdamWConfig& ac);
+  ~Zero() override;
+  std::string name() const override;
+  void zero_grad() override;
+  void finish_backward() override;
+  double grad_norm() override;
+  void step(const StepContext& ctx) override;
+  void full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                  std::vector<std::pair<std::string, Tensor>>& opt_state) override;
+  void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd, const TensorFile& opt_state,
+                       const std::string& what) override;
+  int stage() const { return stage_; }
+  size_t num_buckets() const { return layout_.buckets.size(); }
+
+ private:
+  struct BucketState {
+    int pending = 0;
+    bool launched = false;
+    comm::WorkPtr reduce, gather;
+    bool gathered = true;  // stage 3: the whole bucket's values are present
+    Tensor chunk;          // this rank's chunk: reduce-scatter output / all-gather input
+    Tensor padded;         // size shards*chunk, for a bucket whose size does not divide
+  };
+  int shards() const { return shard_ ? shard_->size() : 1; }
+  void on_grad_ready(int param);
+  void launch_reduce(size_t b);
+  void start_gather(size_t b);
+  void finish_gather(size_t b);
+  void ensure_gathered(size_t b);
+  void release_values(size_t b);
+  void gather_all();
+  void release_all();
+  // nn::BlockHooks (stage 3)
+  void forward_begin() override;
+  void before_forward(int64_t block) override;
+  void after_forward(int64_t block) override;
+  void before_backward(int64_t block) override;
+  void after_backward(int64_t block) override;
+
+  int stage_;
+  std::unique_ptr<comm::Communicator> shard_owned_, replica_;
+  comm::Communicator* shard_ = nullptr;
+  FlatLayout layout_;
+  std::vector<int> block_bucket_, root_buckets_;
+  std::vector<BucketState> st_;
+  ShardedAdamW* sopt_ = nullptr;
+};
+
+}  // namespace atl::parallel
