@@ -78,6 +78,7 @@ void bench_model(const std::string& model, int steps, const std::vector<std::str
       {"dion3-a0.25", "[optim]\ntype = \"dion3\"\n[optim.dion3]\nfraction = 0.25\n"},
       {"soap", "[optim]\ntype = \"soap\"\n"},
       {"muon+ember", "[optim]\ntype = \"muon\"\nembed = \"ember\"\n"},
+      {"adamw+ember", "[optim]\ntype = \"adamw\"\nembed = \"ember\"\n"},
       {"adams", "[optim]\ntype = \"adams\"\n"},
       {"lion", "[optim]\ntype = \"lion\"\n"},
   };

@@ -16,6 +16,8 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "kernels/cpu/gemm.h"
+#include "nn/gpt.h"
+#include "nn/gpt_config.h"
 #include "plan/plan_input.h"
 #include "plan/predict.h"
 #include "plan/report.h"
@@ -31,7 +33,7 @@ using namespace atl::plan;
 
 // Options every planner command shares: an input file and shortcuts for common overrides.
 struct InputArgs {
-  std::string file;
+  std::string file, from_atoll;
   std::string model, device;
   int64_t nodes = 0, islands = 0, devices_per_node = 0;
   std::vector<std::string> sets;
@@ -42,6 +44,7 @@ struct InputArgs {
     app.add_option("--nodes", nodes, "nodes per island");
     app.add_option("--islands", islands, "number of islands");
     app.add_option("--devices-per-node", devices_per_node, "devices per node");
+    app.add_option("--from-atoll", from_atoll, "take [model] (and train.seq_len) from an atoll train config");
     app.add_option("--set", sets, "override any key: --set plan.tp=8 --set cluster.inter_node.bandwidth_gbs=50");
   }
   Config config() const {
@@ -51,8 +54,37 @@ struct InputArgs {
     if (nodes) c.set_override("cluster.nodes_per_island=" + std::to_string(nodes));
     if (islands) c.set_override("cluster.islands=" + std::to_string(islands));
     if (devices_per_node) c.set_override("cluster.devices_per_node=" + std::to_string(devices_per_node));
+    if (!from_atoll.empty()) {
+      // The engine's own reading of its [model] section, turned into planner keys.
+      nn::GPTConfig g = engine_model();
+      std::vector<std::string> kv = {
+          "model.name=\"" + from_atoll + "\"", "model.layers=" + std::to_string(g.n_layer),
+          "model.hidden=" + std::to_string(g.n_embd), "model.heads=" + std::to_string(g.n_head),
+          "model.kv_heads=" + std::to_string(g.n_kv_head), "model.ffn=" + std::to_string(g.ffn()),
+          std::string("model.ffn_type=\"") + (g.swiglu ? "swiglu" : "gelu") + "\"",
+          "model.vocab=" + std::to_string(g.vocab_size), "model.seq=" + std::to_string(seq_len(g)),
+          std::string("model.tied_head=") + (g.tied_head ? "true" : "false"),
+          std::string("model.bias=") + (g.bias ? "true" : "false"),
+          std::string("model.norm=\"") + (g.rms_norm ? "rmsnorm" : "layernorm") + "\"",
+          std::string("model.position=\"") + (g.rope ? "rope" : "learned") + "\"",
+          "model.attention=\"standard\"", "model.dropout=false"};
+      for (auto& o : kv) c.set_override(o);
+    }
     for (auto& s : sets) c.set_override(s);
     return c;
+  }
+  nn::GPTConfig engine_model() const {
+    Config a = Config::load(from_atoll);
+    return nn::GPTConfig::from_config(a, "model");
+  }
+  int64_t seq_len(const nn::GPTConfig& g) const {
+    Config a = Config::load(from_atoll);
+    return a.get_int("train.seq_len", g.block_size, 1, 1 << 20);
+  }
+  // Parameters the engine counts for that model (built, not trained), to compare with the plan.
+  int64_t engine_params() const {
+    nn::GPT model(engine_model());
+    return model.num_params();
   }
 };
 
@@ -78,10 +110,16 @@ int run_plan(int argc, char** argv) {
   po.explain = explain || json;
   po.train_tokens = tokens > 0 ? tokens : pi.train_tokens;
   Prediction p = predict(pi.model, pi.cluster, pi.layout, po);
+  int64_t engine = in.from_atoll.empty() ? -1 : in.engine_params();
   if (json) {
-    std::printf("%s\n", prediction_json(pi.model, pi.cluster, pi.layout, p).dump(2).c_str());
+    auto j = prediction_json(pi.model, pi.cluster, pi.layout, p);
+    if (engine >= 0) j["model"]["engine_params"] = engine;
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s", format_prediction(pi.model, pi.cluster, pi.layout, p).c_str());
+    if (engine >= 0)
+      std::printf("engine      atoll's nn::GPT counts %lld parameters (planner: %lld)\n", (long long)engine,
+                  (long long)pi.model.total_params());
     if (explain) std::printf("%s", format_explain(p).c_str());
   }
   return p.memory.oom ? 3 : 0;

@@ -37,10 +37,11 @@ int run_train(int argc, char** argv) {
   auto tok = atl::load_tokenizer(out);
   size_t ntok = 0;
   for (const auto& d : docs) ntok += tok->encode(d).size();
-  std::printf("trained %zu merges (vocab %d) on %zu documents, %zu bytes in %.2f s -> %s\n"
-              "compression: %.3f bytes/token on the training text\n",
-              v.merges.size(), tok->vocab_size(), docs.size(), bytes, secs, out.c_str(),
-              ntok ? double(bytes) / double(ntok) : 0.0);
+  std::printf(
+      "trained %zu merges (vocab %d) on %zu documents, %zu bytes in %.2f s -> %s\n"
+      "compression: %.3f bytes/token on the training text\n",
+      v.merges.size(), tok->vocab_size(), docs.size(), bytes, secs, out.c_str(),
+      ntok ? double(bytes) / double(ntok) : 0.0);
   return 0;
 }
 
@@ -58,7 +59,9 @@ int run_encode(int argc, char** argv) {
   return 0;
 }
 
-atl::cli::Registrar train_cmd({"tokenizer train", "train a byte-level BPE tokenizer on text files", run_train});
-atl::cli::Registrar encode_cmd({"tokenizer encode", "show how a tokenizer splits a text", run_encode});
+atl::cli::Registrar train_cmd({"tokenizer train", "train a byte-level BPE tokenizer on text files",
+                               run_train});
+atl::cli::Registrar encode_cmd({"tokenizer encode", "show how a tokenizer splits a text",
+                                run_encode});
 
 }  // namespace

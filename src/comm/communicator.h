@@ -39,10 +39,12 @@ using Millis = std::chrono::milliseconds;
 // ATOLL_COMM_TIMEOUT (seconds, fractional allowed) or 300 s.
 Millis default_timeout();
 
-// A queued operation. wait() blocks until it has run and rethrows its error, if any.
+// A queued operation. wait() blocks until it has run and rethrows its error, if any; it may be
+// called more than once, from any thread. The communicator must outlive its Work handles.
 class Work {
  public:
   void wait();
+  // Ran to completion (for send/recv: completed by a wait()), successfully or not.
   bool done() const;
   const std::string& what() const { return name_; }  // "all_reduce #12"
 
@@ -168,7 +170,12 @@ struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
-  bool store_hosted_externally = false;  // ATOLL_STORE_EXTERNAL=1: `atoll launch` hosts it
+  // `atoll launch` hosts the store itself and says where (ATOLL_STORE_ADDR, ATOLL_STORE_PORT),
+  // leaving MASTER_PORT free for rank 0 as torchrun does (so torch.distributed runs under it too).
+  // Otherwise rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
+  bool store_hosted_externally = false;
+  std::string store_addr;
+  int store_port = 0;
   bool launched_by_mpi = false;
   static DistEnv from_environment();
 };

@@ -37,7 +37,13 @@ DistEnv DistEnv::from_environment() {
       env_int({"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}, 1);
   if (const char* a = env("MASTER_ADDR")) e.master_addr = a;
   e.master_port = env_int({"MASTER_PORT"}, 0);
-  e.store_hosted_externally = env_int({"ATOLL_STORE_EXTERNAL"}, 0) != 0;
+  e.store_port = env_int({"ATOLL_STORE_PORT"}, 0);
+  e.store_hosted_externally = e.store_port > 0;
+  e.store_addr = env("ATOLL_STORE_ADDR") ? env("ATOLL_STORE_ADDR") : e.master_addr;
+  if (!e.store_hosted_externally) {
+    e.store_addr = e.master_addr;
+    e.store_port = e.master_port;
+  }
   ATOLL_CHECK(e.world_size >= 1 && e.rank >= 0 && e.rank < e.world_size,
               "RANK={} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={})", e.rank, e.world_size);
   return e;
@@ -61,7 +67,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, Mill
   if (b == "mpi") return make_mpi_communicator(timeout);
   if (b == "gloo") {
 #ifdef ATOLL_HAVE_GLOO
-    if (e.world_size == 1 && e.master_port == 0) e.master_port = pick_free_port();
+    if (e.world_size == 1 && e.store_port == 0) e.master_port = e.store_port = pick_free_port();
     return GlooCommunicator::create(e, timeout);
 #else
     fail("atoll was built without Gloo (install libgloo-dev and rebuild)");

@@ -15,6 +15,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -87,8 +88,10 @@ struct GlooProcess {
     try {
       if (lifeline) lifeline->goodbye();
       if (store) store->set(exit_prefix + std::to_string(world_rank), "1");
-      if (server && store && clean) {
-        auto until = std::chrono::steady_clock::now() + std::min(timeout, Millis(30000));
+      if (server && store) {
+        // After a failure the others are failing too; give them a moment to read the store
+        // (their diagnosis uses it), but do not wait for ranks that may never come.
+        auto until = std::chrono::steady_clock::now() + std::min(timeout, Millis(clean ? 30000 : 3000));
         for (;;) {
           auto dead = store->dead_ranks();
           int gone = 0;
@@ -143,8 +146,17 @@ std::string local_ip_towards(const std::string& host, int port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port ? port : 9));
   std::string ip = "127.0.0.1";
-  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1 &&
-      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+  bool resolved = inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1;
+  if (!resolved) {  // a host name: MASTER_ADDR=node0
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0 && res) {
+      a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+      resolved = true;
+      freeaddrinfo(res);
+    }
+  }
+  if (resolved && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
     socklen_t len = sizeof a;
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
       char buf[INET_ADDRSTRLEN];
@@ -166,7 +178,7 @@ constexpr uint8_t kP2PSlotPrefix = 0x42;
 }  // namespace
 
 std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Millis timeout) {
-  ATOLL_CHECK(env.master_port > 0,
+  ATOLL_CHECK(env.store_port > 0,
               "the Gloo backend needs MASTER_ADDR and MASTER_PORT (set by `atoll launch`)");
   auto proc = std::make_shared<GlooProcess>();
   proc->world_rank = env.rank;
@@ -174,9 +186,9 @@ std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Milli
   proc->timeout = timeout;
   proc->store_on_rank0 = !env.store_hosted_externally;
   if (env.rank == 0 && !env.store_hosted_externally)
-    proc->server = std::make_unique<TcpStoreServer>("0.0.0.0", env.master_port);
-  proc->store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
-  proc->lifeline = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+    proc->server = std::make_unique<TcpStoreServer>("0.0.0.0", env.store_port);
+  proc->store = std::make_unique<TcpStore>(env.store_addr, env.store_port, timeout);
+  proc->lifeline = std::make_unique<TcpStore>(env.store_addr, env.store_port, timeout);
   proc->lifeline->hello(env.rank);
   // Each world communicator this process creates gets its own key space; ranks create them in
   // the same order, so the counters agree.
@@ -187,7 +199,7 @@ std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Milli
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
     attr.iface = ifname;
   else
-    attr.hostname = local_ip_towards(env.master_addr, env.master_port);
+    attr.hostname = local_ip_towards(env.store_addr, env.store_port);
   proc->device = gloo::transport::tcp::CreateDevice(attr);
   proc->start_heartbeat();
   return std::make_unique<GlooCommunicator>(proc, env.rank, env.world_size, std::vector<int>{}, prefix,
@@ -203,10 +215,18 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooProcess> proc, int rank, 
   StoreAdapter st(*proc_->store, prefix_ + "mesh/");
   try {
     ctx->connectFullMesh(st, proc_->device);
-  } catch (const Error& e) {
-    fail("gloo rendezvous of rank {} of {} failed: {}", world_ranks_of(rank), size, e.what());
   } catch (const std::exception& e) {
-    fail("gloo rendezvous of rank {} of {} failed: {}", world_ranks_of(rank), size, e.what());
+    proc_->clean = false;
+    // Gloo's rendezvous key for rank r is its rank number: name the ranks that never arrived.
+    std::string missing;
+    try {
+      for (int r = 0; r < size; ++r)
+        if (!proc_->store->check({fmt::format("{}mesh/{}", prefix_, r)}))
+          missing += fmt::format("{}{}", missing.empty() ? "" : ", ", world_ranks_of(r));
+    } catch (const std::exception&) {
+    }
+    fail("gloo rendezvous of rank {} of {} failed{}: {}", world_ranks_of(rank), size,
+         missing.empty() ? "" : fmt::format(" (rank {} never joined)", missing), e.what());
   }
   ctx_ = ctx;
   start_worker();
@@ -331,7 +351,7 @@ std::string GlooCommunicator::diagnose() {
   const auto& wr = world_ranks();
   try {
     // The transport often notices a death a moment before the store does.
-    for (int i = 0; i < 40; ++i) {
+    for (int i = 0; i < 20; ++i) {
       std::vector<int> dead_here;
       for (int d : proc_->store->dead_ranks())
         if (std::count(wr.begin(), wr.end(), d)) dead_here.push_back(d);

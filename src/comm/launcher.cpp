@@ -76,8 +76,7 @@ std::string describe_status(int status) {
   return fmt::format("ended with status {}", status);
 }
 
-pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, const std::string& master_addr,
-            int master_port) {
+pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, int master_port) {
   int out[2], err[2];
   ATOLL_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe(): {}",
               std::strerror(errno));
@@ -88,9 +87,10 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, const std::string&
       "WORLD_SIZE=" + std::to_string(o.nproc_per_node * o.nnodes),
       "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node),
       "GROUP_RANK=" + std::to_string(o.node_rank),
-      "MASTER_ADDR=" + master_addr,
+      "MASTER_ADDR=" + o.rdzv_host,
       "MASTER_PORT=" + std::to_string(master_port),
-      "ATOLL_STORE_EXTERNAL=1",
+      "ATOLL_STORE_ADDR=" + o.rdzv_host,
+      "ATOLL_STORE_PORT=" + std::to_string(store_port),
   };
   if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
   // Like torchrun: ranks sharing a node share its cores unless the user says otherwise.
@@ -123,6 +123,7 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, const std::string&
     ::dup2(err[1], 2);
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);  // ignored dispositions survive exec
     ::execvpe(argv[0], argv.data(), envp.data());
     const char* msg = "atoll launch: cannot execute the command: ";
     (void)!::write(2, msg, std::strlen(msg));
@@ -160,6 +161,9 @@ int launch(const LaunchOptions& o) {
   }
   Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
   auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout);
+  // MASTER_PORT stays free for rank 0's own use (torch.distributed's env:// store, say): the
+  // next port on a multi-node job, so that every node agrees without asking; a free one here.
+  int master_port = o.nnodes > 1 ? o.rdzv_port + 1 : pick_free_port(o.rdzv_host);
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -167,11 +171,14 @@ int launch(const LaunchOptions& o) {
   struct sigaction old_int, old_term;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  // If our own output goes away (`atoll launch ... | head`), keep running and tearing down
+  // properly instead of dying and orphaning the ranks.
+  auto old_pipe = ::signal(SIGPIPE, SIG_IGN);
 
   std::vector<Child> kids(size_t(o.nproc_per_node));
   for (int i = 0; i < o.nproc_per_node; ++i) {
     kids[size_t(i)].rank = o.node_rank * o.nproc_per_node + i;
-    kids[size_t(i)].pid = spawn(o, kids[size_t(i)], i, o.rdzv_host, port);
+    kids[size_t(i)].pid = spawn(o, kids[size_t(i)], i, port, master_port);
   }
 
   std::string failure;  // the first failure, as reported
@@ -280,6 +287,7 @@ int launch(const LaunchOptions& o) {
   server.reset();
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  ::signal(SIGPIPE, old_pipe);
 
   if (failure.empty()) return 0;
   std::fprintf(stderr, "atoll launch: job failed: %s\n", failure.c_str());

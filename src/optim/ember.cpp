@@ -34,19 +34,26 @@ void Ember::step(const StepContext& ctx) {
     std::vector<double> colsum(size_t(D), 0.0);
     int64_t active = 0;
     double rsum = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float* g = G + v * D;
-      double s = 0;
-      bool any = false;
-      for (int64_t j = 0; j < D; ++j) {
-        double x = double(gs * g[j]);
-        s += x * x;
-        colsum[size_t(j)] += x * x;
-        any |= g[j] != 0.f;
+#pragma omp parallel if (V * D > 65536)
+    {
+      std::vector<double> local(size_t(D), 0.0);
+#pragma omp for schedule(static) reduction(+ : active, rsum)
+      for (int64_t v = 0; v < V; ++v) {
+        const float* g = G + v * D;
+        double s = 0;
+        bool any = false;
+        for (int64_t j = 0; j < D; ++j) {
+          double x = double(gs * g[j]);
+          s += x * x;
+          local[size_t(j)] += x * x;
+          any |= g[j] != 0.f;
+        }
+        active += any;
+        r[v] = b2 * r[v] + (1.f - b2) * float(s / double(D));
+        rsum += r[v];
       }
-      active += any;
-      r[v] = b2 * r[v] + (1.f - b2) * float(s / double(D));
-      rsum += r[v];
+#pragma omp critical
+      for (int64_t j = 0; j < D; ++j) colsum[size_t(j)] += local[size_t(j)];
     }
     const double nact = double(std::max<int64_t>(active, 1));
     for (int64_t j = 0; j < D; ++j) c[j] = b2 * c[j] + (1.f - b2) * float(colsum[size_t(j)] / nact);

@@ -35,6 +35,7 @@ NsOptions ns_options_from_config(Config& cfg, const std::string& sec, const NsOp
   o.precision = parse_ns_precision(
       cfg.get_string(sec + ".ns_precision", d.precision == NsPrecision::f32 ? "f32" : "bf16", {"f32", "bf16"}));
   o.gram = cfg.get_bool(sec + ".ns_gram", d.gram);
+  o.gram_min_aspect = float(cfg.get_float(sec + ".ns_gram_min_aspect", 2.0, 0.0, 1e6));
   std::vector<int64_t> def(d.gram_restarts.begin(), d.gram_restarts.end());
   auto r = cfg.get_int_list(sec + ".ns_gram_restarts", def);
   o.gram_restarts.assign(r.begin(), r.end());
@@ -74,7 +75,7 @@ inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // C = alpha op(A) op(B) + beta C. In bf16 mode the operands (already rounded to bf16 values) go
 // through cpu::gemm_bf16: exact conversion, bf16 x bf16 products, fp32 accumulation.
-void mm(bool bf, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+void matmul(bool bf, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
         const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (!bf) {
     cpu::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -99,13 +100,13 @@ void ns_plain(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std
   std::vector<float> A(size_t(m * m)), B(size_t(m * m)), Xn(X.size());
   for (const auto& [a, b, c] : coef) {
     maybe_round(X, bf);
-    mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, A.data(), m);
+    matmul(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, A.data(), m);
     maybe_round(A, bf);
     for (size_t i = 0; i < A.size(); ++i) B[i] = b * A[i];
-    mm(bf, false, false, m, m, m, c, A.data(), m, A.data(), m, 1.f, B.data(), m);
+    matmul(bf, false, false, m, m, m, c, A.data(), m, A.data(), m, 1.f, B.data(), m);
     maybe_round(B, bf);
     scale_into(Xn.data(), X.data(), a, int64_t(X.size()));
-    mm(bf, false, false, m, n, m, 1.f, B.data(), m, X.data(), n, 1.f, Xn.data(), n);
+    matmul(bf, false, false, m, n, m, 1.f, B.data(), m, X.data(), n, 1.f, Xn.data(), n);
     std::swap(X, Xn);
   }
   maybe_round(X, bf);
@@ -120,23 +121,23 @@ void ns_gram(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std:
   std::vector<float> R(mm), Z(mm), Q(mm), T(mm), RZ(mm), Xn(X.size());
   bool have_q = false;
   maybe_round(X, bf);
-  mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
+  matmul(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
   maybe_round(R, bf);
   const int steps = int(coef.size());
   for (int it = 0; it < steps; ++it) {
     const auto [a, b, c] = coef[size_t(it)];
     if (it != 0 && is_restart(it)) {
       // Re-form X = Q X and its Gram matrix from scratch.
-      mm(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
+      matmul(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
       std::swap(X, Xn);
       maybe_round(X, bf);
-      mm(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
+      matmul(bf, false, true, m, m, n, 1.f, X.data(), n, X.data(), n, 0.f, R.data(), m);
       maybe_round(R, bf);
       have_q = false;
     }
     // Z = b R + c R^2
     for (size_t i = 0; i < mm; ++i) Z[i] = b * R[i];
-    mm(bf, false, false, m, m, m, c, R.data(), m, R.data(), m, 1.f, Z.data(), m);
+    matmul(bf, false, false, m, m, m, c, R.data(), m, R.data(), m, 1.f, Z.data(), m);
     maybe_round(Z, bf);
     if (!have_q) {
       Q = Z;
@@ -145,21 +146,21 @@ void ns_gram(std::vector<float>& X, int64_t m, int64_t n, const std::vector<std:
     } else {
       // Q <- Q (a I + Z) = a Q + Q Z
       scale_into(T.data(), Q.data(), a, int64_t(mm));
-      mm(bf, false, false, m, m, m, 1.f, Q.data(), m, Z.data(), m, 1.f, T.data(), m);
+      matmul(bf, false, false, m, m, m, 1.f, Q.data(), m, Z.data(), m, 1.f, T.data(), m);
       std::swap(Q, T);
     }
     maybe_round(Q, bf);
     if (it < steps - 1 && !is_restart(it + 1)) {
       // R <- (a I + Z) R (a I + Z): RZ = a R + R Z, then R = a RZ + Z RZ.
       scale_into(RZ.data(), R.data(), a, int64_t(mm));
-      mm(bf, false, false, m, m, m, 1.f, R.data(), m, Z.data(), m, 1.f, RZ.data(), m);
+      matmul(bf, false, false, m, m, m, 1.f, R.data(), m, Z.data(), m, 1.f, RZ.data(), m);
       maybe_round(RZ, bf);
       scale_into(R.data(), RZ.data(), a, int64_t(mm));
-      mm(bf, false, false, m, m, m, 1.f, Z.data(), m, RZ.data(), m, 1.f, R.data(), m);
+      matmul(bf, false, false, m, m, m, 1.f, Z.data(), m, RZ.data(), m, 1.f, R.data(), m);
       maybe_round(R, bf);
     }
   }
-  mm(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
+  matmul(bf, false, false, m, n, m, 1.f, Q.data(), m, X.data(), n, 0.f, Xn.data(), n);
   std::swap(X, Xn);
   maybe_round(X, bf);
 }
@@ -183,7 +184,7 @@ void orthogonalize(const float* G, float* out, int64_t rows, int64_t cols, const
   }
   auto coef = ns_coefficients(opt.schedule, opt.steps);
   bool bf = opt.precision == NsPrecision::bf16;
-  if (opt.gram)
+  if (opt.gram && double(n) >= double(opt.gram_min_aspect) * double(m))
     ns_gram(X, m, n, coef, bf, opt.gram_restarts);
   else
     ns_plain(X, m, n, coef, bf);
@@ -197,7 +198,7 @@ void orthogonalize(const float* G, float* out, int64_t rows, int64_t cols, const
 
 double ns_flops(int64_t rows, int64_t cols, const NsOptions& opt) {
   double m = double(std::min(rows, cols)), n = double(std::max(rows, cols)), s = opt.steps;
-  if (!opt.gram) return s * (4 * m * m * n + 2 * m * m * m);
+  if (!opt.gram || n < double(opt.gram_min_aspect) * m) return s * (4 * m * m * n + 2 * m * m * m);
   int restarts = 0;
   for (int r : opt.gram_restarts)
     if (r > 0 && r < opt.steps) ++restarts;

@@ -36,13 +36,17 @@ struct NsOptions {
   int steps = 5;
   NsPrecision precision = NsPrecision::f32;
   bool gram = false;
+  // With gram on, matrices whose long/short side ratio is below this use the plain form: on a
+  // square matrix the Gram matrix is as large as X and the Gram form costs more (0: always Gram).
+  float gram_min_aspect = 0.f;
   std::vector<int> gram_restarts = {2};
   float eps = 1e-7f;
 };
 
 NsSchedule parse_ns_schedule(const std::string& s);
 NsPrecision parse_ns_precision(const std::string& s);
-// Reads ns_schedule, ns_steps, ns_precision, ns_gram, ns_gram_restarts from a config section.
+// Reads ns_schedule, ns_steps, ns_precision, ns_gram, ns_gram_min_aspect (default 2) and
+// ns_gram_restarts from a config section.
 NsOptions ns_options_from_config(Config& cfg, const std::string& section, const NsOptions& defaults = {});
 
 // The (a, b, c) used at each of `steps` iterations.

@@ -69,11 +69,26 @@ std::string Zero::name() const { return shard_owned_ ? "hsdp" : "zero" + std::to
 
 void Zero::on_grad_ready(int param) {
   if (!sync_) return;
+  if (stage_ == 3) reap_reduced();
   for (int b : layout_.buckets_of_param[size_t(param)]) {
     ATOLL_CHECK(!st_[size_t(b)].launched,
                 "ZeRO: a second backward with gradient sync on before finish_backward(); turn sync off "
                 "(set_sync(false)) on gradient-accumulation micro-steps");
     if (--st_[size_t(b)].pending == 0) launch_reduce(size_t(b));
+  }
+}
+
+// Stage 3: once a bucket's reduce-scatter has finished, its full-size gradients are not needed any
+// more (this rank's sum is in the chunk), so they are given back during backward already.
+void Zero::reap_reduced() {
+  if (shards() == 1) return;
+  for (size_t b = 0; b < st_.size(); ++b) {
+    BucketState& s = st_[b];
+    if (s.reduce && !s.grads_released && s.reduce->done()) {
+      const BucketLayout& L = layout_.buckets[b];
+      release_range(model_.flat_grads().f32(), L.range.lo, L.range.hi);
+      s.grads_released = true;
+    }
   }
 }
 
@@ -110,7 +125,11 @@ void Zero::finish_backward() {
     if (!st_[b].launched) launch_reduce(b);
   for (auto& s : st_) {
     if (s.reduce) s.reduce->wait();
+  }
+  if (stage_ == 3) reap_reduced();
+  for (auto& s : st_) {
     s.reduce.reset();
+    s.grads_released = false;
   }
   if (replica_) {
     std::vector<comm::WorkPtr> ws;
@@ -142,6 +161,7 @@ double Zero::grad_norm() {
 
 void Zero::zero_grad() {
   if (stage_ < 3 || shards() == 1) return model_.zero_grad();
+  // Only the own shards hold anything (reap_reduced gave the rest back); zero them and make sure.
   float* g = model_.flat_grads().f32();
   for (const BucketLayout& L : layout_.buckets) {
     std::memset(g + L.own.lo, 0, size_t(L.own.size()) * sizeof(float));

@@ -46,6 +46,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   struct BucketState {
     int pending = 0;
     bool launched = false;
+    bool grads_released = false;  // stage 3: the bucket's full-size gradients are given back
     comm::WorkPtr reduce, gather;
     bool gathered = true;  // stage 3: the whole bucket's values are present
     Tensor chunk;          // this rank's chunk: reduce-scatter output / all-gather input
@@ -53,6 +54,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   };
   int shards() const { return shard_ ? shard_->size() : 1; }
   void on_grad_ready(int param);
+  void reap_reduced();
   void launch_reduce(size_t b);
   void start_gather(size_t b);
   void finish_gather(size_t b);

@@ -29,6 +29,11 @@ Cluster make_cluster(const Device& d, int64_t dpn, int64_t npi, int64_t islands)
               "nodes_per_island={}, islands={})", dpn, npi, islands);
   Cluster c;
   c.device = d;
+  if (d.shared_by_node && dpn > 1) {
+    double k = double(dpn);
+    c.device.fp32 /= k, c.device.tf32 /= k, c.device.bf16 /= k, c.device.fp8 /= k;
+    c.device.mem_bytes /= k, c.device.mem_bw /= k;
+  }
   c.devices_per_node = dpn, c.nodes_per_island = npi, c.islands = islands;
   // Collectives reach about 80% of a link's nominal bandwidth (NCCL's bus bandwidth on NVLink and
   // InfiniBand), so the default links are derated; a [cluster.*] bandwidth_gbs is taken as given.

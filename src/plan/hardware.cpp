@@ -136,6 +136,7 @@ Device device_from_calibration(const std::string& path) {
   d.host_bw = d.mem_bw;
   d.price_hour = j.value("price_per_hour", 0.05);
   d.reserved_bytes = 0;
+  d.shared_by_node = true;
   for (auto& p : need("gemm_curve")) d.gemm_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
   ATOLL_CHECK(!d.gemm_curve.empty(), "calibration file '{}' has an empty gemm_curve", path);
   std::sort(d.gemm_curve.begin(), d.gemm_curve.end());

@@ -22,6 +22,9 @@ struct Device {
   double host_bw = 0;       // host link (PCIe / C2C) bytes/s, used by offload
   double price_hour = 0;    // default price per device-hour, USD
   double reserved_bytes = 0;  // runtime/context memory not available to the model
+  // The whole machine (cpu-local): the devices of a node are ranks that share its cores, memory
+  // and memory bandwidth, so a cluster divides them by devices_per_node.
+  bool shared_by_node = false;
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
 

@@ -34,6 +34,10 @@ struct Layout {
   int64_t gossip_peers = 0;        // >0: islands gossip with this many peers instead of all-reducing
 
   int64_t world() const { return dp * tp * pp * cp; }
+  bool decentralized() const { return diloco_h > 0 || gossip_peers > 0; }
+  // Data-parallel ranks that synchronise every step: all of dp, or with DiLoCo/gossip the
+  // replicas inside one island (ranks are then placed island-major).
+  int64_t dp_inner(int64_t islands) const { return decentralized() ? dp / islands : dp; }
   int64_t batch() const { return global_batch > 0 ? global_batch : dp * micro_batch; }
   int64_t micro_batches() const { return batch() / (dp * micro_batch); }  // per pipeline per step
   std::string describe() const;

@@ -101,8 +101,8 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, int64_t stage) {
 MemoryBreakdown predict_memory(const ModelSpec& m, const Layout& l, const Cluster& c, Recorder& rec) {
   StateBytes sb = state_bytes(l.precision, l.optimizer);
   const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
-  const int64_t nd_dense = l.hsdp ? l.hsdp : l.dp * l.cp;
-  const int64_t nd_expert = std::max<int64_t>(1, (l.hsdp ? l.hsdp : l.dp * l.cp) / l.ep);
+  const int64_t nd_dense = l.hsdp ? l.hsdp : l.dp_inner(c.islands) * l.cp;
+  const int64_t nd_expert = std::max<int64_t>(1, nd_dense / l.ep);
   const int64_t m_micro = l.micro_batches();
   const int64_t s_local = m.seq / l.cp;
 

@@ -177,10 +177,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double slots = double(n_micro) + double(l.pp - 1) / v;
   const double pipe_time = slots * mb_time;
   p.bubble = (slots - n_micro) * mb_time;
+  const int64_t dp_inner = l.dp_inner(c.islands);
   if (l.pp > 1) {
     // Activations forward, gradients backward, split over tp (scatter/gather, Narayanan §4.1).
     double bytes = layer_io / t;
-    p.pp_p2p = send_recv(c, {l.tp * l.cp * l.dp, l.pp}, bytes).scaled(2.0 * v * (double(n_micro) + l.pp - 1));
+    p.pp_p2p = send_recv(c, {l.tp * l.cp * dp_inner, l.pp}, bytes).scaled(2.0 * v * (double(n_micro) + l.pp - 1));
   }
   p.compute = n_micro * mb_compute;
   p.memory_bound = n_micro * mb_memory;
@@ -192,7 +193,6 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   // ---- data-parallel gradient synchronisation ----
   StateBytes sb = state_bytes(l.precision, l.optimizer);
   const double params_local = p.memory.params_per_device;
-  const int64_t dp_inner = (l.diloco_h > 0 || l.gossip_peers > 0) ? l.dp / c.islands : l.dp;
   const Group dp_group{l.tp, dp_inner * l.cp};
   const double grad_bytes = params_local * sb.grad, weight_bytes = params_local * sb.weight;
   CommCost dp_cost;

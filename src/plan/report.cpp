@@ -157,8 +157,8 @@ Plot pareto_plot(const SearchResult& r, const std::string& title) {
   p.logx = p.logy = true;
   Series all{"fitting layouts", {}, {}, "#9aa0a6"};
   all.line = false, all.point_radius = 1.5;
-  // Thin the cloud so the file stays small: at most ~4000 points.
-  size_t stride = std::max<size_t>(1, r.ranked.size() / 4000);
+  // Thin the cloud so the file stays small: at most ~1500 points.
+  size_t stride = std::max<size_t>(1, r.ranked.size() / 1500);
   for (size_t i = 0; i < r.ranked.size(); i += stride) {
     all.x.push_back(r.ranked[i].train_seconds / 3600), all.y.push_back(r.ranked[i].train_cost);
   }

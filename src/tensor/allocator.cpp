@@ -91,8 +91,9 @@ Allocator* g_allocators[2] = {nullptr, nullptr};
 void register_allocator(Device::Kind kind, Allocator* a) { g_allocators[int(kind)] = a; }
 
 Allocator& allocator_for(Device d) {
-  static CpuCachingAllocator cpu;  // never destroyed before tensors: function-local static
-  if (d.is_cpu()) return g_allocators[0] ? *g_allocators[0] : cpu;
+  // Deliberately never destroyed: tensors held in statics may outlive every other static.
+  static CpuCachingAllocator* cpu = new CpuCachingAllocator();
+  if (d.is_cpu()) return g_allocators[0] ? *g_allocators[0] : *cpu;
   ATOLL_CHECK(g_allocators[int(d.kind)] != nullptr, "no allocator registered for device {}", d.str());
   return *g_allocators[int(d.kind)];
 }

@@ -5,7 +5,9 @@
 namespace atl {
 
 namespace {
-bool in(uint32_t cp, uint32_t lo, uint32_t hi) { return cp >= lo && cp <= hi; }
+bool in(uint32_t cp, uint32_t lo, uint32_t hi) {
+  return cp >= lo && cp <= hi;
+}
 }  // namespace
 
 CharClass classify_codepoint(uint32_t cp) {
@@ -54,11 +56,10 @@ CharClass classify_codepoint(uint32_t cp) {
       in(cp, 0x2000, 0x2BFF) || in(cp, 0x2E00, 0x2FFF) || in(cp, 0x3001, 0x3004) ||
       in(cp, 0x3008, 0x3020) || in(cp, 0x3200, 0x33FF) || in(cp, 0x10100, 0x1013F) ||
       in(cp, 0x1CF00, 0x1CFCF) || in(cp, 0x1D000, 0x1D24F) || in(cp, 0x1D300, 0x1D35F) ||
-      in(cp, 0x1D800, 0x1DAAF) || in(cp, 0x1FB00, 0x1FBFF) ||
-      in(cp, 0xD800, 0xF8FF) || in(cp, 0xFE00, 0xFE6F) || in(cp, 0xFEFF, 0xFEFF) ||
-      in(cp, 0xFF01, 0xFF0F) || in(cp, 0xFF1A, 0xFF20) || in(cp, 0xFF3B, 0xFF40) ||
-      in(cp, 0xFF5B, 0xFF65) || in(cp, 0xFFF0, 0xFFFF) || in(cp, 0x1F000, 0x1FAFF) ||
-      in(cp, 0xE0000, 0x10FFFF))
+      in(cp, 0x1D800, 0x1DAAF) || in(cp, 0x1FB00, 0x1FBFF) || in(cp, 0xD800, 0xF8FF) ||
+      in(cp, 0xFE00, 0xFE6F) || in(cp, 0xFEFF, 0xFEFF) || in(cp, 0xFF01, 0xFF0F) ||
+      in(cp, 0xFF1A, 0xFF20) || in(cp, 0xFF3B, 0xFF40) || in(cp, 0xFF5B, 0xFF65) ||
+      in(cp, 0xFFF0, 0xFFFF) || in(cp, 0x1F000, 0x1FAFF) || in(cp, 0xE0000, 0x10FFFF))
     return CharClass::other;
   return CharClass::letter;
 }
@@ -68,19 +69,28 @@ uint32_t decode_utf8(std::string_view s, size_t i, size_t* len) {
   uint8_t c = b(i);
   size_t n = s.size();
   auto cont = [&](size_t k) { return k < n && (b(k) & 0xC0) == 0x80; };
-  if (c < 0x80) { *len = 1; return c; }
+  if (c < 0x80) {
+    *len = 1;
+    return c;
+  }
   if ((c & 0xE0) == 0xC0 && c >= 0xC2 && cont(i + 1)) {
     *len = 2;
     return (uint32_t(c & 0x1F) << 6) | (b(i + 1) & 0x3F);
   }
   if ((c & 0xF0) == 0xE0 && cont(i + 1) && cont(i + 2)) {
     uint32_t cp = (uint32_t(c & 0x0F) << 12) | (uint32_t(b(i + 1) & 0x3F) << 6) | (b(i + 2) & 0x3F);
-    if (cp >= 0x800) { *len = 3; return cp; }
+    if (cp >= 0x800) {
+      *len = 3;
+      return cp;
+    }
   }
   if ((c & 0xF8) == 0xF0 && cont(i + 1) && cont(i + 2) && cont(i + 3)) {
     uint32_t cp = (uint32_t(c & 0x07) << 18) | (uint32_t(b(i + 1) & 0x3F) << 12) |
                   (uint32_t(b(i + 2) & 0x3F) << 6) | (b(i + 3) & 0x3F);
-    if (cp >= 0x10000 && cp < 0x110000) { *len = 4; return cp; }
+    if (cp >= 0x10000 && cp < 0x110000) {
+      *len = 4;
+      return cp;
+    }
   }
   *len = 1;
   return 0x110000 + c;
@@ -104,16 +114,24 @@ std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   auto ch = [&](size_t k) { return text[start[k]]; };  // first byte of code point k
 
   std::vector<std::string_view> out;
-  auto emit = [&](size_t a, size_t b) { out.push_back(text.substr(start[a], start[b] - start[a])); };
+  auto emit = [&](size_t a, size_t b) {
+    out.push_back(text.substr(start[a], start[b] - start[a]));
+  };
   size_t i = 0;
   while (i < n) {
     // 's|'t|'re|'ve|'m|'ll|'d  (case-sensitive, as in GPT-2)
     if (ch(i) == '\'' && i + 1 < n) {
       char c1 = ch(i + 1), c2 = i + 2 < n ? ch(i + 2) : 0;
       size_t len = 0;
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') len = 2;
-      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) len = 3;
-      if (len) { emit(i, i + len); i += len; continue; }
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+        len = 2;
+      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+        len = 3;
+      if (len) {
+        emit(i, i + len);
+        i += len;
+        continue;
+      }
     }
     //  ?\p{L}+ |  ?\p{N}+ |  ?[^\s\p{L}\p{N}]+
     size_t j = (ch(i) == ' ' && cls[i] == CharClass::space && i + 1 < n) ? i + 1 : i;

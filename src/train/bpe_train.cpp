@@ -20,7 +20,9 @@ namespace atl {
 
 namespace {
 
-uint64_t key_of(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+uint64_t key_of(int32_t a, int32_t b) {
+  return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+}
 
 struct HeapEntry {
   int64_t count;
@@ -41,7 +43,8 @@ BpeVocab train_bpe(const std::vector<std::string>& documents, const BpeTrainOpti
   // GPT-2's id order for the bytes: by their unicode spelling's code point.
   std::vector<int> order(256);
   for (int b = 0; b < 256; ++b) order[size_t(b)] = b;
-  std::sort(order.begin(), order.end(), [&](int x, int y) { return b2u[size_t(x)] < b2u[size_t(y)]; });
+  std::sort(order.begin(), order.end(),
+            [&](int x, int y) { return b2u[size_t(x)] < b2u[size_t(y)]; });
   std::array<int32_t, 256> byte_id{};
   for (int i = 0; i < 256; ++i) {
     v.tokens.push_back(std::string(1, char(order[size_t(i)])));
@@ -141,9 +144,10 @@ BpeVocab train_bpe(const std::vector<std::string>& documents, const BpeTrainOpti
       log::debug("bpe: {} merges, last \"{}\" x{}", v.merges.size(), v.tokens.back(), top.count);
   }
   if (v.tokens.size() < n_tokens)
-    log::warn("bpe: the corpus supports only {} merges (pairs occurring >= {} times); the "
-              "vocabulary has {} ids instead of {}", v.merges.size(), opt.min_pair_count,
-              v.tokens.size() + 1, opt.vocab_size);
+    log::warn(
+        "bpe: the corpus supports only {} merges (pairs occurring >= {} times); the "
+        "vocabulary has {} ids instead of {}",
+        v.merges.size(), opt.min_pair_count, v.tokens.size() + 1, opt.vocab_size);
   v.eot = int32_t(v.tokens.size());
   v.tokens.emplace_back();  // eot has no bytes
   return v;

@@ -70,8 +70,8 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       continue;
     }
     std::vector<std::string> found;
-    for (auto it = fs::recursive_directory_iterator(p, ec); it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
+    for (auto it = fs::recursive_directory_iterator(p, ec);
+         it != fs::recursive_directory_iterator(); it.increment(ec)) {
       ATOLL_CHECK(!ec, "cannot list {}: {}", in, ec.message());
       const auto& e = *it;
       std::string name = e.path().filename().string();
@@ -130,11 +130,13 @@ nlohmann::json read_data_meta(const std::string& dir) {
   fs::path mp = fs::path(dir) / "meta.json";
   ATOLL_CHECK(fs::is_regular_file(mp, ec),
               "{} is missing, so {} holds no complete prepared data; run `atoll data prepare "
-              "--out {}` first", mp.string(), dir, dir);
+              "--out {}` first",
+              mp.string(), dir, dir);
   try {
     return nlohmann::json::parse(read_file(mp.string()));
   } catch (const nlohmann::json::exception& e) {
-    fail("{} is not valid JSON ({}); rerun `atoll data prepare --out {}`", mp.string(), e.what(), dir);
+    fail("{} is not valid JSON ({}); rerun `atoll data prepare --out {}`", mp.string(), e.what(),
+         dir);
   }
 }
 
@@ -195,8 +197,10 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
   size_t n_val = 0;
   if (opt.val_fraction > 0) {
-    ATOLL_CHECK(docs.size() >= 2, "a validation split needs at least 2 documents, the inputs "
-                "hold {}; pass --val-fraction 0", docs.size());
+    ATOLL_CHECK(docs.size() >= 2,
+                "a validation split needs at least 2 documents, the inputs "
+                "hold {}; pass --val-fraction 0",
+                docs.size());
     n_val = std::clamp<size_t>(size_t(std::llround(opt.val_fraction * double(docs.size()))), 1,
                                docs.size() - 1);
   }
@@ -240,7 +244,8 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
   };
   nlohmann::json meta = {
       {"version", kMetaVersion},
-      {"format", "llm.c token shards: 256 x int32 header (magic 20240520, version 1), uint16 tokens"},
+      {"format",
+       "llm.c token shards: 256 x int32 header (magic 20240520, version 1), uint16 tokens"},
       {"tokenizer", canonical_tokenizer_spec(opt.tokenizer)},
       {"tokenizer_name", tok->name()},
       {"tokenizer_fingerprint", tokenizer_fingerprint(opt.tokenizer)},
@@ -252,8 +257,9 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
       {"seed", opt.seed},
       {"documents", {{"train", docs.size() - n_val}, {"val", n_val}}},
       {"tokens", {{"train", train.total_tokens()}, {"val", val.total_tokens()}}},
-      {"shards", {{"train", shard_list(train.finish())},
-                  {"val", n_val ? shard_list(val.finish()) : nlohmann::json::array()}}},
+      {"shards",
+       {{"train", shard_list(train.finish())},
+        {"val", n_val ? shard_list(val.finish()) : nlohmann::json::array()}}},
   };
   fs::path mp = fs::path(opt.out_dir) / "meta.json";
   {
@@ -292,7 +298,8 @@ std::vector<std::string> default_corpus_files(const std::string& dir_in) {
   return files;
 }
 
-nlohmann::json prepare_default_corpus(const std::string& out_dir, const std::string& tokenizer_spec) {
+nlohmann::json prepare_default_corpus(const std::string& out_dir,
+                                      const std::string& tokenizer_spec) {
   PrepareOptions opt;
   opt.inputs = default_corpus_files();
   opt.tokenizer = tokenizer_spec;

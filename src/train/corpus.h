@@ -27,9 +27,9 @@ struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories
   std::string tokenizer = "byte";   // tokenizer spec (see load_tokenizer)
   std::string out_dir;
-  double val_fraction = 0.05;            // share of documents held out for validation
-  int64_t shard_tokens = 100'000'000;    // llm.c's shard size
-  uint64_t seed = 1337;                  // document shuffle before the split
+  double val_fraction = 0.05;          // share of documents held out for validation
+  int64_t shard_tokens = 100'000'000;  // llm.c's shard size
+  uint64_t seed = 1337;                // document shuffle before the split
 };
 
 // Tokenizes every document (each one preceded by the tokenizer's end-of-text id, as GPT-2 and

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 nlohmann::json DataLoaderState::to_json() const {
   return {{"epoch", epoch}, {"position", position}, {"num_windows", num_windows},
-          {"seed", seed}, {"rank", rank}, {"world_size", world_size}};
+          {"seed", seed},   {"rank", rank},         {"world_size", world_size}};
 }
 
 DataLoaderState DataLoaderState::from_json(const nlohmann::json& j) {
@@ -47,15 +47,18 @@ static std::vector<std::string> resolve_files(const std::string& p, const std::s
   } else {
     ATOLL_CHECK(fs::exists(p, ec),
                 "data directory {} does not exist; run `atoll data prepare --out {}` first (add "
-                "--input FILE... for your own text; without it the fortunes corpus is used)", p, p);
+                "--input FILE... for your own text; without it the fortunes corpus is used)",
+                p, p);
     if (fs::is_regular_file(p, ec)) return {p};
     for (const auto& e : fs::directory_iterator(p, ec)) {
       std::string n = e.path().filename().string();
-      if (n.rfind(split + "_", 0) == 0 && e.path().extension() == ".bin") files.push_back(e.path().string());
+      if (n.rfind(split + "_", 0) == 0 && e.path().extension() == ".bin")
+        files.push_back(e.path().string());
     }
-    ATOLL_CHECK(!files.empty(), "{} holds no {}_*.bin shards; run `atoll data prepare --out {}` "
-                "first{}", p, split, p,
-                split == "val" ? " with a --val-fraction above 0" : "");
+    ATOLL_CHECK(!files.empty(),
+                "{} holds no {}_*.bin shards; run `atoll data prepare --out {}` "
+                "first{}",
+                p, split, p, split == "val" ? " with a --val-fraction above 0" : "");
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -80,8 +83,8 @@ DataLoader::DataLoader(const std::string& pattern_or_dir, const std::string& spl
   rows_per_epoch_ = num_windows() / uint64_t(world_);
   ATOLL_CHECK(rows_per_epoch_ > 0,
               "the {} split of {} has {} tokens: too few for one sequence of T={} (+1) per rank "
-              "across {} ranks; use a smaller T or more data", split, pattern_or_dir,
-              total_tokens_, T, world_);
+              "across {} ranks; use a smaller T or more data",
+              split, pattern_or_dir, total_tokens_, T, world_);
   start_epoch(0);
 }
 
@@ -102,7 +105,8 @@ void DataLoader::start_epoch(uint64_t e) {
 
 void DataLoader::read_window(uint64_t w, int32_t* in, int32_t* tgt) const {
   size_t s = size_t(std::upper_bound(window_start_.begin(), window_start_.end(), w) -
-                    window_start_.begin()) - 1;
+                    window_start_.begin()) -
+             1;
   const uint16_t* src = shards_[s].data() + (w - window_start_[s]) * uint64_t(T_);
   for (int t = 0; t < T_; ++t) {
     in[t] = src[t];
@@ -123,11 +127,14 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
     for (size_t i = 0; i < n; ++i)
       ATOLL_CHECK(inputs[i] < vocab_limit_ && targets[i] < vocab_limit_,
                   "token id {} in the data is >= the model's vocab size {}; the data was "
-                  "prepared with a larger tokenizer", std::max(inputs[i], targets[i]), vocab_limit_);
+                  "prepared with a larger tokenizer",
+                  std::max(inputs[i], targets[i]), vocab_limit_);
   }
 }
 
-void DataLoader::reset() { start_epoch(0); }
+void DataLoader::reset() {
+  start_epoch(0);
+}
 
 DataLoaderState DataLoader::state() const {
   DataLoaderState s;
@@ -143,7 +150,8 @@ DataLoaderState DataLoader::state() const {
 void DataLoader::set_state(const DataLoaderState& s) {
   ATOLL_CHECK(s.num_windows == num_windows(),
               "cannot resume the data loader: the saved state is for {} windows but the data now "
-              "has {} (T={}); was the data re-prepared or T changed?", s.num_windows, num_windows(), T_);
+              "has {} (T={}); was the data re-prepared or T changed?",
+              s.num_windows, num_windows(), T_);
   ATOLL_CHECK(s.seed == seed_ && s.world_size == world_ && s.rank == rank_,
               "cannot resume the data loader: saved for seed {} rank {}/{}, now seed {} rank {}/{}",
               s.seed, s.rank, s.world_size, seed_, rank_, world_);
@@ -160,7 +168,8 @@ void DataLoader::validate_vocab(int32_t vocab) {
     ATOLL_CHECK(sh.size() == 0 || int32_t(m) < vocab,
                 "{} holds token id {}, but the model's vocab size is {}: the data was prepared "
                 "with a different tokenizer; set the model's vocab_size to at least {} or "
-                "re-prepare the data", sh.path(), m, vocab, int32_t(m) + 1);
+                "re-prepare the data",
+                sh.path(), m, vocab, int32_t(m) + 1);
   }
   vocab_limit_ = vocab;
 }

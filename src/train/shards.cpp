@@ -21,12 +21,14 @@ namespace atl {
 namespace fs = std::filesystem;
 
 void write_shard(const std::string& path, const int32_t* tokens, size_t n) {
-  ATOLL_CHECK(n < (size_t(1) << 31), "shard {}: {} tokens exceed the format's int32 count", path, n);
+  ATOLL_CHECK(n < (size_t(1) << 31), "shard {}: {} tokens exceed the format's int32 count", path,
+              n);
   std::vector<uint16_t> t(n);
   for (size_t i = 0; i < n; ++i) {
     ATOLL_CHECK(tokens[i] >= 0 && tokens[i] < 65536,
                 "shard {}: token id {} does not fit the uint16 shard format; the tokenizer's "
-                "vocabulary must have fewer than 65536 ids", path, tokens[i]);
+                "vocabulary must have fewer than 65536 ids",
+                path, tokens[i]);
     t[i] = uint16_t(tokens[i]);
   }
   int32_t header[kShardHeaderInts] = {};
@@ -76,8 +78,10 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     bad(fmt::format("magic number {} (expected {}{})", h[0], kShardMagic,
                     h[0] == 20240326 ? "; this looks like an llm.c model checkpoint" : ""));
   if (h[1] != kShardVersion)
-    bad(fmt::format("version {} (expected {}; version 2 shards hold uint32 tokens, which atoll "
-                    "does not read)", h[1], kShardVersion));
+    bad(
+        fmt::format("version {} (expected {}; version 2 shards hold uint32 tokens, which atoll "
+                    "does not read)",
+                    h[1], kShardVersion));
   if (h[2] < 0) bad(fmt::format("negative token count {}", h[2]));
   size_t expect = kShardHeaderBytes + size_t(h[2]) * sizeof(uint16_t);
   if (bytes != expect)
@@ -92,7 +96,11 @@ ShardReader::~ShardReader() {
 }
 
 ShardReader::ShardReader(ShardReader&& o) noexcept
-    : path_(std::move(o.path_)), map_(o.map_), map_bytes_(o.map_bytes_), tokens_(o.tokens_), n_(o.n_) {
+    : path_(std::move(o.path_)),
+      map_(o.map_),
+      map_bytes_(o.map_bytes_),
+      tokens_(o.tokens_),
+      n_(o.n_) {
   o.map_ = nullptr;
   o.tokens_ = nullptr;
   o.n_ = 0;

@@ -21,15 +21,18 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   s.reserve(ids.size());
   for (int32_t id : ids) {
     ATOLL_CHECK(id >= 0 && id <= 256, "byte tokenizer: id {} is outside its vocabulary of 257", id);
-    if (id == 256) s += "<|endoftext|>";
-    else s += char(uint8_t(id));
+    if (id == 256)
+      s += "<|endoftext|>";
+    else
+      s += char(uint8_t(id));
   }
   return s;
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  ATOLL_CHECK(!spec.empty(), "empty tokenizer spec: use \"byte\" or the directory of a GPT-2 BPE "
+  ATOLL_CHECK(!spec.empty(),
+              "empty tokenizer spec: use \"byte\" or the directory of a GPT-2 BPE "
               "tokenizer (encoder.json + vocab.bpe)");
   return Gpt2BpeTokenizer::load(spec);
 }

@@ -67,7 +67,8 @@ std::string gpt2_unspell(std::string_view spelled) {
     auto it = inverse.find(cp);
     ATOLL_CHECK(it != inverse.end(),
                 "token \"{}\" has a character (U+{:04X}) outside GPT-2's byte-to-unicode table; "
-                "is this a GPT-2 format encoder.json/vocab.bpe?", spelled, cp);
+                "is this a GPT-2 format encoder.json/vocab.bpe?",
+                spelled, cp);
     raw += char(it->second);
     i += len;
   }
@@ -94,7 +95,8 @@ BpeVocab read_gpt2_bpe(const std::string& dir_or_file) {
   fs::path enc = dir / "encoder.json", bpe = dir / "vocab.bpe";
   for (const auto& f : {enc, bpe})
     if (!fs::is_regular_file(f, ec))
-      fail("{}", missing_help(fmt::format("tokenizer '{}': {} is missing", dir_or_file, f.string())));
+      fail("{}",
+           missing_help(fmt::format("tokenizer '{}': {} is missing", dir_or_file, f.string())));
 
   BpeVocab v;
   std::unordered_map<std::string, int32_t> id_of;  // raw bytes -> id
@@ -132,13 +134,15 @@ BpeVocab read_gpt2_bpe(const std::string& dir_or_file) {
       ATOLL_CHECK(id_of.emplace(raw, id).second, "{}: token \"{}\" appears twice", enc.string(), k);
       v.tokens[size_t(id)] = std::move(raw);
     }
-    ATOLL_CHECK(v.eot >= 0, "{}: has no \"{}\" token; byte-level BPE needs it as the "
-                "end-of-text id", enc.string(), kEot);
+    ATOLL_CHECK(v.eot >= 0,
+                "{}: has no \"{}\" token; byte-level BPE needs it as the "
+                "end-of-text id",
+                enc.string(), kEot);
     for (int b = 0; b < 256; ++b)
       ATOLL_CHECK(id_of.count(std::string(1, char(b))),
                   "{}: the single byte 0x{:02X} (spelled \"{}\") has no id; a byte-level BPE "
-                  "vocabulary must contain all 256 bytes", enc.string(), b,
-                  gpt2_spell(std::string(1, char(b))));
+                  "vocabulary must contain all 256 bytes",
+                  enc.string(), b, gpt2_spell(std::string(1, char(b))));
   }
   {
     std::ifstream in(bpe);
@@ -156,7 +160,8 @@ BpeVocab read_gpt2_bpe(const std::string& dir_or_file) {
       auto ia = id_of.find(a), ib = id_of.find(b), iab = id_of.find(a + b);
       ATOLL_CHECK(ia != id_of.end() && ib != id_of.end() && iab != id_of.end(),
                   "{}:{}: merge \"{}\" uses or makes a token that encoder.json lacks; the two "
-                  "files do not belong together", bpe.string(), lineno, line);
+                  "files do not belong together",
+                  bpe.string(), lineno, line);
       v.merges.emplace_back(ia->second, ib->second);
     }
   }
@@ -169,8 +174,10 @@ void write_gpt2_bpe(const BpeVocab& v, const std::string& dir) {
   ATOLL_CHECK(!ec, "cannot create tokenizer directory {}: {}", dir, ec.message());
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (size_t id = 0; id < v.tokens.size(); ++id) {
-    if (int32_t(id) == v.eot) j[kEot] = id;
-    else if (!v.tokens[id].empty()) j[gpt2_spell(v.tokens[id])] = id;
+    if (int32_t(id) == v.eot)
+      j[kEot] = id;
+    else if (!v.tokens[id].empty())
+      j[gpt2_spell(v.tokens[id])] = id;
   }
   fs::path enc = fs::path(dir) / "encoder.json", bpe = fs::path(dir) / "vocab.bpe";
   {
@@ -278,8 +285,8 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       s += kEot;
       continue;
     }
-    ATOLL_CHECK(!vocab_.tokens[size_t(id)].empty(), "{}: id {} is not assigned to any token",
-                name_, id);
+    ATOLL_CHECK(!vocab_.tokens[size_t(id)].empty(), "{}: id {} is not assigned to any token", name_,
+                id);
     s += vocab_.tokens[size_t(id)];
   }
   return s;

@@ -4,14 +4,17 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "autograd/graph.h"
 #include "autograd/precision.h"
+#include "comm/communicator.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/corpus.h"
 #include "train/data_loader.h"
@@ -74,7 +77,13 @@ struct Trainer::Impl {
   TrainOptions o;
   nn::GPTConfig mc;
   std::unique_ptr<nn::GPT> model;
-  std::unique_ptr<Optimizer> opt;
+  // Distributed runs (WORLD_SIZE > 1 in the environment, as `atoll launch` sets) get a
+  // communicator; a single process gets none and the data-parallel layer reduces to the plain loop.
+  std::unique_ptr<comm::Communicator> comm;
+  parallel::ParallelConfig pc;
+  std::unique_ptr<parallel::DataParallel> dp;
+  int rank = 0, world = 1;
+  std::string backend;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<DataLoader> train_data, val_data;
   Rng sample_rng;
@@ -82,9 +91,8 @@ struct Trainer::Impl {
 
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
-    ck.model = model->state_dict();
+    dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
     ck.model_metadata = model->config_metadata();
-    opt->save_state(ck.optimizer, "");
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
                 {"sample_rng", std::vector<uint64_t>(rs.begin(), rs.end())},
@@ -103,7 +111,7 @@ struct Trainer::Impl {
       val_data->next_batch(x.i32(), y.i32());
       total += model->loss(x, y).item();
     }
-    return total / double(o.eval_steps);
+    return dp->average(total / double(o.eval_steps));
   }
 
   std::string sample() {
@@ -126,27 +134,47 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   ac.beta2 = float(cfg.get_float("optim.beta2", 0.95, 0.0, 1.0));
   ac.eps = float(cfg.get_float("optim.eps", 1e-8, 0.0, 1.0));
   ac.weight_decay = float(cfg.get_float("optim.weight_decay", 0.1, 0.0, 10.0));
+  I.pc = parallel::ParallelConfig::from_config(cfg);
+  I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
   cfg.finish();
   I.config_text = cfg.source();
 
-  set_num_threads(int(I.o.threads));
+  comm::DistEnv env = comm::DistEnv::from_environment();
+  if (env.world_size > 1) {
+    I.comm = comm::make_communicator(I.backend);
+    I.rank = I.comm->rank();
+    I.world = I.comm->size();
+    if (!env.store_hosted_externally) log::set_rank(I.rank);  // `atoll launch` prefixes lines itself
+    // Only rank 0 reports progress; the others speak up for warnings and errors.
+    if (I.rank != 0 && log::level() < log::Level::warn) log::set_level(log::Level::warn);
+  }
+  int threads = int(I.o.threads);
+  if (threads == 0 && env.local_world_size > 1)  // share the cores among this node's ranks
+    threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
+  set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
   I.tok = load_tokenizer(I.o.tokenizer);
   if (!fs::exists(fs::path(I.o.data_dir) / "meta.json") && I.o.auto_prepare) {
-    log::info("preparing the default corpus (Debian fortunes) into {} ...", I.o.data_dir);
-    prepare_default_corpus(I.o.data_dir, I.o.tokenizer);
+    if (I.rank == 0) {
+      log::info("preparing the default corpus (Debian fortunes) into {} ...", I.o.data_dir);
+      prepare_default_corpus(I.o.data_dir, I.o.tokenizer);
+    }
+    if (I.comm) I.comm->barrier();  // the others wait for rank 0's data
   }
   ATOLL_CHECK(I.mc.vocab_size >= I.tok->vocab_size(), "model.vocab_size {} is smaller than the tokenizer's {}",
               I.mc.vocab_size, I.tok->vocab_size());
   ATOLL_CHECK(I.o.seq_len <= I.mc.block_size, "train.seq_len {} exceeds model.block_size {}", I.o.seq_len,
               I.mc.block_size);
-  I.train_data = std::make_unique<DataLoader>(I.o.data_dir, "train", int(I.o.batch_size), int(I.o.seq_len), 0, 1, uint64_t(I.o.seed));
-  I.val_data = std::make_unique<DataLoader>(I.o.data_dir, "val", int(I.o.batch_size), int(I.o.seq_len), 0, 1, uint64_t(I.o.seed));
+  I.train_data = std::make_unique<DataLoader>(I.o.data_dir, "train", int(I.o.batch_size), int(I.o.seq_len), I.rank,
+                                              I.world, uint64_t(I.o.seed));
+  // Evaluation is split like training: each rank scores its share of the validation rows.
+  I.val_data = std::make_unique<DataLoader>(I.o.data_dir, "val", int(I.o.batch_size), int(I.o.seq_len), I.rank,
+                                            I.world, uint64_t(I.o.seed));
   I.train_data->validate_vocab(int32_t(I.mc.vocab_size));
 
   I.model = std::make_unique<nn::GPT>(I.mc);
   I.model->init_weights(uint64_t(I.o.seed));
-  I.opt = std::make_unique<AdamW>(I.model->param_refs(), ac);
+  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac);
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
@@ -160,28 +188,34 @@ TrainResult Trainer::run(bool resume) {
   int64_t start = 0;
   if (resume) {
     if (auto p = store.latest()) {
-      Checkpoint ck = CheckpointStore::load(*p);
-      I.model->load_state_dict(ck.model, *p);
+      Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
-      I.opt->load_state(of, "");
+      I.dp->load_full_state(ck.model, of, *p);
       start = ck.state.at("step").get<int64_t>();
       auto rs = ck.state.at("sample_rng").get<std::vector<uint64_t>>();
       Rng::State st;
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
-      I.train_data->set_state(DataLoaderState::from_json(ck.state.at("train_data")));
+      // Saved by rank 0 of a job of any size: rank r of W goes on after the rows the whole job
+      // consumed (exact when W divides them).
+      DataLoaderState ds = DataLoaderState::from_json(ck.state.at("train_data"));
+      ds.position = ds.position * uint64_t(ds.world_size) / uint64_t(I.world);
+      ds.rank = I.rank;
+      ds.world_size = I.world;
+      I.train_data->set_state(ds);
       log::info("resumed from {} at step {}", *p, start);
     } else {
       log::info("no checkpoint in {}: starting from scratch", store.dir());
     }
   }
-  MetricsLog metrics((fs::path(o.run_dir) / "metrics.jsonl").string(), start > 0);
+  MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), start > 0);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(o.seq_len);
-  int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum;
+  int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * I.world;  // the whole job's
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s", I.mc.describe(),
             double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
+  if (I.world > 1) log::info("data parallel: {} over {} ranks ({})", I.dp->name(), I.world, I.comm->backend());
 
   Tensor x = Tensor::empty({o.batch_size, o.seq_len}, DType::i32), y = Tensor::empty({o.batch_size, o.seq_len}, DType::i32);
   TrainResult res;
@@ -189,27 +223,29 @@ TrainResult Trainer::run(bool resume) {
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
-    I.model->zero_grad();
+    I.dp->zero_grad();
     if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
     double loss_sum = 0;
     for (int64_t m = 0; m < o.grad_accum; ++m) {
       I.train_data->next_batch(x.i32(), y.i32());
+      I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
       Tensor loss = I.model->loss(x, y);
       loss_sum += loss.item();
       backward(loss, 1.f / float(o.grad_accum));
     }
-    double loss = loss_sum / double(o.grad_accum);
-    double norm = grad_norm(I.model->flat_grads());
+    I.dp->finish_backward();
+    double loss = I.dp->average(loss_sum / double(o.grad_accum));  // the job's mean loss
+    double norm = I.dp->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
            step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
     }
     float lr_scale = o.schedule.at(step);
-    I.opt->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
+    I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
     double tps = double(tokens_per_step) / dt;
-    double mfu = flops_tok * tps / (peak * 1e9);
+    double mfu = flops_tok * tps / (peak * 1e9 * double(I.world));
     res.final_step = step + 1;
     res.final_loss = loss;
     res.tokens_per_s = tps;
@@ -235,9 +271,13 @@ TrainResult Trainer::run(bool resume) {
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
-      std::string p = store.save(step + 1, I.make_checkpoint(step + 1));
+      Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
+      if (I.rank == 0) {
+        std::string p = store.save(step + 1, ck);
+        log::info("checkpoint: {}", p);
+      }
+      if (I.comm) I.comm->barrier();  // no rank goes on (or resumes) before the checkpoint is complete
       last_good_ckpt = step + 1;
-      log::info("checkpoint: {}", p);
     }
     if (stop_now) break;
   }

@@ -74,3 +74,43 @@ TEST(Fault, StoppedRankMakesOthersTimeOutNotHang) {
             std::string::npos) << line;
   EXPECT_NE(p.out.find("rank 0 exited with code 3"), std::string::npos) << p.out;
 }
+
+#ifdef ATOLL_HAVE_MPI
+// Under mpirun, mpirun itself notices the dead rank, names it, and ends the job.
+TEST(Fault, MpiKilledRankEndsTheJobAndIsNamed) {
+  Proc p = run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", "ATOLL_COMM_TIMEOUT=8",
+                self_exe(), "--worker", "fault", "2", "kill", "20"},
+               40, {"OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_pml=ob1"});
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_NE(p.exit_code(), 0) << p.out;
+  EXPECT_LT(p.seconds, 13) << p.out;
+  EXPECT_NE(p.out.find("process rank 2"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("signal 9"), std::string::npos) << p.out;
+}
+
+// A stopped rank: our deadline turns MPI's endless wait into an error, then MPI_Abort ends the job.
+TEST(Fault, MpiStoppedRankTimesOutNotHangs) {
+  Proc p = run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "ATOLL_COMM_TIMEOUT=2",
+                self_exe(), "--worker", "fault", "1", "stop", "10"},
+               40, {"OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_pml=ob1"});
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_NE(p.exit_code(), 0) << p.out;
+  EXPECT_LT(p.seconds, 10) << p.out;
+  EXPECT_NE(p.out.find("worker error: all_reduce #11 on mpi rank 0 (of 2) failed: no answer within the timeout of 2.0 s"),
+            std::string::npos) << p.out;
+}
+#endif
+
+// SIGTERM (or Ctrl-C) to the launcher stops every rank and fails the job.
+TEST(Launch, SignalToLauncherStopsAllRanks) {
+  std::string script = fmt::format(
+      "'{}' launch --nproc-per-node 2 -- sh -c 'echo started; exec sleep 60' & L=$!; sleep 0.5; kill -TERM $L; "
+      "wait $L; echo launcher-status $?",
+      atoll_exe());
+  Proc p = run({"sh", "-c", script}, 30);
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_LT(p.seconds, 10) << p.out;
+  EXPECT_NE(p.out.find("launcher-status 1"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("job failed: interrupted by signal 15"), std::string::npos) << p.out;
+  EXPECT_EQ(count_of(p.out, "was killed by signal 15 (SIGTERM)"), 2) << p.out;
+}

@@ -107,6 +107,10 @@ TEST(Attention, GqaOddLengthMatchesNaive) { check_against_ref(2, 70, 4, 2, 20, 1
 TEST(Attention, TwoBlocksHeadDim64MatchesNaive) { check_against_ref(1, 130, 2, 1, 64, 2); }
 TEST(Attention, ShortSequenceMhaMatchesNaive) { check_against_ref(1, 3, 3, 3, 8, 3); }
 TEST(Attention, WideHeadMatchesNaive) { check_against_ref(1, 65, 2, 2, 72, 4); }
+TEST(Attention, SingleTokenAndGroupsOfThreeMatchNaive) {
+  check_against_ref(2, 1, 2, 1, 2, 8);
+  check_against_ref(3, 129, 6, 2, 16, 9);
+}
 
 TEST(Attention, FiniteDifferences) {
   const int64_t B = 1, T = 6, H = 2, KV = 1, hd = 4, S = (H + 2 * KV) * hd;

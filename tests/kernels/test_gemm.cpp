@@ -133,3 +133,10 @@ TEST(GemmBf16, ConversionsRoundToNearestEven) {
     }
   EXPECT_TRUE(std::isnan(back[v.size() - 3]));
 }
+
+TEST(GemmBf16, EmptyInnerDimensionScalesC) {
+  std::vector<float> C = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<bf16> A(1), B(1);
+  cpu::gemm_bf16(false, false, 2, 3, 0, 1.0f, A.data(), 1, B.data(), 3, 0.5f, C.data(), 3);
+  EXPECT_EQ(C, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}));
+}

@@ -80,6 +80,9 @@ class TorchReference : public testing::Test {
     std::filesystem::remove_all(dir);
   }
 
+  // Tensors must die before the tensor layer's static allocator does at exit.
+  static void TearDownTestSuite() { ref.reset(); }
+
   void SetUp() override { ASSERT_TRUE(ref) << "PyTorch reference unavailable: " << error; }
 
   // rel_error against the reference tensor `name`, reshaped like it.

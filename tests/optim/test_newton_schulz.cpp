@@ -107,6 +107,20 @@ TEST(NewtonSchulz, GramEqualsPlainWithAnyRestarts) {
   }
 }
 
+TEST(NewtonSchulz, GramMinAspectFallsBackToPlainOnSquare) {
+  const int64_t m = 64;
+  auto G = randn(m * m, 5);
+  NsOptions o;
+  auto plain = ortho(G, m, m, o);
+  o.gram = true;
+  auto gram = ortho(G, m, m, o);
+  EXPECT_GT(rel(gram, plain), 0.0);  // a different evaluation order: not bit-identical
+  EXPECT_LT(rel(gram, plain), 1e-4);
+  o.gram_min_aspect = 2.f;  // 1:1 is below 2:1, so the plain form runs
+  EXPECT_EQ(rel(ortho(G, m, m, o), plain), 0.0);
+  EXPECT_EQ(ns_flops(m, m, o), ns_flops(m, m, NsOptions{}));
+}
+
 TEST(NewtonSchulz, TallIsTransposeOfWideAndBf16IsClose) {
   const int64_t m = 40, n = 120;
   auto G = randn(m * n, 3);

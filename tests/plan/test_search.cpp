@@ -115,3 +115,29 @@ TEST(PlanSweep, InvalidPointsCarryTheirConstraintAndUnknownParamsAreNamed) {
     EXPECT_NE(std::string(e.what()).find("bandwidth"), std::string::npos) << e.what();
   }
 }
+
+TEST(PlanSweep, BestModePicksTheSearchWinnerAtEveryPoint) {
+  ModelSpec m = model_preset("gpt2-774m");
+  Cluster c = make_cluster(find_device("a100-40gb"), 8, 1, 1);
+  Layout l;
+  SweepOptions o;
+  o.param = "island_size";
+  o.values = {1, 2};
+  o.best = true;
+  o.search.micro_batches = {1, 2};
+  auto pts = run_sweep(m, c, l, o);
+  ASSERT_EQ(pts.size(), 2u);
+  for (auto& pt : pts) {
+    ASSERT_TRUE(pt.valid) << pt.error;
+    Cluster cc = c;
+    cc.nodes_per_island = int64_t(pt.value);
+    SearchOptions so = o.search;
+    so.vary_cluster = false;
+    so.decentral = Layout{};
+    SearchResult r = search_layouts(m, cc, so);
+    ASSERT_FALSE(r.ranked.empty());
+    EXPECT_NEAR(pt.p.tokens_per_s, r.ranked.front().tokens_per_s, 1e-9 * pt.p.tokens_per_s);
+    EXPECT_FALSE(pt.p.memory.oom);
+  }
+  EXPECT_EQ(pts[1].devices, 16);
+}

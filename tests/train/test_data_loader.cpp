@@ -60,7 +60,8 @@ TEST(DataLoader, TargetsAreInputsShiftedByOne) {
 
 TEST(DataLoader, DeterministicForASeedAndShuffled) {
   std::string d = make_data("det");
-  atl::DataLoader a(d, "train", B, T, 0, 1, 42), b(d, "train", B, T, 0, 1, 42), c(d, "train", B, T, 0, 1, 43);
+  atl::DataLoader a(d, "train", B, T, 0, 1, 42), b(d, "train", B, T, 0, 1, 42),
+      c(d, "train", B, T, 0, 1, 43);
   bool differs = false;
   for (int k = 0; k < 10; ++k) {
     auto x = batch(a), y = batch(b), z = batch(c);
@@ -75,7 +76,8 @@ TEST(DataLoader, RanksAreDisjointAndCoverTheEpoch) {
   std::string d = make_data("ranks");
   const int world = 3;
   std::vector<std::unique_ptr<atl::DataLoader>> ls;
-  for (int r = 0; r < world; ++r) ls.push_back(std::make_unique<atl::DataLoader>(d, "train", 1, T, r, world, 9));
+  for (int r = 0; r < world; ++r)
+    ls.push_back(std::make_unique<atl::DataLoader>(d, "train", 1, T, r, world, 9));
   const uint64_t rows = ls[0]->rows_per_epoch();
   EXPECT_EQ(rows, 249u / 3);
   std::set<int32_t> seen;

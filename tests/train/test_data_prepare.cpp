@@ -66,7 +66,8 @@ TEST(DataPrepare, ShardsDecodeBackToTheDocuments) {
     }
     std::ofstream(d + "/in/sub/b.txt") << "a plain file\n";
     expect.push_back("a plain file\n");
-    std::ofstream(d + "/in/a.dat", std::ios::binary) << std::string("\0\0\x02\x01", 4);  // binary: skipped
+    std::ofstream(d + "/in/a.dat", std::ios::binary)
+        << std::string("\0\0\x02\x01", 4);    // binary: skipped
     fs::create_symlink("a", d + "/in/a.u8");  // alias: skipped
   }
   atl::PrepareOptions opt;

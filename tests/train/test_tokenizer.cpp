@@ -52,7 +52,8 @@ TEST(DataByteTokenizer, MissingBpeDirectorySaysHowToGetOne) {
 TEST(DataPretokenize, HandPickedCases) {
   using V = std::vector<std::string_view>;
   EXPECT_EQ(atl::gpt2_pretokenize("Hello world"), (V{"Hello", " world"}));
-  EXPECT_EQ(atl::gpt2_pretokenize("it's   3.14!!\n"), (V{"it", "'s", "  ", " 3", ".", "14", "!!", "\n"}));
+  EXPECT_EQ(atl::gpt2_pretokenize("it's   3.14!!\n"),
+            (V{"it", "'s", "  ", " 3", ".", "14", "!!", "\n"}));
   EXPECT_EQ(atl::gpt2_pretokenize("we'll   go"), (V{"we", "'ll", "  ", " go"}));
   EXPECT_EQ(atl::gpt2_pretokenize(""), V{});
   EXPECT_EQ(atl::gpt2_pretokenize(" "), V{" "});

@@ -35,7 +35,7 @@ TEST(DataGpt2Bpe, ByteToUnicodeTableIsGpt2s) {
   EXPECT_EQ(t['\n'], 0x10Au);  // "Ċ"
   EXPECT_EQ(t[0], 0x100u);
   EXPECT_EQ(t[127], 0x121u);
-  EXPECT_EQ(t[173], 0x143u);   // "Ń"
+  EXPECT_EQ(t[173], 0x143u);  // "Ń"
   EXPECT_EQ(t[0xE9], 0xE9u);
   EXPECT_EQ(atl::gpt2_spell(" hi\n"), "\xC4\xA0hi\xC4\x8A");
   EXPECT_EQ(atl::gpt2_unspell("\xC4\xA0hi\xC4\x8A"), " hi\n");
@@ -49,8 +49,9 @@ std::string write_tiny_gpt2(const std::string& dir, bool swap_first_two = false)
   std::sort(by_cp.begin(), by_cp.end());
   int id = 0;
   for (auto [cp, b] : by_cp) enc[atl::gpt2_spell(std::string(1, char(b)))] = id++;
-  std::vector<std::string> merges = {"l l", "e l", "h e", "he ll", "hell o", "\xC4\xA0 w",
-                                     "o r", "\xC4\xA0w or", "\xC4\xA0wor l", "\xC4\xA0worl d"};
+  std::vector<std::string> merges = {"l l",           "e l",           "h e", "he ll",
+                                     "hell o",        "\xC4\xA0 w",    "o r", "\xC4\xA0w or",
+                                     "\xC4\xA0wor l", "\xC4\xA0worl d"};
   if (swap_first_two) std::swap(merges[0], merges[1]);
   for (const auto& m : merges) {
     std::string joined = m;
@@ -94,9 +95,9 @@ TEST(DataGpt2Bpe, KnownMergeSequences) {
 TEST(DataGpt2Bpe, EncodeDecodeRoundTrips) {
   std::string dir = write_tiny_gpt2(temp_dir("rt"));
   auto tok = atl::load_tokenizer(dir);
-  for (std::string text : {std::string("hello world, hello shell!\n\n  tabs\tand 123"),
-                           std::string("café 日本語 — ½"), std::string("bad \xff\xfe utf8 \xc3"),
-                           std::string("")}) {
+  for (std::string text :
+       {std::string("hello world, hello shell!\n\n  tabs\tand 123"), std::string("café 日本語 — ½"),
+        std::string("bad \xff\xfe utf8 \xc3"), std::string("")}) {
     auto ids = tok->encode(text);
     EXPECT_EQ(tok->decode(ids), text);
     EXPECT_EQ(tok->encode(tok->decode(ids)), ids);
@@ -115,7 +116,8 @@ TEST(DataGpt2Bpe, BrokenFilesAreReported) {
     atl::load_tokenizer(dir);
     FAIL() << "expected an error";
   } catch (const atl::Error& err) {
-    EXPECT_NE(std::string(err.what()).find("do not belong together"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("do not belong together"), std::string::npos)
+        << err.what();
   }
   fs::remove(dir + "/vocab.bpe");
   try {
@@ -131,11 +133,12 @@ TEST(DataGpt2Bpe, BrokenFilesAreReported) {
 
 // Deterministic pseudo-English text from a small word list.
 std::vector<std::string> make_corpus(int docs, uint64_t seed) {
-  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and",
-                         "then", "runs", "away", "from", "hunter", "who", "was", "sleeping",
-                         "under", "tree", "near", "river", "bank", "while", "birds", "sang",
-                         "songs", "about", "summer", "rain", "falling", "softly", "on", "roofs",
-                         "of", "old", "houses", "in", "village", "42", "1999", "it's", "they're"};
+  const char* words[] = {"the",    "quick",   "brown",    "fox",   "jumps", "over",  "lazy",
+                         "dog",    "and",     "then",     "runs",  "away",  "from",  "hunter",
+                         "who",    "was",     "sleeping", "under", "tree",  "near",  "river",
+                         "bank",   "while",   "birds",    "sang",  "songs", "about", "summer",
+                         "rain",   "falling", "softly",   "on",    "roofs", "of",    "old",
+                         "houses", "in",      "village",  "42",    "1999",  "it's",  "they're"};
   const size_t nw = sizeof(words) / sizeof(words[0]);
   atl::Rng rng(seed, 0);
   std::vector<std::string> out;
@@ -180,7 +183,10 @@ std::vector<std::pair<std::string, std::string>> naive_bpe(const std::vector<std
     std::pair<int, int> best{-1, -1};
     int64_t best_c = 0;
     for (auto& [p, c] : pc)
-      if (c > best_c) { best_c = c; best = p; }
+      if (c > best_c) {
+        best_c = c;
+        best = p;
+      }
     if (best_c < 2) break;
     std::string a, b;
     for (auto& [s, i] : id) {

@@ -1,12 +1,21 @@
+// fp32 matrix products through OpenBLAS (cblas_sgemm, GotoBLAS2's descendant): row-major, with
+// transposes expressed as BLAS flags so that no operand is ever copied. The BLAS takes int sizes,
+// so larger matrices are rejected instead of silently wrapping.
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
+
+#include <climits>
+
+#include "core/error.h"
 
 namespace atl::cpu {
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  ATOLL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+              "gemm: sizes {}x{}x{} exceed the BLAS's 32-bit range", M, N, K);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }

@@ -1,0 +1,101 @@
+// Data-parallel step benchmark, one rank of a job started by `atoll launch` (or alone): the GPT
+// training step under a strategy (ddp, zero1/2/3, hsdp) on synthetic tokens, reporting the median
+// step time, the job's tokens/s, for DDP the share of gradient communication hidden behind
+// backward (1 - time waited after backward / time the same all-reduces take alone), and each
+// rank's peak resident memory during training. Rank 0 prints one JSON line.
+//
+// usage: bench_ddp STRATEGY N_LAYER N_EMBD N_HEAD B T STEPS [BUCKET_MB] [THREADS]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/graph.h"
+#include "core/threads.h"
+#include "optim/clip.h"
+#include "parallel/data_parallel.h"
+#include "parallel/ddp.h"
+#include "parallel/page_release.h"
+#include "tensor/rng.h"
+
+using namespace atl;
+
+int main(int argc, char** argv) {
+  if (argc < 8) {
+    std::fprintf(stderr, "usage: bench_ddp STRATEGY N_LAYER N_EMBD N_HEAD B T STEPS [BUCKET_MB] [THREADS]\n");
+    return 2;
+  }
+  try {
+    std::string strategy = argv[1];
+    int L = std::atoi(argv[2]), C = std::atoi(argv[3]), H = std::atoi(argv[4]);
+    int64_t B = std::atoll(argv[5]), T = std::atoll(argv[6]);
+    int steps = std::atoi(argv[7]);
+    double bucket_mb = argc > 8 ? std::atof(argv[8]) : 25.0;
+    int threads = argc > 9 ? std::atoi(argv[9]) : 1;
+    set_num_threads(threads);
+    auto env = comm::DistEnv::from_environment();
+    std::unique_ptr<comm::Communicator> comm;
+    if (env.world_size > 1) comm = comm::make_communicator("auto");
+    int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+
+    nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
+    c.n_layer = L;
+    c.n_embd = C;
+    c.n_head = c.n_kv_head = H;
+    c.vocab_size = 257;
+    c.block_size = T;
+    nn::GPT model(c);
+    model.init_weights(1);
+    parallel::ParallelConfig pc;
+    pc.strategy = strategy;
+    pc.bucket_mb = bucket_mb;
+    pc.hsdp_shard_size = strategy == "hsdp" ? std::max(1, world / 2) : 0;
+    auto dp = parallel::make_data_parallel(model, comm.get(), pc, AdamWConfig{});
+    Rng rng(100 + uint64_t(rank), 0);
+    Tensor x = Tensor::empty({B, T}, DType::i32), y = Tensor::empty({B, T}, DType::i32);
+    for (int64_t i = 0; i < B * T; ++i) {
+      x.i32()[i] = int32_t(rng.next_u64() % 257);
+      y.i32()[i] = int32_t(rng.next_u64() % 257);
+    }
+    std::vector<double> times;
+    double wait0 = 0;
+    for (int s = 0; s <= steps; ++s) {
+      if (s == 1) {
+        // Peak memory of the training steps, not of building the model.
+        std::ofstream("/proc/self/clear_refs") << "5";
+        if (auto* d = dynamic_cast<parallel::DDP*>(dp.get())) wait0 = d->timing().wait_s;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      dp->zero_grad();
+      Tensor loss = model.loss(x, y);
+      backward(loss);
+      dp->finish_backward();
+      dp->step({1.f, clip_coefficient(dp->grad_norm(), 1.f)});
+      if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    double med = times[times.size() / 2];
+    nlohmann::json out = {{"impl", "atoll"}, {"strategy", dp->name()}, {"world", world}, {"step_s", med},
+                          {"tokens_per_s", double(B * T * world) / med}, {"params", model.num_params()}};
+    if (auto* d = dynamic_cast<parallel::DDP*>(dp.get()); d && world > 1) {
+      double wait = (d->timing().wait_s - wait0) / double(steps);
+      double alone = 0;
+      for (int r = 0; r < 3; ++r) alone += d->time_reductions() / 3;
+      out["comm_wait_s"] = wait;
+      out["comm_alone_s"] = alone;
+      out["hidden_share"] = alone > 0 ? std::max(0.0, 1.0 - wait / alone) : 0.0;
+      out["buckets"] = d->num_buckets();
+    }
+    // The largest peak over the ranks.
+    Tensor peak = Tensor::empty({1}, DType::i64);
+    *peak.data<int64_t>() = parallel::peak_resident_bytes();
+    if (comm) comm->all_reduce(peak, comm::ReduceOp::max);
+    out["peak_rss_bytes"] = *peak.data<int64_t>();
+    if (rank == 0) std::printf("%s\n", out.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ddp: %s\n", e.what());
+    return 1;
+  }
+}

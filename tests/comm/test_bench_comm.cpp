@@ -1,0 +1,39 @@
+// `atoll bench comm` end to end on tiny messages: both backends' jobs start, every operation and
+// size has a row with both backends' figures, and the memcpy ceiling is printed.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "comm_test_util.h"
+
+using namespace atl::comm::test;
+
+TEST(BenchComm, SideBySideTableForGlooAndMpi) {
+  Proc p = run({atoll_exe(), "bench", "comm", "--nproc", "2", "--min-bytes", "64", "--max-bytes", "1024",
+                "--seconds", "0.01"},
+               60);
+  ASSERT_FALSE(p.timed_out) << p.out;
+  ASSERT_EQ(p.exit_code(), 0) << p.out;
+  for (const char* op : {"all_reduce, 2 ranks", "reduce_scatter, 2 ranks", "all_gather, 2 ranks"})
+    EXPECT_EQ(count_of(p.out, op), 1) << p.out;
+  EXPECT_EQ(count_of(p.out, "gloo:us"), 3) << p.out;
+#ifdef ATOLL_HAVE_MPI
+  EXPECT_EQ(count_of(p.out, "mpi:us"), 3) << p.out;
+#endif
+  // Rows for 64, 256 and 1024 bytes, each with a positive time for every backend.
+  std::istringstream in(p.out);
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    long long size;
+    if (!(f >> size) || (size != 64 && size != 256 && size != 1024)) continue;
+    ++rows;
+    EXPECT_EQ(line.find(" - "), std::string::npos) << "missing figure: " << line;
+    std::string bar;
+    double us, alg, bus;
+    while (f >> bar >> us >> alg >> bus) EXPECT_GT(us, 0) << line;
+  }
+  EXPECT_EQ(rows, 9) << p.out;
+  EXPECT_NE(p.out.find("host memcpy bandwidth"), std::string::npos) << p.out;
+}

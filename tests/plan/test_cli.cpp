@@ -1,0 +1,136 @@
+// `atoll plan …` end to end: exit codes, JSON, error messages, written files, calibration.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+struct CliRun {
+  int rc;
+  std::string out;
+};
+// Runs `atoll <args>` (stdout and stderr together). ATOLL_BIN may point at another build.
+CliRun run_atoll(const std::string& args, const std::string& env = "") {
+  const char* bin = std::getenv("ATOLL_BIN");
+  std::string cmd = env + " " + (bin ? std::string(bin) : std::string(ATOLL_BINARY_DIR) + "/atoll") + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+fs::path tmpdir() {
+  auto d = fs::temp_directory_path() / ("atoll_plan_cli_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d;
+}
+const std::string kSrc = ATOLL_SOURCE_DIR;
+}  // namespace
+
+TEST(PlanCli, PredictsAnExampleAsJson) {
+  CliRun r = run_atoll("plan " + kSrc + "/configs/plan/llama3-8b-h100.toml --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"]["name"], "llama3-8b");
+  EXPECT_EQ(j["cluster"]["devices"], 32);
+  EXPECT_GT(j["throughput"]["tokens_per_s"].get<double>(), 0);
+  EXPECT_FALSE(j["memory"]["oom"].get<bool>());
+  EXPECT_GT(j["explain"].size(), 20u);
+  EXPECT_TRUE(j["time"].contains("tp"));
+}
+
+TEST(PlanCli, ExplainAndOutOfMemoryExitCode) {
+  CliRun r = run_atoll("plan --model llama2-70b --device h100-sxm --set plan.dp=8 --explain");
+  EXPECT_EQ(r.rc, 3) << r.out;
+  EXPECT_NE(r.out.find("OUT OF MEMORY"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("how each figure was computed"), std::string::npos);
+  EXPECT_NE(r.out.find("bottleneck"), std::string::npos);
+}
+
+TEST(PlanCli, BadInputsExplainThemselves) {
+  CliRun tp = run_atoll("plan --model gpt2-124m --set plan.tp=8");
+  EXPECT_EQ(tp.rc, 1);
+  EXPECT_NE(tp.out.find("tp (8) must divide the attention heads (12)"), std::string::npos) << tp.out;
+  CliRun dev = run_atoll("plan --device a100");
+  EXPECT_EQ(dev.rc, 1);
+  EXPECT_NE(dev.out.find("known devices"), std::string::npos) << dev.out;
+  auto d = tmpdir();
+  {
+    std::ofstream f(d / "bad.toml");
+    f << "[model]\npreset = \"gpt2-124m\"\n[plan]\nmicro_bach = 2\n";
+  }
+  CliRun key = run_atoll("plan " + (d / "bad.toml").string());
+  EXPECT_EQ(key.rc, 1);
+  EXPECT_NE(key.out.find("bad.toml:4"), std::string::npos) << key.out;
+  EXPECT_NE(key.out.find("plan.micro_batch"), std::string::npos) << key.out;
+  fs::remove_all(d);
+}
+
+TEST(PlanCli, SearchAndSweepWriteTablesCsvAndSvg) {
+  auto d = tmpdir();
+  CliRun s = run_atoll("plan search --model gpt2-355m --device a100-80gb --nodes 2 --out-dir " + (d / "s").string());
+  ASSERT_EQ(s.rc, 0) << s.out;
+  EXPECT_NE(s.out.find("layouts evaluated"), std::string::npos);
+  EXPECT_TRUE(fs::file_size(d / "s" / "pareto.csv") > 50);
+  EXPECT_TRUE(fs::file_size(d / "s" / "pareto.svg") > 500);
+  CliRun w = run_atoll("plan sweep --model gpt2-355m --device a100-80gb --param batch --values 16,32,64 --out-dir " +
+                (d / "w").string());
+  ASSERT_EQ(w.rc, 0) << w.out;
+  EXPECT_NE(w.out.find("tok/s/dev"), std::string::npos) << w.out;
+  EXPECT_TRUE(fs::file_size(d / "w" / "sweep.svg") > 500);
+  fs::remove_all(d);
+}
+
+TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
+  auto d = tmpdir();
+  auto cal = d / "cal.json";
+  CliRun c = run_atoll("plan calibrate --quick --out " + cal.string(), "OMP_NUM_THREADS=1");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  std::ifstream f(cal);
+  auto j = nlohmann::json::parse(f);
+  ASSERT_GE(j["gemm_curve"].size(), 4u);
+  for (auto& p : j["gemm_curve"]) {
+    EXPECT_GT(p[1].get<double>(), 0.0);
+    EXPECT_LE(p[1].get<double>(), 1.0);
+  }
+  EXPECT_GT(j["peak_fp32_flops"].get<double>(), 1e8);
+  CliRun p = run_atoll("plan --device cpu-local --devices-per-node 1 --model gpt2-124m --set plan.precision=\"fp32\" --json",
+                "ATOLL_PLAN_CALIBRATION=" + cal.string());
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["cluster"]["device"], "cpu-local");
+  fs::remove_all(d);
+}
+
+// The unit test: the planner's parameter count equals the engine's counted parameters
+// for the same atoll model config (nn::GPT built from it, GPT-2 and Llama-style).
+TEST(PlanCli, ParameterCountsEqualTheEnginesForAtollConfigs) {
+  auto d = tmpdir();
+  {
+    std::ofstream f(d / "gpt2.toml");
+    f << "[model]\npreset = \"gpt2\"\n[train]\nseq_len = 1024\n";
+  }
+  for (std::string cfg : {kSrc + "/configs/default.toml", kSrc + "/configs/llama_tiny.toml", (d / "gpt2.toml").string()}) {
+    CliRun r = run_atoll("plan --from-atoll " + cfg + " --device a100-80gb --devices-per-node 1 --json");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["model"]["engine_params"].get<int64_t>(), j["model"]["params"].get<int64_t>()) << cfg;
+    EXPECT_GT(j["model"]["params"].get<int64_t>(), 100000) << cfg;
+  }
+  fs::remove_all(d);
+}
+
+TEST(PlanCli, ValidateReproducesTheDocsTable) {
+  CliRun v = run_atoll("plan validate");
+  ASSERT_EQ(v.rc, 0) << v.out;
+  EXPECT_NE(v.out.find("narayanan_1008b"), std::string::npos);
+  EXPECT_NE(v.out.find("korthikanti_1t_present"), std::string::npos);
+  EXPECT_NE(v.out.find("median |error|"), std::string::npos);
+}
