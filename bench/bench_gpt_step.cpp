@@ -1,6 +1,7 @@
 // Times atoll's full training step (forward, backward, clip, AdamW) on a GPT model and prints one
 // JSON line: tokens/s (median over steps), MFU against a measured GEMM peak, peak memory.
 // usage: bench_gpt_step PRESET B T THREADS STEPS [n_layer n_embd n_head vocab]
+// ATOLL_BENCH_DTYPE=bf16 runs the matmuls in bf16 (mixed precision, fp32 master weights).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/graph.h"
+#include "autograd/precision.h"
 #include "core/threads.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   }
   cfg.block_size = std::max(cfg.block_size, T);
   set_num_threads(threads);
+  const char* dt = std::getenv("ATOLL_BENCH_DTYPE");
+  if (dt) set_matmul_dtype(dtype_from_name(dt));
   nn::GPT model(cfg);
   model.init_weights(1);
   AdamW opt(model.param_refs(), AdamWConfig{});
@@ -60,7 +64,7 @@ int main(int argc, char** argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double tps = double(B * T) / med;
-  nlohmann::json j = {{"impl", "atoll"},
+  nlohmann::json j = {{"impl", std::string("atoll ") + dtype_name(matmul_dtype())},
                       {"params", model.num_params()},
                       {"step_s", med},
                       {"tokens_per_s", tps},

@@ -3,20 +3,23 @@
 #  - DDP on 2 ranks vs 1 rank (scaling) and the share of gradient communication hidden behind backward;
 #  - ZeRO-3 peak memory per rank vs DDP, and its step time;
 #  - PyTorch DDP and FSDP (Gloo) on 2 processes; the ratio of step times (atoll/torch, < 1: atoll faster).
-# usage: bench/ddp_vs_torch.sh [N_LAYER N_EMBD N_HEAD B T STEPS THREADS_PER_RANK]
+# usage: bench/ddp_vs_torch.sh [N_LAYER N_EMBD N_HEAD B T STEPS THREADS_PER_RANK BUCKET_MB]
+# The default bucket (1 MB) gives a 3M-parameter model about as many buckets as GPT-2 small has at 25 MB.
 # (build first: cmake --build build --target atoll bench_ddp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-L=${1:-4} C=${2:-256} H=${3:-4} B=${4:-4} T=${5:-128} STEPS=${6:-6} TH=${7:-1}
+L=${1:-4} C=${2:-256} H=${3:-4} B=${4:-4} T=${5:-128} STEPS=${6:-6} TH=${7:-1} BUCKET=${8:-1}
 BUILD=${BUILD:-build}
 ATOLL=$BUILD/atoll
 BENCH=$BUILD/bench/bench_ddp
 [ -x "$BENCH" ] && [ -x "$ATOLL" ] || { echo "build first: cmake --build $BUILD --target atoll bench_ddp"; exit 1; }
-args="$L $C $H $B $T $STEPS 25 $TH"
+args="$L $C $H $B $T $STEPS $BUCKET $TH"
 one=$(OMP_NUM_THREADS=$TH "$BENCH" ddp $args)
 ddp=$("$ATOLL" launch --nproc-per-node 2 -- "$BENCH" ddp $args | sed -n 's/^\[rank 0\] //p; /^{/p' | grep '^{' | tail -1)
 z3=$("$ATOLL" launch --nproc-per-node 2 -- "$BENCH" zero3 $args | sed -n 's/^\[rank 0\] //p; /^{/p' | grep '^{' | tail -1)
 tddp=$(/usr/bin/python3 tools/bench_torch_ddp.py ddp 2 $args 2>/dev/null | grep '^{' || echo '{}')
+# torch 1.13's FSDP does not import under Python 3.11 (a dataclass with a mutable default in
+# torch.distributed._shard); the row then says it did not run.
 tfsdp=$(/usr/bin/python3 tools/bench_torch_ddp.py fsdp 2 $args 2>/dev/null | grep '^{' || echo '{}')
 /usr/bin/python3 - "$L" "$C" "$B" "$T" "$one" "$ddp" "$z3" "$tddp" "$tfsdp" <<'PY'
 import json, sys

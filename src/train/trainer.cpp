@@ -73,6 +73,30 @@ double measure_gemm_peak_gflops() {
   return best;
 }
 
+// s with every byte that is not part of a well-formed UTF-8 sequence replaced by U+FFFD.
+static std::string valid_utf8(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size() && !(n == 2 && c < 0xC2) && c <= 0xF4;
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok && n >= 3) {  // no overlong forms, surrogates or code points past U+10FFFF
+      auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 > 0x9F) && !(c == 0xF0 && c1 < 0x90) &&
+           !(c == 0xF4 && c1 > 0x8F);
+    }
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 struct Trainer::Impl {
   TrainOptions o;
   nn::GPTConfig mc;
@@ -265,7 +289,7 @@ TrainResult Trainer::run(bool resume) {
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
       std::string s = I.sample();
-      rec["sample"] = s;
+      rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
     metrics.write(rec);

@@ -1,6 +1,10 @@
 // The training loop: data → forward → backward → clip → optimizer step, with the schedule,
 // gradient accumulation, periodic evaluation and sampling, telemetry and checkpoints.
 // Everything is read from one Config; unknown keys are rejected before the first step.
+// Started by `atoll launch` (WORLD_SIZE > 1) it trains data-parallel: [parallel] strategy = "ddp"
+// (default), "zero1", "zero2", "zero3" or "hsdp", bucket_mb, hsdp_shard_size, backend (see
+// parallel/data_parallel.h); each rank reads its share of every batch, rank 0 alone reports and
+// writes metrics and checkpoints, and tokens/s is the whole job's.
 #pragma once
 #include <memory>
 #include <string>
@@ -54,6 +58,8 @@ class Trainer {
   ~Trainer();
   // resume: continue from run_dir's latest checkpoint when there is one.
   TrainResult run(bool resume);
+  // Under ZeRO-3/HSDP ([parallel] strategy) a rank holds only its shards of the weights between
+  // steps; the checkpoints hold the full model.
   nn::GPT& model();
 
  private:

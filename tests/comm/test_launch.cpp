@@ -114,3 +114,20 @@ TEST(Launch, SignalToLauncherStopsAllRanks) {
   EXPECT_NE(p.out.find("job failed: interrupted by signal 15"), std::string::npos) << p.out;
   EXPECT_EQ(count_of(p.out, "was killed by signal 15 (SIGTERM)"), 2) << p.out;
 }
+
+// torchrun compatibility: PyTorch's own env:// rendezvous (rank 0 hosts a TCPStore at
+// MASTER_PORT) works under `atoll launch`, which keeps its store on a separate port. This is what
+// lets the benchmarks run PyTorch DDP/FSDP and atoll under the same launcher.
+TEST(Launch, TorchDistributedRunsUnderTheLauncher) {
+  const char* py =
+      "import torch, torch.distributed as d\n"
+      "d.init_process_group('gloo')\n"
+      "t = torch.full((3,), float(d.get_rank() + 1)); d.all_reduce(t)\n"
+      "print('torch', d.get_rank(), d.get_world_size(), t.tolist())\n"
+      "d.destroy_process_group()\n";
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2", "--", ATOLL_PYTHON, "-c", py}, 90);
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_EQ(p.exit_code(), 0) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 0] torch 0 2 [3.0, 3.0, 3.0]\n"), 1) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 1] torch 1 2 [3.0, 3.0, 3.0]\n"), 1) << p.out;
+}

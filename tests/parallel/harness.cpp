@@ -172,6 +172,20 @@ std::vector<float> run_job(comm::Communicator* comm, const Job& job) {
     double norm = dp->grad_norm();
     dp->step({1.f, clip_coefficient(norm, 0.5f)});
   }
+  if ((job.strategy == "zero3" || job.strategy == "hsdp") && W > 1) {
+    // Between steps a ZeRO-3 rank holds only its shard of the weights and of the gradients; the
+    // rest has been released (zeroed, pages returned).
+    int shards = job.strategy == "hsdp" ? job.hsdp_shard : W;
+    auto nonzero = [](const Tensor& t) {
+      int64_t n = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) n += t.f32()[i] != 0.f;
+      return double(n) / double(t.numel());
+    };
+    double v = nonzero(model.flat_values()), g = nonzero(model.flat_grads());
+    ATOLL_CHECK(v <= 1.0 / shards + 0.02 && v > 0.5 / shards, "rank {}: {:.3f} of the weights are resident, expected ~1/{}",
+                r, v, shards);
+    ATOLL_CHECK(g <= 1.0 / shards + 0.02, "rank {}: {:.3f} of the gradients are resident, expected <= 1/{}", r, g, shards);
+  }
   std::vector<std::pair<std::string, Tensor>> msd, osd;
   dp->full_state(msd, osd);
   if (!job.save.empty() && r == 0) {

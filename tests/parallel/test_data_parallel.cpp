@@ -65,7 +65,9 @@ TEST(Layout, SizeBucketsCoverTheBufferInReverseAndDivideByShards) {
       const BucketLayout& B = L.buckets[b];
       EXPECT_EQ(B.range.hi, hi) << "buckets must tile the buffer from the top down";
       hi = B.range.lo;
-      if (B.range.lo > 0) EXPECT_EQ(B.range.size() % shards, 0);
+      if (B.range.lo > 0) {
+        EXPECT_EQ(B.range.size() % shards, 0);
+      }
       EXPECT_EQ(B.chunk * shards >= B.range.size(), true);
       EXPECT_LE(B.own.hi, B.range.hi);
       // Every overlapping parameter is listed.
