@@ -5,6 +5,7 @@
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/tcp_store.h"
 
 namespace atl::comm {
@@ -73,7 +74,17 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, Mill
     fail("atoll was built without Gloo (install libgloo-dev and rebuild)");
 #endif
   }
-  fail("unknown communication backend '{}'; use auto, gloo, mpi or single", backend);
+  // "nccl" is asked for by name: "auto" keeps Gloo, because every tensor the engine hands a
+  // communicator today lives on the CPU.
+  if (b == "nccl") {
+#ifdef ATOLL_HAVE_NCCL
+    return NcclCommunicator::create(e, timeout);
+#else
+    fail("backend 'nccl': atoll was built without NCCL (it needs the CUDA toolkit with nccl.h and "
+         "libnccl at build time)");
+#endif
+  }
+  fail("unknown communication backend '{}'; use auto, gloo, mpi, nccl or single", backend);
 }
 
 }  // namespace atl::comm

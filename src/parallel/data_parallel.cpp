@@ -42,9 +42,12 @@ float DataParallel::take_grad_divisor() {
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
-                                                 const ParallelConfig& pc, const AdamWConfig& ac) {
+                                                 const ParallelConfig& pc, const AdamWConfig& ac,
+                                                 std::unique_ptr<Optimizer> opt) {
   int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
-  if (pc.strategy == "ddp") return std::make_unique<DDP>(model, comm, cap, ac);
+  if (pc.strategy == "ddp") return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
+  ATOLL_CHECK(!opt, "parallel.strategy = '{}' shards AdamW only; optimizer '{}' needs parallel.strategy = 'ddp'",
+              pc.strategy, opt->name());
   if (pc.strategy == "zero1") return std::make_unique<Zero>(model, comm, 1, cap, 0, ac);
   if (pc.strategy == "zero2") return std::make_unique<Zero>(model, comm, 2, cap, 0, ac);
   if (pc.strategy == "zero3") return std::make_unique<Zero>(model, comm, 3, cap, 0, ac);

@@ -77,7 +77,10 @@ class DataParallel {
 };
 
 // comm may be null (one process); world 1 with a communicator works too.
+// opt, when given, is the optimizer over the full model (any type, e.g. from make_optimizer);
+// ZeRO strategies shard AdamW themselves and refuse another optimizer.
 std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
-                                                 const ParallelConfig& pc, const AdamWConfig& ac);
+                                                 const ParallelConfig& pc, const AdamWConfig& ac,
+                                                 std::unique_ptr<Optimizer> opt = nullptr);
 
 }  // namespace atl::parallel

@@ -12,9 +12,10 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
-DDP::DDP(nn::GPT& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac)
+DDP::DDP(nn::GPT& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
+         std::unique_ptr<Optimizer> opt)
     : DataParallel(model, comm) {
-  opt_ = std::make_unique<AdamW>(model.param_refs(), ac);
+  opt_ = opt ? std::move(opt) : std::make_unique<AdamW>(model.param_refs(), ac);
   if (!comm_ || comm_->size() == 1) return;
   comm_->broadcast(model.flat_values(), 0);
   layout_ = size_buckets(model, bucket_elems, 1, 0);

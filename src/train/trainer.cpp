@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "optim/adamw.h"
+#include "optim/param_groups.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
@@ -152,12 +153,21 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.o = TrainOptions::from_config(cfg);
   I.mc = nn::GPTConfig::from_config(cfg, "model");
+  // AdamW's hyperparameters live in [optim.adamw], where the optimizer factory reads them too.
   AdamWConfig ac;
-  ac.lr = float(cfg.get_float("optim.lr", 6e-4, 0.0, 10.0));
-  ac.beta1 = float(cfg.get_float("optim.beta1", 0.9, 0.0, 1.0));
-  ac.beta2 = float(cfg.get_float("optim.beta2", 0.95, 0.0, 1.0));
-  ac.eps = float(cfg.get_float("optim.eps", 1e-8, 0.0, 1.0));
-  ac.weight_decay = float(cfg.get_float("optim.weight_decay", 0.1, 0.0, 10.0));
+  ac.lr = float(cfg.get_float("optim.adamw.lr", 6e-4, 0.0, 10.0));
+  ac.beta1 = float(cfg.get_float("optim.adamw.beta1", 0.9, 0.0, 1.0));
+  ac.beta2 = float(cfg.get_float("optim.adamw.beta2", 0.95, 0.0, 1.0));
+  ac.eps = float(cfg.get_float("optim.adamw.eps", 1e-8, 0.0, 1.0));
+  ac.weight_decay = float(cfg.get_float("optim.adamw.weight_decay", 0.1, 0.0, 10.0));
+  // Plain AdamW everywhere keeps checkpoints interchangeable with the ZeRO strategies; any other
+  // choice ([optim] type = "muon", or per-group routing) goes through the optimizer factory.
+  bool grouped = cfg.get_string("optim.type", "adamw") != "adamw" || cfg.has("optim.embed") ||
+                 cfg.has("optim.head") || cfg.has("optim.vector");
+  I.mc.validate();
+  I.model = std::make_unique<nn::GPT>(I.mc);
+  std::unique_ptr<Optimizer> opt;
+  if (grouped) opt = make_optimizer(cfg, I.model->param_refs());  // reads (and so validates) its keys
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
   cfg.finish();
@@ -185,6 +195,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     }
     if (I.comm) I.comm->barrier();  // the others wait for rank 0's data
   }
+  check_prepared_tokenizer(I.o.data_dir, I.o.tokenizer);  // ids of another tokenizer mean nothing
   ATOLL_CHECK(I.mc.vocab_size >= I.tok->vocab_size(), "model.vocab_size {} is smaller than the tokenizer's {}",
               I.mc.vocab_size, I.tok->vocab_size());
   ATOLL_CHECK(I.o.seq_len <= I.mc.block_size, "train.seq_len {} exceeds model.block_size {}", I.o.seq_len,
@@ -196,9 +207,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                                             I.world, uint64_t(I.o.seed));
   I.train_data->validate_vocab(int32_t(I.mc.vocab_size));
 
-  I.model = std::make_unique<nn::GPT>(I.mc);
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac);
+  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac, std::move(opt));
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 

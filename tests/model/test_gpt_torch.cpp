@@ -83,7 +83,11 @@ void run_parity(const Case& cs) {
     model.zero_grad();
     Tensor l = model.loss(tokens, targets);
     backward(l);
-    EXPECT_NEAR(l.item(), ref_losses.f32()[s], 1e-5 * std::abs(ref_losses.f32()[s]) + 1e-6) << "step " << s;
+    // Step 0 starts from identical weights: 1e-5. Later steps follow diverging fp32 trajectories,
+    // so atoll must stay as close to the fp64 run as PyTorch's fp32 run does.
+    double l64 = ref64.get("losses").f32()[s], l32 = ref_losses.f32()[s];
+    double tol = s == 0 ? 1e-5 * std::abs(l32) : 1.5 * std::abs(l32 - l64) + 1e-5 * std::abs(l64);
+    EXPECT_NEAR(l.item(), s == 0 ? l32 : l64, tol) << "step " << s;
     opt.step({1.f, clip_coefficient(grad_norm(model.flat_grads()), clip)});
   }
   // After 10 steps: atoll must be as close to the float64 trajectory as PyTorch's fp32 is.

@@ -57,7 +57,7 @@ struct Fixture {
     c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
       << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
       << "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\ngrad_accum = 2\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim]\nlr = 1e-2\n[eval]\nevery = 3\nsteps = 2\n[sample]\nevery = 0\n[checkpoint]\nevery = 3\n"
+      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 3\nsteps = 2\n[sample]\nevery = 0\n[checkpoint]\nevery = 3\n"
       << "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n";
   }
   ~Fixture() { fs::remove_all(root); }

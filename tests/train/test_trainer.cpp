@@ -61,7 +61,7 @@ seq_len = 32
 grad_accum = 2
 warmup_steps = 2
 threads = 2
-[optim]
+[optim.adamw]
 lr = 1e-2
 [eval]
 every = 4
@@ -194,4 +194,42 @@ TEST(Trainer, UnknownConfigKeyIsNamed) {
     EXPECT_NE(m.find("did you mean"), std::string::npos) << m;
   }
   fs::remove_all(a);
+}
+
+TEST(Trainer, MuonThroughTheOptimizerFactoryTrainsAndResumes) {
+  fs::path a = scratch("muon_a"), b = scratch("muon_b");
+  std::string data = make_data(a);
+  auto muon = [&](const fs::path& root, int64_t steps) {
+    Config c = tiny_config(root, data, steps);
+    c.set_override("optim.type=muon");
+    c.set_override("optim.muon.lr=0.02");
+    return c;
+  };
+  std::vector<float> straight, resumed;
+  {
+    Config c = muon(a, 6);
+    Trainer t(c);
+    auto r = t.run(false);
+    EXPECT_LT(r.final_val_loss, std::log(257.0));
+    straight = weights_of(t);
+  }
+  {
+    Config c = muon(b, 6);
+    c.set_override("train.stop_after=4");
+    Trainer t(c);
+    t.run(false);
+  }
+  {
+    Config c = muon(b, 6);
+    Trainer t(c);
+    t.run(true);
+    resumed = weights_of(t);
+  }
+  EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0);
+  // An unknown key of the optimizer's own section is caught like any other.
+  Config bad = muon(a, 6);
+  bad.set_override("optim.muon.momentun=0.9");
+  EXPECT_THROW({ Trainer t(bad); }, Error);
+  fs::remove_all(a);
+  fs::remove_all(b);
 }
