@@ -1,11 +1,15 @@
 // `atoll plan …`: the analytical performance model and planner (src/plan), from the command line.
 // This file is the only part of the planner that touches the engine: `plan calibrate` times
-// atl::cpu::gemm to build the "cpu-local" device's GEMM efficiency curve.
+// atl::cpu::gemm to build the "cpu-local" device's GEMM efficiency curve, and runs
+// `atoll launch … atoll bench comm` to fit the alpha-beta model of all-reduce between local ranks
+// (Hockney 1994; Thakur, Rabenseifner & Gropp 2005).
 #include <CLI/CLI.hpp>
 #include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +19,7 @@
 #include "cli/command.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "nn/gpt.h"
 #include "nn/gpt_config.h"
@@ -67,7 +72,9 @@ struct InputArgs {
           std::string("model.bias=") + (g.bias ? "true" : "false"),
           std::string("model.norm=\"") + (g.rms_norm ? "rmsnorm" : "layernorm") + "\"",
           std::string("model.position=\"") + (g.rope ? "rope" : "learned") + "\"",
-          "model.attention=\"standard\"", "model.dropout=false"};
+          // The engine's attention is blocked with an online softmax (kernels/cpu/attention_*.cpp):
+          // the T×T scores never reach memory, which is the planner's "flash" attention.
+          "model.attention=\"flash\"", "model.dropout=false"};
       for (auto& o : kv) c.set_override(o);
     }
     for (auto& s : sets) c.set_override(s);
@@ -283,6 +290,56 @@ double measure_bandwidth(int64_t n, int reps) {
   return 3.0 * 8.0 * n / best;
 }
 
+// All-reduce times between `nproc` local ranks, measured by `atoll bench comm` inside a job
+// started by `atoll launch` (the same launcher and backend training uses), as (bytes, seconds).
+std::vector<std::pair<double, double>> measure_all_reduce(int nproc, int64_t max_bytes, double seconds) {
+  char buf[4096] = {};
+  ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
+  std::string self(buf, size_t(len));
+  std::string cmd = fmt::format("'{}' launch --nproc-per-node {} -- '{}' bench comm --in-job --min-bytes 4096 "
+                                "--max-bytes {} --seconds {} 2>&1",
+                                self, nproc, self, max_bytes, seconds);
+  FILE* p = popen(cmd.c_str(), "r");
+  ATOLL_CHECK(p, "cannot run `{}`", cmd);
+  std::vector<std::pair<double, double>> pts;
+  std::string other;
+  char line[512];
+  while (std::fgets(line, sizeof line, p)) {
+    char backend[32], op[32];
+    int n = 0;
+    long long bytes = 0;
+    double secs = 0;
+    const char* r = std::strstr(line, "RESULT ");
+    if (r && std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+      if (!std::strcmp(op, "all_reduce") && secs > 0) pts.push_back({double(bytes), secs});
+    } else {
+      other += line;
+    }
+  }
+  int rc = pclose(p);
+  ATOLL_CHECK(rc == 0 && pts.size() >= 2,
+              "timing collectives failed (`{}` exited with status {}, {} all_reduce results):\n{}\nrerun with "
+              "--no-collectives to keep the default link figures",
+              cmd, rc, pts.size(), other);
+  return pts;
+}
+
+// Least-squares fit of t(B) = a + b·B. The planner costs a ring all-reduce over n ranks as
+// 2(n-1)/n·B/bw + 2⌈log2 n⌉·latency (plan/collective.cpp), so bw = 2(n-1)/n / b and
+// latency = a / (2⌈log2 n⌉).
+std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, double>>& pts, int n) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, k = double(pts.size());
+  for (auto [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y;
+  double b = (k * sxy - sx * sy) / (k * sxx - sx * sx), a = (sy - b * sx) / k;
+  ATOLL_CHECK(b > 0, "all-reduce time did not grow with message size (slope {:.3g} s/B); the machine is "
+              "probably too loaded to calibrate collectives, retry or use --no-collectives", b);
+  double steps = 2.0 * std::ceil(std::log2(double(n)));
+  // A negative intercept is fitting noise: the smallest message's time bounds the latency instead.
+  double lat = a > 0 ? a / steps : pts.front().second / steps * 0.5;
+  return {2.0 * (n - 1) / n / b, lat};
+}
+
 int run_calibrate(int argc, char** argv) {
   CLI::App app{"Measure this machine's GEMM efficiency curve and memory bandwidth for the cpu-local device"};
   std::string out = calibration_path();
@@ -291,7 +348,14 @@ int run_calibrate(int argc, char** argv) {
   app.add_option("--out", out, "calibration file the cpu-local device reads")->capture_default_str();
   app.add_flag("--quick", quick, "fewer sizes and repetitions (for tests)");
   app.add_option("--price", price, "price per hour of this machine, USD")->capture_default_str();
+  bool no_collectives = false;
+  app.add_flag("--no-collectives", no_collectives,
+               "skip timing all-reduce between 2 local ranks (keep default link figures)");
   CLI11_PARSE(app, argc, argv);
+  // The same thread setup as `atoll train` (OMP_NUM_THREADS, else every core) for OpenMP and
+  // OpenBLAS alike: OpenBLAS's own pool otherwise ignores OMP_NUM_THREADS and the curve would
+  // describe a different machine than the one training runs on.
+  set_num_threads(0);
   std::vector<int64_t> sizes = quick ? std::vector<int64_t>{32, 64, 128, 256}
                                      : std::vector<int64_t>{32, 64, 128, 256, 384, 512, 768, 1024, 1536};
   int reps = quick ? 3 : 5;
@@ -322,11 +386,26 @@ int run_calibrate(int argc, char** argv) {
   j["memory_bytes"] = mem;
   j["memory_bandwidth"] = bw;
   j["price_per_hour"] = price;
-  // Collective bandwidths are not measured yet (the engine's src/comm is being built); the
-  // planner uses these defaults until they are: shared-memory between ranks on one node and a
-  // 10 Gb/s network between nodes. A future `plan calibrate --collectives` writes them here.
-  j["intra_node_bandwidth"] = bw / 4;
+  // Between nodes: a 10 Gb/s network (one host cannot measure it). Inside the node: measured
+  // all-reduce between 2 ranks through the engine's own launcher and backend, unless skipped.
   j["inter_node_bandwidth"] = 1.25e9;
+  if (no_collectives) {
+    j["intra_node_bandwidth"] = bw / 4;
+    j["collectives_measured"] = false;
+  } else {
+    auto pts = measure_all_reduce(2, quick ? (int64_t(1) << 20) : (int64_t(16) << 20), quick ? 0.02 : 0.1);
+    auto [cbw, lat] = fit_alpha_beta(pts, 2);
+    for (auto [bytes, t] : pts)
+      std::printf("  all_reduce %9.0f B  %9.1f us  busbw %6.2f GB/s  (fit %9.1f us)\n", bytes, t * 1e6,
+                  bytes / t / 1e9, (2 * lat + bytes / cbw) * 1e6);
+    std::printf("  intra-node all-reduce, 2 ranks: bus bandwidth %.2f GB/s, latency %.1f us per step\n", cbw / 1e9,
+                lat * 1e6);
+    j["intra_node_bandwidth"] = cbw;
+    j["intra_node_latency"] = lat;
+    j["collectives_measured"] = true;
+    j["all_reduce_2_ranks"] = nlohmann::json::array();
+    for (auto [bytes, t] : pts) j["all_reduce_2_ranks"].push_back({bytes, t});
+  }
   j["gemm_curve"] = nlohmann::json::array();
   for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});
   auto dir = std::filesystem::path(out).parent_path();

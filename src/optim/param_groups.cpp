@@ -77,7 +77,9 @@ float getf(Config& c, const std::string& key, double def, double lo = 0.0, doubl
   return float(c.get_float(key, def, lo, hi));
 }
 
-MuonConfig muon_config(Config& cfg, const std::string& s, float default_lr) {
+}  // namespace
+
+MuonConfig muon_config_from(Config& cfg, const std::string& s, float default_lr) {
   MuonConfig m;
   m.lr = getf(cfg, s + ".lr", default_lr);
   m.momentum = getf(cfg, s + ".momentum", m.momentum, 0.0, 1.0);
@@ -89,18 +91,16 @@ MuonConfig muon_config(Config& cfg, const std::string& s, float default_lr) {
   return m;
 }
 
-}  // namespace
-
 std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params) {
   const std::string s = "optim." + type;
   if (type == "adamw") {
     return make_adamw(std::move(params), getf(cfg, s + ".lr", 6e-4), getf(cfg, s + ".beta1", 0.9, 0, 1),
                       getf(cfg, s + ".beta2", 0.95, 0, 1), getf(cfg, s + ".eps", 1e-8), getf(cfg, s + ".weight_decay", 0.1));
   }
-  if (type == "muon") return std::make_unique<Muon>(std::move(params), muon_config(cfg, s, 0.02f));
+  if (type == "muon") return std::make_unique<Muon>(std::move(params), muon_config_from(cfg, s, 0.02f));
   if (type == "prmuon") {
     PeriodicRowMuonConfig c;
-    c.muon = muon_config(cfg, s, 0.02f);
+    c.muon = muon_config_from(cfg, s, 0.02f);
     c.period = int(cfg.get_int(s + ".period", 4, 1, 1 << 20));
     c.normalize_rows = cfg.get_string(s + ".axis", "rows", {"rows", "cols"}) == "rows";
     return std::make_unique<PeriodicRowMuon>(std::move(params), c);
@@ -158,7 +158,8 @@ std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string&
   fail("unknown optimizer '{}': use adamw, muon, prmuon, dion3, soap, ember, adams or lion", type);
 }
 
-std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params) {
+std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params,
+                                          const OptimizerOverride& override_type) {
   const std::vector<std::string> matrix_types = {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion"};
   const std::vector<std::string> table_types = {"adamw", "ember", "adams", "lion"};
   const std::vector<std::string> vector_types = {"adamw", "adams", "lion"};
@@ -189,7 +190,8 @@ std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> par
     g.name = t;
     for (const auto& p : by_type[t]) g.params.push_back(p.name);
     log::debug("optim: {} takes {} parameters", t, g.params.size());
-    g.opt = make_single_optimizer(cfg, t, std::move(by_type[t]));
+    if (override_type) g.opt = override_type(cfg, t, by_type[t]);
+    if (!g.opt) g.opt = make_single_optimizer(cfg, t, std::move(by_type[t]));
     groups.push_back(std::move(g));
   }
   return std::make_unique<GroupedOptimizer>(std::move(groups));

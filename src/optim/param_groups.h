@@ -10,6 +10,7 @@
 // and one section per optimizer in use for its hyperparameters, e.g. [optim.muon] lr = 0.02,
 // [optim.adamw] lr = 6e-4. Groups routed to the same optimizer share one instance.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,7 +49,17 @@ class GroupedOptimizer : public Optimizer {
 // Builds one optimizer of `type` over params from the [optim.<type>] section.
 std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params);
 
+// Lets a higher layer substitute its own implementation of an optimizer type (the distributed
+// Muon of src/parallel, say); it returns null to keep the single-rank one.
+using OptimizerOverride =
+    std::function<std::unique_ptr<Optimizer>(Config& cfg, const std::string& type, std::vector<ParamRef>& params)>;
+
 // The composite optimizer the config asks for.
-std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params);
+std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params,
+                                          const OptimizerOverride& override_type = {});
+
+struct MuonConfig;
+// Muon's hyperparameters from a config section ("optim.muon"), as make_optimizer reads them.
+MuonConfig muon_config_from(Config& cfg, const std::string& section, float default_lr = 0.02f);
 
 }  // namespace atl

@@ -1,5 +1,6 @@
 #include "parallel/zero.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -37,9 +38,11 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
   for (size_t b = 0; b < st_.size(); ++b) {
     const BucketLayout& L = layout_.buckets[b];
     st_[b].pending = int(L.params.size());
-    if (stage >= 2 || S > 1) st_[b].chunk = Tensor::zeros({L.chunk});
-    if (L.padded()) st_[b].padded = Tensor::zeros({L.chunk * S});
+    max_chunk_ = std::max(max_chunk_, L.chunk);
   }
+  tied_ = model.config().tied_head;
+  if (!block_bucket_.empty())
+    for (int b : root_buckets_) (layout_.buckets[size_t(b)].range.lo == 0 ? bottom_ : top_) = b;
   auto o = std::make_unique<ShardedAdamW>(model, layout_, ac);
   sopt_ = o.get();
   opt_ = std::move(o);
@@ -78,17 +81,43 @@ void Zero::on_grad_ready(int param) {
   }
 }
 
-// Stage 3: once a bucket's reduce-scatter has finished, its full-size gradients are not needed any
-// more (this rank's sum is in the chunk), so they are given back during backward already.
+// Every scratch buffer is max_chunk_ long, so any one serves any bucket (through a slice).
+Tensor Zero::take_scratch() {
+  if (scratch_free_.empty()) return Tensor::empty({max_chunk_});
+  Tensor t = std::move(scratch_free_.back());
+  scratch_free_.pop_back();
+  return t;
+}
+
+void Zero::give_scratch(Tensor& t) {
+  if (!t.defined()) return;
+  scratch_free_.push_back(std::move(t));
+  t = Tensor();
+}
+
+// A finished reduce-scatter: this rank's sum goes into its own range of the gradient buffer and
+// the chunk back to the pool. Under stage 3 the bucket's other gradients are not needed any more,
+// so they are given back during backward already.
+void Zero::complete_reduce(size_t b) {
+  BucketState& s = st_[b];
+  if (!s.rs_buf.defined()) return;
+  const BucketLayout& L = layout_.buckets[b];
+  float* g = model_.flat_grads().f32();
+  if (stage_ == 3) {
+    release_range(g, L.range.lo, L.own.lo);
+    release_range(g, L.own.hi, L.range.hi);
+    s.grads_released = true;
+  }
+  std::memcpy(g + L.own.lo, s.rs_buf.f32(), size_t(L.own.size()) * sizeof(float));
+  give_scratch(s.rs_buf);
+  s.rs_padded = Tensor();
+}
+
 void Zero::reap_reduced() {
   if (shards() == 1) return;
   for (size_t b = 0; b < st_.size(); ++b) {
     BucketState& s = st_[b];
-    if (s.reduce && !s.grads_released && s.reduce->done()) {
-      const BucketLayout& L = layout_.buckets[b];
-      release_range(model_.flat_grads().f32(), L.range.lo, L.range.hi);
-      s.grads_released = true;
-    }
+    if (s.reduce && s.rs_buf.defined() && s.reduce->done()) complete_reduce(b);
   }
 }
 
@@ -101,17 +130,15 @@ void Zero::launch_reduce(size_t b) {
     s.reduce = shard_->all_reduce_async(g, comm::ReduceOp::sum);
     return;
   }
-  if (shards() == 1) {  // HSDP with one-rank groups: nothing to scatter
-    std::memcpy(s.chunk.f32(), g.f32(), size_t(L.chunk) * sizeof(float));
-    return;
-  }
+  if (shards() == 1) return;  // HSDP with one-rank groups: the own range is the bucket, already summed
   Tensor in = g;
   if (L.padded()) {
-    std::memcpy(s.padded.f32(), g.f32(), size_t(g.numel()) * sizeof(float));
-    std::memset(s.padded.f32() + g.numel(), 0, size_t(s.padded.numel() - g.numel()) * sizeof(float));
-    in = s.padded;
+    s.rs_padded = Tensor::zeros({L.chunk * shards()});
+    std::memcpy(s.rs_padded.f32(), g.f32(), size_t(g.numel()) * sizeof(float));
+    in = s.rs_padded;
   }
-  s.reduce = shard_->reduce_scatter_async(in, s.chunk, comm::ReduceOp::sum);
+  s.rs_buf = take_scratch();
+  s.reduce = shard_->reduce_scatter_async(in, s.rs_buf.slice(0, 0, L.chunk), comm::ReduceOp::sum);
 }
 
 void Zero::finish_backward() {
@@ -123,17 +150,19 @@ void Zero::finish_backward() {
   }
   for (size_t b = 0; b < st_.size(); ++b)
     if (!st_[b].launched) launch_reduce(b);
-  for (auto& s : st_) {
-    if (s.reduce) s.reduce->wait();
+  for (size_t b = 0; b < st_.size(); ++b) {
+    if (st_[b].reduce) st_[b].reduce->wait();
+    complete_reduce(b);
   }
-  if (stage_ == 3) reap_reduced();
   for (auto& s : st_) {
     s.reduce.reset();
     s.grads_released = false;
   }
   if (replica_) {
     std::vector<comm::WorkPtr> ws;
-    for (auto& s : st_) ws.push_back(replica_->all_reduce_async(s.chunk, comm::ReduceOp::sum));
+    for (const BucketLayout& L : layout_.buckets)
+      if (L.own.size() > 0)  // the same on every replica: they hold the same shard rank
+        ws.push_back(replica_->all_reduce_async(G.slice(0, L.own.lo, L.own.hi), comm::ReduceOp::sum));
     for (auto& w : ws) w->wait();
   }
   for (size_t b = 0; b < st_.size(); ++b) {
@@ -141,7 +170,6 @@ void Zero::finish_backward() {
     st_[b].launched = false;
     st_[b].pending = int(L.params.size());
     if (stage_ == 1) continue;
-    std::memcpy(G.f32() + L.own.lo, st_[b].chunk.f32(), size_t(L.own.size()) * sizeof(float));
     cpu::scale_inplace(G.f32() + L.own.lo, d, L.own.size());
   }
   if (stage_ == 1) cpu::scale_inplace(G.f32(), d, G.numel());
@@ -176,10 +204,13 @@ void Zero::start_gather(size_t b) {
   const BucketLayout& L = layout_.buckets[b];
   BucketState& s = st_[b];
   const float* v = model_.flat_values().f32();
-  std::memcpy(s.chunk.f32(), v + L.own.lo, size_t(L.own.size()) * sizeof(float));
-  std::memset(s.chunk.f32() + L.own.size(), 0, size_t(L.chunk - L.own.size()) * sizeof(float));
-  Tensor out = L.padded() ? s.padded : model_.flat_values().slice(0, L.range.lo, L.range.hi);
-  s.gather = shard_->all_gather_async(s.chunk, out);
+  s.ag_buf = take_scratch();
+  Tensor chunk = s.ag_buf.slice(0, 0, L.chunk);
+  std::memcpy(chunk.f32(), v + L.own.lo, size_t(L.own.size()) * sizeof(float));
+  std::memset(chunk.f32() + L.own.size(), 0, size_t(L.chunk - L.own.size()) * sizeof(float));
+  if (L.padded()) s.ag_padded = Tensor::empty({L.chunk * shards()});
+  Tensor out = L.padded() ? s.ag_padded : model_.flat_values().slice(0, L.range.lo, L.range.hi);
+  s.gather = shard_->all_gather_async(chunk, out);
 }
 
 void Zero::finish_gather(size_t b) {
@@ -187,8 +218,11 @@ void Zero::finish_gather(size_t b) {
   BucketState& s = st_[b];
   s.gather->wait();
   s.gather.reset();
-  if (L.padded())
-    std::memcpy(model_.flat_values().f32() + L.range.lo, s.padded.f32(), size_t(L.range.size()) * sizeof(float));
+  give_scratch(s.ag_buf);
+  if (L.padded()) {
+    std::memcpy(model_.flat_values().f32() + L.range.lo, s.ag_padded.f32(), size_t(L.range.size()) * sizeof(float));
+    s.ag_padded = Tensor();
+  }
   s.gathered = true;
 }
 
@@ -208,38 +242,77 @@ void Zero::release_values(size_t b) {
   st_[b].gathered = false;
 }
 
+// Gathers the buckets with at most two in flight, so at most two scratch chunks are live.
+void Zero::gather_window(const std::vector<size_t>& bs) {
+  std::vector<size_t> todo;
+  for (size_t b : bs)
+    if (!st_[b].gathered) todo.push_back(b);
+  for (size_t k = 0; k < todo.size(); ++k) {
+    if (k == 0 && !st_[todo[0]].gather) start_gather(todo[0]);
+    if (k + 1 < todo.size() && !st_[todo[k + 1]].gather) start_gather(todo[k + 1]);
+    finish_gather(todo[k]);
+  }
+}
+
 void Zero::gather_all() {
   if (shards() == 1) return;
-  for (size_t b = 0; b < st_.size(); ++b)
-    if (!st_[b].gathered && !st_[b].gather) start_gather(b);
-  for (size_t b = 0; b < st_.size(); ++b)
-    if (!st_[b].gathered) finish_gather(b);
+  std::vector<size_t> all(st_.size());
+  for (size_t b = 0; b < all.size(); ++b) all[b] = b;
+  gather_window(all);
 }
 
 void Zero::release_all() {
   for (size_t b = 0; b < st_.size(); ++b) release_values(b);
 }
 
+// The units that the head needs: final norm and untied head, or with a tied head the embeddings.
+std::vector<size_t> Zero::top_units() const {
+  std::vector<size_t> u;
+  if (top_ >= 0) u.push_back(size_t(top_));
+  if (tied_ && bottom_ >= 0) u.push_back(size_t(bottom_));
+  return u;
+}
+
 void Zero::forward_begin() {
   if (shards() == 1) return;
-  for (int b : root_buckets_)
-    if (!st_[size_t(b)].gathered && !st_[size_t(b)].gather) start_gather(size_t(b));
-  for (int b : root_buckets_) ensure_gathered(size_t(b));
+  if (block_bucket_.empty()) {  // no blocks: the root is gathered from forward to the step
+    std::vector<size_t> r(root_buckets_.begin(), root_buckets_.end());
+    return gather_window(r);
+  }
+  if (bottom_ >= 0) {
+    if (block_bucket_.size() > 0 && !st_[size_t(block_bucket_[0])].gathered && !st_[size_t(block_bucket_[0])].gather)
+      start_gather(size_t(block_bucket_[0]));  // prefetch block 0 behind the embeddings
+    ensure_gathered(size_t(bottom_));
+  }
 }
 
 void Zero::before_forward(int64_t block) {
   if (shards() == 1) return;
+  // The embedding lookup is done and its backward needs no weights: give them back unless the
+  // tied head will use them.
+  if (block == 0 && bottom_ >= 0 && !tied_) release_values(size_t(bottom_));
   ensure_gathered(size_t(block_bucket_[size_t(block)]));
   if (block + 1 < int64_t(block_bucket_.size())) {
     size_t nb = size_t(block_bucket_[size_t(block + 1)]);
     if (!st_[nb].gathered && !st_[nb].gather) start_gather(nb);  // prefetch
+  } else {
+    for (size_t u : top_units())
+      if (!st_[u].gathered && !st_[u].gather) start_gather(u);  // prefetch the head
   }
 }
 
-void Zero::after_forward(int64_t block) { release_values(size_t(block_bucket_[size_t(block)])); }
+void Zero::after_forward(int64_t block) {
+  if (shards() == 1) return;
+  release_values(size_t(block_bucket_[size_t(block)]));
+  if (block + 1 == int64_t(block_bucket_.size()))
+    for (size_t u : top_units()) ensure_gathered(u);
+}
 
 void Zero::before_backward(int64_t block) {
   if (shards() == 1) return;
+  // The backward of the last block starts after the head's and the final norm's: release them.
+  if (block + 1 == int64_t(block_bucket_.size()))
+    for (size_t u : top_units()) release_values(u);
   ensure_gathered(size_t(block_bucket_[size_t(block)]));
   if (block > 0) {
     size_t pb = size_t(block_bucket_[size_t(block - 1)]);
@@ -256,8 +329,8 @@ void Zero::step(const StepContext& ctx) {
     release_all();  // everything but the own shards is stale now
     return;
   }
-  for (size_t b = 0; b < st_.size(); ++b) start_gather(b);
-  for (size_t b = 0; b < st_.size(); ++b) finish_gather(b);
+  for (auto& s : st_) s.gathered = false;
+  gather_all();
 }
 
 // ---------------------------------------------------------------- checkpoints

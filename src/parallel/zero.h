@@ -6,12 +6,16 @@
 //           the optimizer state (ShardedAdamW), then the updated shards are all-gathered;
 //  stage 2: gradients reduce-scattered instead, each rank receiving only its shard's sum;
 //  stage 3: parameters sharded too. The units are the transformer blocks and the parameters
-//           outside them (the "root": embeddings, final norm, head). A block is all-gathered just
-//           before its forward (the next one prefetched) and released after it, gathered again
-//           before its backward (the previous one prefetched) and released after; the root is
-//           gathered at the start of forward and released after the optimizer step. Released
-//           memory is returned to the kernel (page_release.h), so a rank holds ~1/N of the
-//           parameters, gradients (after each step) and optimizer state plus the blocks in use.
+//           outside them (the "root": embeddings below, final norm and untied head above). A
+//           unit is all-gathered just before its use in forward (the next one prefetched) and
+//           released after it, gathered again before its backward (the previous one prefetched)
+//           and released after: the embeddings around the embedding lookup (their backward needs
+//           no weights), final norm and head from the last block's forward to the start of its
+//           backward (a tied head keeps the embeddings for that span too). Released memory is
+//           returned to the kernel (page_release.h), and the per-rank chunks that collectives
+//           read and write come from a small scratch pool that lives only while they are in
+//           flight, so a rank holds ~1/N of the parameters, gradients (after each step) and
+//           optimizer state plus the units in use.
 //  HSDP:    stage 3 within groups of hsdp_shard_size ranks, each group a replica; gradient shards
 //           are all-reduced across the replicas after the reduce-scatter.
 //
@@ -49,12 +53,19 @@ class Zero final : public DataParallel, private nn::BlockHooks {
     bool grads_released = false;  // stage 3: the bucket's full-size gradients are given back
     comm::WorkPtr reduce, gather;
     bool gathered = true;  // stage 3: the whole bucket's values are present
-    Tensor chunk;          // this rank's chunk: reduce-scatter output / all-gather input
-    Tensor padded;         // size shards*chunk, for a bucket whose size does not divide
+    // Only while a collective is in flight: a scratch buffer from the pool holding this rank's
+    // chunk (reduce-scatter output / all-gather input) and, for a bucket whose size does not
+    // divide, the shards*chunk staging copy.
+    Tensor rs_buf, ag_buf, rs_padded, ag_padded;
   };
   int shards() const { return shard_ ? shard_->size() : 1; }
   void on_grad_ready(int param);
   void reap_reduced();
+  void complete_reduce(size_t b);
+  Tensor take_scratch();
+  void give_scratch(Tensor& t);
+  void gather_window(const std::vector<size_t>& bs);
+  std::vector<size_t> top_units() const;
   void launch_reduce(size_t b);
   void start_gather(size_t b);
   void finish_gather(size_t b);
@@ -75,6 +86,10 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   FlatLayout layout_;
   std::vector<int> block_bucket_, root_buckets_;
   std::vector<BucketState> st_;
+  int bottom_ = -1, top_ = -1;  // stage 3 root buckets: embeddings; final norm and untied head
+  bool tied_ = false;
+  int64_t max_chunk_ = 0;
+  std::vector<Tensor> scratch_free_;  // chunk buffers not in use, reused across buckets
   ShardedAdamW* sopt_ = nullptr;
 };
 

@@ -37,8 +37,9 @@ Cluster make_cluster(const Device& d, int64_t dpn, int64_t npi, int64_t islands)
   c.devices_per_node = dpn, c.nodes_per_island = npi, c.islands = islands;
   // Collectives reach about 80% of a link's nominal bandwidth (NCCL's bus bandwidth on NVLink and
   // InfiniBand), so the default links are derated; a [cluster.*] bandwidth_gbs is taken as given.
-  c.intra = {kLinkEfficiency * d.intra_bw, 3e-6};
-  c.inter = {kLinkEfficiency * d.inter_bw, 10e-6};
+  double eff = d.links_measured ? 1.0 : kLinkEfficiency;
+  c.intra = {eff * d.intra_bw, d.intra_latency};
+  c.inter = {eff * d.inter_bw, 10e-6};
   c.wan = {1.25e9, 20e-3};  // 10 Gb/s, 20 ms: a modest inter-datacentre link
   for (int64_t i = 0; i < islands; ++i) {
     c.island_names.push_back("island" + std::to_string(i));

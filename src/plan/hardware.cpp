@@ -133,6 +133,12 @@ Device device_from_calibration(const std::string& path) {
   d.mem_bw = need("memory_bandwidth").get<double>();
   d.intra_bw = j.value("intra_node_bandwidth", d.mem_bw / 4);
   d.inter_bw = j.value("inter_node_bandwidth", 1.25e9);
+  // Written by calibrate when it timed all-reduces between local ranks (absent in older files).
+  d.links_measured = j.value("collectives_measured", false);
+  d.intra_latency = j.value("intra_node_latency", 3e-6);
+  ATOLL_CHECK(d.intra_bw > 0 && d.intra_latency >= 0,
+              "calibration file '{}': intra_node_bandwidth must be positive and intra_node_latency "
+              "non-negative (rerun `atoll plan calibrate`)", path);
   d.host_bw = d.mem_bw;
   d.price_hour = j.value("price_per_hour", 0.05);
   d.reserved_bytes = 0;

@@ -20,6 +20,10 @@ struct Device {
   double intra_bw = 0;      // default intra-node bytes/s per device (NVLink, xGMI or PCIe)
   double inter_bw = 0;      // default inter-node bytes/s per device (NIC share)
   double host_bw = 0;       // host link (PCIe / C2C) bytes/s, used by offload
+  // Measured links (cpu-local after `plan calibrate`): the bus bandwidth a collective reached and
+  // its per-step latency. Measured figures are used as given, not derated like datasheet ones.
+  bool links_measured = false;
+  double intra_latency = 3e-6;  // seconds per collective step inside a node
   double price_hour = 0;    // default price per device-hour, USD
   double reserved_bytes = 0;  // runtime/context memory not available to the model
   // The whole machine (cpu-local): the devices of a node are ranks that share its cores, memory

@@ -13,7 +13,9 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "optim/adamw.h"
+#include "optim/muon.h"
 #include "optim/param_groups.h"
+#include "parallel/muon_owner.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
@@ -107,6 +109,7 @@ struct Trainer::Impl {
   std::unique_ptr<comm::Communicator> comm;
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::DataParallel> dp;
+  bool dist_muon_used = false;
   int rank = 0, world = 1;
   std::string backend;
   std::unique_ptr<Tokenizer> tok;
@@ -164,14 +167,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // choice ([optim] type = "muon", or per-group routing) goes through the optimizer factory.
   bool grouped = cfg.get_string("optim.type", "adamw") != "adamw" || cfg.has("optim.embed") ||
                  cfg.has("optim.head") || cfg.has("optim.vector");
-  I.mc.validate();
-  I.model = std::make_unique<nn::GPT>(I.mc);
-  std::unique_ptr<Optimizer> opt;
-  if (grouped) opt = make_optimizer(cfg, I.model->param_refs());  // reads (and so validates) its keys
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
-  cfg.finish();
-  I.config_text = cfg.source();
+  bool dist_muon = cfg.get_bool("optim.muon.distributed", true);
 
   comm::DistEnv env = comm::DistEnv::from_environment();
   if (env.world_size > 1) {
@@ -182,6 +180,25 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     // Only rank 0 reports progress; the others speak up for warnings and errors.
     if (I.rank != 0 && log::level() < log::Level::warn) log::set_level(log::Level::warn);
   }
+  I.mc.validate();
+  I.model = std::make_unique<nn::GPT>(I.mc);
+  std::unique_ptr<Optimizer> opt;
+  if (grouped) {
+    // On several ranks Muon's Newton–Schulz work is split among matrix owners (DMuon).
+    OptimizerOverride distributed = [&](Config& c, const std::string& type, std::vector<ParamRef>& ps) {
+      std::unique_ptr<Optimizer> o;
+      if (type == "muon" && I.comm && dist_muon) I.dist_muon_used = true;
+      if (type == "muon" && I.comm && dist_muon)
+        o = std::make_unique<parallel::MuonOwner>(ps, parallel::MuonOwnerConfig{muon_config_from(c, "optim.muon")},
+                                                  I.comm.get());
+      return o;
+    };
+    opt = make_optimizer(cfg, I.model->param_refs(), distributed);  // reads (and so validates) its keys
+  }
+  // Unknown keys are reported once everything that reads the config has read it.
+  cfg.finish();
+  I.config_text = cfg.source();
+
   int threads = int(I.o.threads);
   if (threads == 0 && env.local_world_size > 1)  // share the cores among this node's ranks
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
@@ -250,6 +267,7 @@ TrainResult Trainer::run(bool resume) {
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s", I.mc.describe(),
             double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1) log::info("data parallel: {} over {} ranks ({})", I.dp->name(), I.world, I.comm->backend());
+  log::info("optimizer: {}{}", I.dp->optimizer().name(), I.dist_muon_used ? " (Muon matrices orthogonalized by their owner ranks)" : "");
 
   Tensor x = Tensor::empty({o.batch_size, o.seq_len}, DType::i32), y = Tensor::empty({o.batch_size, o.seq_len}, DType::i32);
   TrainResult res;

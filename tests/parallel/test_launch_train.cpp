@@ -102,3 +102,23 @@ TEST(LaunchTrain, TwoRanksMatchOneRankAtDoubleBatch) {
   ASSERT_EQ(f.train("zero3", 1, {"--train.batch_size=8", "--resume"}), 0);
   expect_close(losses(f.root / "zero3"), one, 1e-4, "zero3 then resumed loss");
 }
+
+TEST(LaunchTrain, DistributedMuonMatchesOneRank) {
+  // [optim] type = "muon" on 2 ranks runs DMuon (owners orthogonalize, updates all-gathered); the
+  // curve must be one rank's at the doubled batch, and its checkpoint must resume on one rank.
+  Fixture f;
+  std::vector<std::string> muon = {"--optim.type=muon", "--optim.muon.lr=0.02"};
+  auto with = [&](std::vector<std::string> extra) {
+    for (auto& m : muon) extra.push_back(m);
+    return extra;
+  };
+  ASSERT_EQ(f.train("one", 1, with({"--train.batch_size=8"})), 0);
+  ASSERT_EQ(f.train("dmuon", 2, with({"--train.stop_after=3"})), 0);
+  std::string log = read_file((f.root / "dmuon.log").string());
+  EXPECT_NE(log.find("orthogonalized by their owner ranks"), std::string::npos) << log;
+  ASSERT_EQ(f.train("dmuon", 1, with({"--train.batch_size=8", "--resume"})), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front());
+  expect_close(losses(f.root / "dmuon"), one, 1e-4, "distributed muon then resumed loss");
+}

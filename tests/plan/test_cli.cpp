@@ -106,6 +106,28 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
                 "ATOLL_PLAN_CALIBRATION=" + cal.string());
   ASSERT_EQ(p.rc, 0) << p.out;
   EXPECT_EQ(nlohmann::json::parse(p.out)["cluster"]["device"], "cpu-local");
+
+  // Collectives: calibrate timed all-reduce between 2 local ranks (atoll launch + bench comm) and
+  // fitted the alpha-beta model. Loopback between processes of one host runs between ~10 MB/s
+  // (a very loaded machine) and the memory bandwidth; a step's latency between 0 and 10 ms.
+  ASSERT_TRUE(j["collectives_measured"].get<bool>()) << c.out;
+  double bw = j["intra_node_bandwidth"].get<double>(), lat = j["intra_node_latency"].get<double>();
+  EXPECT_GT(bw, 1e7);
+  EXPECT_LT(bw, 2 * j["memory_bandwidth"].get<double>());
+  EXPECT_GT(lat, 0.0);
+  EXPECT_LT(lat, 1e-2);
+  ASSERT_GE(j["all_reduce_2_ranks"].size(), 2u);
+  EXPECT_NE(c.out.find("intra-node all-reduce"), std::string::npos) << c.out;
+  // A 2-rank data-parallel cpu-local layout costs its gradient all-reduce with exactly those
+  // figures: 2(n-1)/n·B/bw + 2⌈log2 n⌉·latency = B/bw + 2·latency for n = 2, B = 4 bytes/param.
+  CliRun two = run_atoll("plan --device cpu-local --devices-per-node 2 --model gpt2-124m --set plan.precision=\"fp32\" "
+                         "--set plan.overlap_dp=false --set plan.global_batch=2 --set plan.micro_batch=1 --json",
+                         "ATOLL_PLAN_CALIBRATION=" + cal.string());
+  ASSERT_EQ(two.rc, 0) << two.out;
+  auto pj = nlohmann::json::parse(two.out);
+  ASSERT_EQ(pj["layout"]["dp"].get<int64_t>(), 2);
+  double grad_bytes = 4.0 * pj["model"]["params"].get<double>();
+  EXPECT_NEAR(pj["time"]["dp"]["intra_node_s"].get<double>(), grad_bytes / bw + 2 * lat, 1e-6 * (grad_bytes / bw));
   fs::remove_all(d);
 }
 
