@@ -8,43 +8,17 @@ float64 with torch autograd, and writes the outputs and input gradients as float
 (sizes, eps, theta) travel in the file's __metadata__. The safetensors package is not installed,
 so the format (8-byte little-endian header length, JSON header, raw bytes) is handled here.
 """
-import json
-import struct
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I32": torch.int32, "I64": torch.int64}
-NAMES = {v: k for k, v in DTYPES.items()}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite  # noqa: E402
 
-
-def read(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    meta = header.pop("__metadata__", {}) or {}
-    data = raw[8 + n :]
-    out = {}
-    for name, h in header.items():
-        s, e = h["data_offsets"]
-        t = torch.frombuffer(bytearray(data[s:e]), dtype=DTYPES[h["dtype"]]) if e > s else torch.empty(0)
-        out[name] = t.reshape(h["shape"]).clone()
-    return out, meta
-
-
-def write(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        b = t.detach().contiguous().cpu().numpy().tobytes()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+read = safetensors_lite.load
+write = safetensors_lite.save
 
 
 def leaf(t):

@@ -12,7 +12,7 @@ safetensors is read and written with json + struct: no extra package needed.
 """
 import json
 import math
-import struct
+import os
 import sys
 
 import torch
@@ -21,38 +21,17 @@ DT = torch.float64
 
 
 # ---------------------------------------------------------------- safetensors
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite  # noqa: E402
+
+
 def load_st(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    dtypes = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
-    out = {}
-    for name, h in header.items():
-        s, e = h["data_offsets"]
-        buf = bytearray(data[base + s : base + e])
-        t = torch.frombuffer(buf, dtype=dtypes[h["dtype"]]) if e > s else torch.zeros(0, dtype=dtypes[h["dtype"]])
-        out[name] = t.reshape(h["shape"]).clone()
-    return out, meta
+    return safetensors_lite.load(path)
 
 
 def save_st(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().to(torch.float32).contiguous()
-        b = t.numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    hb = json.dumps(header).encode()
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for b in blobs:
-            f.write(b)
+    # The C++ side reads the results as f32.
+    safetensors_lite.save(path, {k: t.detach().to(torch.float32) for k, t in tensors.items()})
 
 
 # ---------------------------------------------------------------- shared pieces
