@@ -1,5 +1,6 @@
 // Each optimizer's 10 steps on small matrices against tools/torch_optim_ref.py, a float64 PyTorch
 // implementation written from the published pseudo-code. Tensors travel through safetensors files.
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -77,7 +78,8 @@ RefResult run_against_torch(const std::string& algo, json hp, const std::vector<
     file.emplace_back("p" + std::to_string(i) + ".w0", w0[i]);
     for (int t = 0; t < steps; ++t) file.emplace_back("p" + std::to_string(i) + ".g" + std::to_string(t), grads[i][size_t(t)]);
   }
-  std::string base = std::string(ATOLL_BINARY_DIR) + "/optim_ref_" + algo + "_" + std::to_string(std::rand());
+  static int counter = 0;  // ctest runs tests as separate processes in parallel: the pid keeps their files apart
+  std::string base = std::string(ATOLL_BINARY_DIR) + "/optim_ref_" + algo + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
   save_safetensors(base + ".in.safetensors", file, {{"config", meta.dump()}});
   std::string cmd = std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR + "/tools/torch_optim_ref.py " + base +
                     ".in.safetensors " + base + ".out.safetensors";
