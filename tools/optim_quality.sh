@@ -3,6 +3,7 @@
 # default corpus, each optimizer at its best learning rate from a small sweep, then that rate over
 # several seeds. Prints the sweep and the table as Markdown.
 # usage: tools/optim_quality.sh [STEPS] [SEEDS]      (build first: scripts/build.sh)
+# ATOLL_EXTRA="--train.threads=1" adds overrides to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
@@ -22,7 +23,7 @@ run() {  # name seed key lr overrides... -> prints the final val loss
   local name=$1 seed=$2 key=$3 lr=$4; shift 4
   local dir="$OUT/$name-lr$lr-s$seed"
   "$ATOLL" train configs/default.toml --run.dir="$dir" --train.steps="$STEPS" --train.seed="$seed" \
-    --eval.every="$STEPS" --sample.every=0 --checkpoint.every=0 --log.every=1000 --"$key"="$lr" "$@" >"$dir.log" 2>&1 \
+    --eval.every="$STEPS" --sample.every=0 --checkpoint.every=0 --log.every=1000 --"$key"="$lr" "$@" ${ATOLL_EXTRA:-} >"$dir.log" 2>&1 \
     || { echo "nan"; return; }
   grep -o '"val_loss":[0-9.eE+-]*' "$dir/metrics.jsonl" | tail -1 | cut -d: -f2
 }

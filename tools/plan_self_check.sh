@@ -34,7 +34,7 @@ export OMP_NUM_THREADS=1
 if [[ $CALIBRATE == 1 ]]; then "$BIN" plan calibrate --out "$ATOLL_PLAN_CALIBRATION" >&2; fi
 CAL2="$WORK/calibration_2cores.json"
 $PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
-for k in ("peak_fp32_flops","peak_bf16_flops","memory_bandwidth"): j[k]*=2
+for k in ("peak_fp32_flops","peak_bf16_flops","memory_bandwidth","elementwise_bandwidth","attention_flops"): j[k]*=2
 j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$ATOLL_PLAN_CALIBRATION" "$CAL2"
 
 median_ms() {  # median step_ms of metrics.jsonl, skipping the first 2 steps
@@ -67,7 +67,8 @@ for size in $SIZES; do
     done
     cpums=$($PY -c "print('%.1f' % (1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - $STEPS // 3) / $n))")
     calf="$ATOLL_PLAN_CALIBRATION"; [[ $n == 2 ]] && calf="$CAL2"
-    pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" \
+    # The engine's data parallelism all-reduces after the backward pass (no overlap).
+    pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" --set plan.overlap_dp=false \
          --set plan.precision='"fp32"' --set plan.micro_batch="$BATCH" --set plan.global_batch=$((BATCH * n)) --json)
     read -r params pred < <($PY -c 'import json,sys; j=json.load(sys.stdin); print(j["model"]["params"], "%.1f" % (1e3*j["time"]["step_s"]))' <<<"$pj")
     errs=$($PY -c "print('%+.1f%% | %+.1f%%' % (100*($pred-$cpums)/$cpums, 100*($pred-$wall)/$wall))")

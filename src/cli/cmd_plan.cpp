@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kernels.h"
 #include "nn/gpt.h"
 #include "nn/gpt_config.h"
 #include "plan/plan_input.h"
@@ -290,16 +291,54 @@ double measure_bandwidth(int64_t n, int reps) {
   return 3.0 * 8.0 * n / best;
 }
 
+// Effective bandwidth of the engine's element-wise kernels on one activation of n_rows × c
+// (LayerNorm and GELU forward and backward, a residual add), from the bytes each reads and
+// writes: the planner moves its element-wise traffic at this rate rather than STREAM's.
+double measure_elementwise(int64_t n_rows, int64_t c, int reps, double min_s) {
+  const int64_t n = n_rows * c;
+  std::vector<float> x(n, 0.5f), y(n), dy(n, 0.01f), dx(n, 0.f), w(c, 1.f), b(c, 0.f), dw(c), db(c);
+  std::vector<float> mean(n_rows), rstd(n_rows);
+  auto all = [&] {
+    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n_rows, c, 1e-5f);
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                            rstd.data(), n_rows, c);
+    cpu::gelu_forward(y.data(), x.data(), n);
+    cpu::gelu_backward(dx.data(), dy.data(), x.data(), n);
+    cpu::add_forward(y.data(), x.data(), dy.data(), n);
+  };
+  // Bytes per element: LN fwd 2, LN bwd 4 (dout, x, dinp read+write), GELU fwd 2, bwd 4, add 3.
+  const double bytes = 4.0 * n * (2 + 4 + 2 + 4 + 3);
+  // time_repeated sizes its loop by FLOPs at 5 GFLOP/s; pass the bytes' equivalent at 5 GB/s.
+  return bytes / time_repeated(all, bytes, reps, min_s);
+}
+
+// FLOP/s of the engine's fused causal attention (forward + backward) at a GPT-2-small-like head
+// shape, counted as the planner counts an attention core: 2·s²·(d_q + d_v) per head forward,
+// backward twice that (so rate = 3 × forward FLOPs / (forward + backward time)).
+double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int reps, double min_s) {
+  const int64_t C = H * hd;
+  std::vector<float> qkv(B * T * 3 * C, 0.1f), dqkv(qkv.size(), 0.f), out(B * T * C), dout(B * T * C, 0.01f);
+  std::vector<float> lse(B * H * T);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.01f * float(int(i % 17) - 8);
+  auto both = [&] {
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, H, hd);
+  };
+  const double flops = 3.0 * B * H * 2.0 * T * T * (2.0 * hd);
+  return flops / time_repeated(both, flops, reps, min_s);
+}
+
 // All-reduce times between `nproc` local ranks, measured by `atoll bench comm` inside a job
 // started by `atoll launch` (the same launcher and backend training uses), as (bytes, seconds).
-std::vector<std::pair<double, double>> measure_all_reduce(int nproc, int64_t max_bytes, double seconds) {
+std::vector<std::pair<double, double>> measure_all_reduce(int nproc, int64_t min_bytes, int64_t max_bytes,
+                                                         double seconds) {
   char buf[4096] = {};
   ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
   ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
   std::string self(buf, size_t(len));
-  std::string cmd = fmt::format("'{}' launch --nproc-per-node {} -- '{}' bench comm --in-job --min-bytes 4096 "
+  std::string cmd = fmt::format("'{}' launch --nproc-per-node {} -- '{}' bench comm --in-job --min-bytes {} "
                                 "--max-bytes {} --seconds {} 2>&1",
-                                self, nproc, self, max_bytes, seconds);
+                                self, nproc, self, min_bytes, max_bytes, seconds);
   FILE* p = popen(cmd.c_str(), "r");
   ATOLL_CHECK(p, "cannot run `{}`", cmd);
   std::vector<std::pair<double, double>> pts;
@@ -341,7 +380,7 @@ std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, dou
 }
 
 int run_calibrate(int argc, char** argv) {
-  CLI::App app{"Measure this machine's GEMM efficiency curve and memory bandwidth for the cpu-local device"};
+  CLI::App app{"Measure this machine's GEMM curve, kernels, memory bandwidth and collectives for the cpu-local device"};
   std::string out = calibration_path();
   bool quick = false;
   double price = 0.05;
@@ -376,6 +415,10 @@ int run_calibrate(int argc, char** argv) {
   }
   double bw = measure_bandwidth(quick ? (int64_t(1) << 22) : (int64_t(1) << 25), 2 * reps);
   std::printf("  memory bandwidth %.2f GB/s (triad)\n", bw / 1e9);
+  double ew = measure_elementwise(2048, 256, reps, min_s);
+  std::printf("  element-wise kernels %.2f GB/s (LayerNorm, GELU, add on 2048×256)\n", ew / 1e9);
+  double attn = measure_attention(4, 128, 4, 32, reps, min_s);
+  std::printf("  attention kernel %.2f GFLOP/s (causal, fwd+bwd, T=128, head dim 32)\n", attn / 1e9);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   // "Peak" is the best GEMM rate measured: the curve says how far smaller GEMMs fall below it.
   nlohmann::json j;
@@ -386,6 +429,8 @@ int run_calibrate(int argc, char** argv) {
   j["memory_bytes"] = mem;
   j["memory_bandwidth"] = bw;
   j["price_per_hour"] = price;
+  j["elementwise_bandwidth"] = ew;
+  j["attention_flops"] = attn;
   // Between nodes: a 10 Gb/s network (one host cannot measure it). Inside the node: measured
   // all-reduce between 2 ranks through the engine's own launcher and backend, unless skipped.
   j["inter_node_bandwidth"] = 1.25e9;
@@ -393,7 +438,9 @@ int run_calibrate(int argc, char** argv) {
     j["intra_node_bandwidth"] = bw / 4;
     j["collectives_measured"] = false;
   } else {
-    auto pts = measure_all_reduce(2, quick ? (int64_t(1) << 20) : (int64_t(16) << 20), quick ? 0.02 : 0.1);
+    // Up to 16 MB even when quick: below ~1 MB the time is all latency (and, on a loaded host,
+    // scheduling noise), so only large messages pin down the bandwidth.
+    auto pts = measure_all_reduce(2, quick ? 65536 : 4096, int64_t(16) << 20, quick ? 0.02 : 0.1);
     auto [cbw, lat] = fit_alpha_beta(pts, 2);
     for (auto [bytes, t] : pts)
       std::printf("  all_reduce %9.0f B  %9.1f us  busbw %6.2f GB/s  (fit %9.1f us)\n", bytes, t * 1e6,
@@ -420,7 +467,7 @@ int run_calibrate(int argc, char** argv) {
 atl::cli::Registrar plan_cmd({"plan", "predict memory, speed, cost and bottleneck of a training layout", run_plan});
 atl::cli::Registrar plan_search_cmd({"plan search", "search layouts; best table and cost/time Pareto frontier", run_search});
 atl::cli::Registrar plan_sweep_cmd({"plan sweep", "sweep island size/batch/bandwidth/islands; table and SVG", run_sweep_cmd});
-atl::cli::Registrar plan_calibrate_cmd({"plan calibrate", "measure local GEMM efficiency for the cpu-local device", run_calibrate});
+atl::cli::Registrar plan_calibrate_cmd({"plan calibrate", "measure local GEMMs, kernels and collectives for the cpu-local device", run_calibrate});
 atl::cli::Registrar plan_validate_cmd({"plan validate", "predicted vs published Megatron-LM measurements", run_validate});
 atl::cli::Registrar plan_list_cmd({"plan list", "list model presets and the device catalog", run_list});
 

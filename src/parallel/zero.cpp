@@ -38,21 +38,21 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
   for (size_t b = 0; b < st_.size(); ++b) {
     const BucketLayout& L = layout_.buckets[b];
     st_[b].pending = int(L.params.size());
-    max_chunk_ = std::max(max_chunk_, L.chunk);
   }
   tied_ = model.config().tied_head;
   if (!block_bucket_.empty())
     for (int b : root_buckets_) (layout_.buckets[size_t(b)].range.lo == 0 ? bottom_ : top_) = b;
+  if (stage == 3) {  // give back all but the own shards before the optimizer state is allocated
+    release_all();
+    zero_grad();
+  }
   auto o = std::make_unique<ShardedAdamW>(model, layout_, ac);
   sopt_ = o.get();
   opt_ = std::move(o);
   if (distributed)
     for (size_t i = 0; i < layout_.params.size(); ++i)
       add_grad_hook(layout_.params[i]->value, [this, i](const Tensor&) { on_grad_ready(int(i)); });
-  if (stage == 3) {
-    model.set_block_hooks(this);
-    release_all();
-  }
+  if (stage == 3) model.set_block_hooks(this);
 }
 
 Zero::~Zero() {
@@ -81,18 +81,21 @@ void Zero::on_grad_ready(int param) {
   }
 }
 
-// Every scratch buffer is max_chunk_ long, so any one serves any bucket (through a slice).
-Tensor Zero::take_scratch() {
-  if (scratch_free_.empty()) return Tensor::empty({max_chunk_});
-  Tensor t = std::move(scratch_free_.back());
-  scratch_free_.pop_back();
-  return t;
-}
+// A chunk buffer lives only while its collective is in flight; the caching allocator hands the
+// same blocks out again next time, so nothing proportional to the model persists.
+Tensor Zero::take_scratch(int64_t n) { return Tensor::empty({n}); }
 
-void Zero::give_scratch(Tensor& t) {
-  if (!t.defined()) return;
-  scratch_free_.push_back(std::move(t));
-  t = Tensor();
+void Zero::give_scratch(Tensor& t) { t = Tensor(); }
+
+// Backpressure (as FSDP's rate limiter): a bucket's full-size gradients stay resident until its
+// reduce-scatter completes, so when the communicator falls behind backward, wait for the oldest
+// ones instead of letting the whole model's gradients pile up.
+void Zero::throttle_reduces(size_t max_in_flight) {
+  while (inflight_.size() > max_in_flight) {
+    size_t b = inflight_.front();
+    st_[b].reduce->wait();
+    complete_reduce(b);
+  }
 }
 
 // A finished reduce-scatter: this rank's sum goes into its own range of the gradient buffer and
@@ -110,6 +113,7 @@ void Zero::complete_reduce(size_t b) {
   }
   std::memcpy(g + L.own.lo, s.rs_buf.f32(), size_t(L.own.size()) * sizeof(float));
   give_scratch(s.rs_buf);
+  inflight_.erase(std::find(inflight_.begin(), inflight_.end(), b));
   s.rs_padded = Tensor();
 }
 
@@ -137,8 +141,9 @@ void Zero::launch_reduce(size_t b) {
     std::memcpy(s.rs_padded.f32(), g.f32(), size_t(g.numel()) * sizeof(float));
     in = s.rs_padded;
   }
-  s.rs_buf = take_scratch();
-  s.reduce = shard_->reduce_scatter_async(in, s.rs_buf.slice(0, 0, L.chunk), comm::ReduceOp::sum);
+  s.rs_buf = take_scratch(L.chunk);
+  s.reduce = shard_->reduce_scatter_async(in, s.rs_buf, comm::ReduceOp::sum);
+  inflight_.push_back(b);
 }
 
 void Zero::finish_backward() {
@@ -204,8 +209,8 @@ void Zero::start_gather(size_t b) {
   const BucketLayout& L = layout_.buckets[b];
   BucketState& s = st_[b];
   const float* v = model_.flat_values().f32();
-  s.ag_buf = take_scratch();
-  Tensor chunk = s.ag_buf.slice(0, 0, L.chunk);
+  s.ag_buf = take_scratch(L.chunk);
+  Tensor chunk = s.ag_buf;
   std::memcpy(chunk.f32(), v + L.own.lo, size_t(L.own.size()) * sizeof(float));
   std::memset(chunk.f32() + L.own.size(), 0, size_t(L.chunk - L.own.size()) * sizeof(float));
   if (L.padded()) s.ag_padded = Tensor::empty({L.chunk * shards()});
@@ -320,7 +325,12 @@ void Zero::before_backward(int64_t block) {
   }
 }
 
-void Zero::after_backward(int64_t block) { release_values(size_t(block_bucket_[size_t(block)])); }
+void Zero::after_backward(int64_t block) {
+  release_values(size_t(block_bucket_[size_t(block)]));
+  if (shards() == 1 || !sync_) return;
+  reap_reduced();
+  throttle_reduces(2);
+}
 
 void Zero::step(const StepContext& ctx) {
   opt_->step(ctx);

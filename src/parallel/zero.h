@@ -12,16 +12,19 @@
 //           and released after: the embeddings around the embedding lookup (their backward needs
 //           no weights), final norm and head from the last block's forward to the start of its
 //           backward (a tied head keeps the embeddings for that span too). Released memory is
-//           returned to the kernel (page_release.h), and the per-rank chunks that collectives
-//           read and write come from a small scratch pool that lives only while they are in
-//           flight, so a rank holds ~1/N of the parameters, gradients (after each step) and
-//           optimizer state plus the units in use.
+//           returned to the kernel (page_release.h), the per-rank chunks that collectives
+//           read and write live only while they are in flight, and when a unit's backward ends
+//           at most two units' gradients may still wait for their reduce-scatter (backpressure),
+//           so a rank holds ~1/N of the parameters, gradients and optimizer state plus the few
+//           units in use.
 //  HSDP:    stage 3 within groups of hsdp_shard_size ranks, each group a replica; gradient shards
 //           are all-reduced across the replicas after the reduce-scatter.
 //
 // Every bucket is a range of the flat buffers cut into equal per-rank chunks; a reduction starts
 // from gradient hooks as soon as its bucket is final, overlapped with the rest of backward.
 #pragma once
+#include <deque>
+
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
 #include "parallel/sharded_adamw.h"
@@ -53,7 +56,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
     bool grads_released = false;  // stage 3: the bucket's full-size gradients are given back
     comm::WorkPtr reduce, gather;
     bool gathered = true;  // stage 3: the whole bucket's values are present
-    // Only while a collective is in flight: a scratch buffer from the pool holding this rank's
+    // Only while a collective is in flight: a buffer holding this rank's
     // chunk (reduce-scatter output / all-gather input) and, for a bucket whose size does not
     // divide, the shards*chunk staging copy.
     Tensor rs_buf, ag_buf, rs_padded, ag_padded;
@@ -62,7 +65,8 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   void on_grad_ready(int param);
   void reap_reduced();
   void complete_reduce(size_t b);
-  Tensor take_scratch();
+  Tensor take_scratch(int64_t n);
+  void throttle_reduces(size_t max_in_flight);
   void give_scratch(Tensor& t);
   void gather_window(const std::vector<size_t>& bs);
   std::vector<size_t> top_units() const;
@@ -88,8 +92,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   std::vector<BucketState> st_;
   int bottom_ = -1, top_ = -1;  // stage 3 root buckets: embeddings; final norm and untied head
   bool tied_ = false;
-  int64_t max_chunk_ = 0;
-  std::vector<Tensor> scratch_free_;  // chunk buffers not in use, reused across buckets
+  std::deque<size_t> inflight_;  // buckets whose reduce-scatter is running, oldest first
   ShardedAdamW* sopt_ = nullptr;
 };
 

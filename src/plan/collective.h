@@ -4,9 +4,8 @@
 // inside the node, all-reduce of 1/k of the data across nodes (every rank's NIC in parallel),
 // then across islands over the shared wide-area link.
 //
-// Extension point: `atoll plan calibrate` measures only GEMMs today; a measured collective
-// bandwidth/latency per level can be written into the [cluster.*] links (bandwidth_gbs,
-// latency_us) once the engine's src/comm collectives exist.
+// On cpu-local the intra-node link's bandwidth and latency are the ones `atoll plan calibrate`
+// fitted to all-reduces between 2 local ranks (Device::links_measured, not derated).
 #pragma once
 #include <cstdint>
 

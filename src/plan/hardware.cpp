@@ -136,6 +136,8 @@ Device device_from_calibration(const std::string& path) {
   // Written by calibrate when it timed all-reduces between local ranks (absent in older files).
   d.links_measured = j.value("collectives_measured", false);
   d.intra_latency = j.value("intra_node_latency", 3e-6);
+  d.elementwise_bw = j.value("elementwise_bandwidth", 0.0);
+  d.attention_flops = j.value("attention_flops", 0.0);
   ATOLL_CHECK(d.intra_bw > 0 && d.intra_latency >= 0,
               "calibration file '{}': intra_node_bandwidth must be positive and intra_node_latency "
               "non-negative (rerun `atoll plan calibrate`)", path);

@@ -24,6 +24,10 @@ struct Device {
   // its per-step latency. Measured figures are used as given, not derated like datasheet ones.
   bool links_measured = false;
   double intra_latency = 3e-6;  // seconds per collective step inside a node
+  // Measured rates of the engine's own non-GEMM kernels (cpu-local; 0: not measured, then
+  // element-wise traffic moves at mem_bw and attention cores run on the GEMM curve).
+  double elementwise_bw = 0;   // bytes/s the element-wise kernels (norms, GELU, residual) reach
+  double attention_flops = 0;  // FLOP/s of the fused attention kernel, 3× forward FLOPs / (fwd+bwd)
   double price_hour = 0;    // default price per device-hour, USD
   double reserved_bytes = 0;  // runtime/context memory not available to the model
   // The whole machine (cpu-local): the devices of a node are ranks that share its cores, memory

@@ -45,7 +45,9 @@ struct Timer {
     if (c >= mem) compute += c * times;
     else memory += mem * times;
   }
-  void stream(double bytes) { memory += bytes / d.mem_bw; }
+  // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
+  // known (on a CPU GELU's tanh and LayerNorm's reductions keep them below STREAM bandwidth).
+  void stream(double bytes) { memory += bytes / (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw); }
   double total() const { return compute + memory; }
 };
 
@@ -73,6 +75,11 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   const double s_keys = double(m.seq);
   const bool flash = m.attention == "flash";
   for (Timer* x : {&g, &lt.core}) {
+    if (flash && d.attention_flops > 0) {
+      // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs.
+      x->compute += heads_local * 2.0 * s * s_keys * (dq + dv) / d.attention_flops;
+      continue;
+    }
     x->gemm(s, s_keys, dq, heads_local, flash);
     x->gemm(s, dv, s_keys, heads_local, flash);
   }

@@ -85,14 +85,17 @@ TEST(NetnsTestbed, TwoHostTrainingMatchesOneHost) {
   }
   EXPECT_FALSE(p.timed_out) << p.out;
   ASSERT_EQ(p.exit_code(), 0) << p.out;
+  EXPECT_NE(p.out.find("netns_testbed: 2 hosts on"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("data parallel: ddp over 2 ranks"), std::string::npos) << p.out;
 
   for (const char* key : {"loss", "val_loss"}) {
     auto a = curve(root / "two", key), b = curve(root / "one", key);
     ASSERT_FALSE(b.empty()) << key << "\n" << slurp(root / "one" / "metrics.jsonl");
     ASSERT_EQ(a.size(), b.size()) << key << "\n" << p.out;
-    for (size_t i = 0; i < a.size(); ++i)
+    for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(b[i])) << key << " at entry " << i;
+      std::printf("%s[%zu]: 2 hosts %.6f, 1 host %.6f\n", key, i, a[i], b[i]);
+    }
   }
   auto loss = curve(root / "one", "loss");
   EXPECT_LT(loss.back(), loss.front()) << "the loss must fall";
