@@ -34,7 +34,7 @@ std::string format_duration(double s) {
 std::string format_progress(const Progress& p) {
   auto tok = p.tokens_per_s >= 1e6 ? fmt::format("{:.2f}M", p.tokens_per_s / 1e6)
                                    : fmt::format("{:.1f}k", p.tokens_per_s / 1e3);
-  return fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {} tok/s | MFU {:.1f}% | {:.0f} ms | ETA {}",
+  return fmt::format("step {:>5}/{} | loss {:.4f} | lr x{:.3f} | norm {:.3f} | {} tok/s | MFU {:.1f}% | {:.0f} ms | ETA {}",
                      p.step, p.total_steps, p.loss, p.lr, p.grad_norm, tok, 100.0 * p.mfu, p.step_ms,
                      format_duration(p.eta_s));
 }
