@@ -119,6 +119,7 @@ void run_parity(const Case& cs) {
   EXPECT_LT(worst_excess, 1e-5) << "atoll drifts from the float64 reference more than PyTorch fp32 does: " << worst_name;
   std::printf("[%s] after 10 AdamW steps: atoll vs torch-fp32 worst param rel err %.2e; torch-fp32 vs torch-fp64 %.2e\n",
               cs.preset, worst, worst_torch);
+  // ATOLL_KEEP_TMP=1 keeps the weights, batch and references for running tools/torch_gpt_ref.py by hand.
   if (!std::getenv("ATOLL_KEEP_TMP")) fs::remove_all(dir);
 }
 
