@@ -252,13 +252,15 @@ WorkPtr Communicator::all_to_all_async(const Tensor& in, const Tensor& out) {
   return enqueue("all_to_all", {in, out}, [this, in, out](Work&) { run_all_to_all(in, out); });
 }
 
-WorkPtr Communicator::send_async(const Tensor& t, int peer, int tag) {
-  check_tensor(t, "send", "the");
-  ATOLL_CHECK(peer >= 0 && peer < size_ && peer != rank_, "send: peer {} is not another rank of 0..{}",
-              peer, size_ - 1);
-  ATOLL_CHECK(tag >= 0 && tag < (1 << 20), "send: tag {} is outside 0..2^20", tag);
-  return enqueue(fmt::format("send to {}", peer), {t}, [this, t, peer, tag](Work& w) {
-    auto fin = post_send(t, peer, tag);
+WorkPtr Communicator::post_p2p(const char* op, const Tensor& t, int peer, int tag) {
+  check_tensor(t, op, "the");
+  ATOLL_CHECK(peer >= 0 && peer < size_ && peer != rank_, "{}: peer {} is not another rank of 0..{}", op, peer,
+              size_ - 1);
+  ATOLL_CHECK(tag >= 0 && tag < (1 << 20), "{}: tag {} is outside 0..2^20", op, tag);
+  const bool is_send = std::string(op) == "send";
+  // Posted in issue order on the worker; completed in wait(), so an isend/irecv pair cannot deadlock.
+  return enqueue(fmt::format("{} {} {}", op, is_send ? "to" : "from", peer), {t}, [this, t, peer, tag, is_send](Work& w) {
+    auto fin = is_send ? post_send(t, peer, tag) : post_recv(t, peer, tag);
     std::string name = w.name_;
     w.finish_ = [this, fin, name] {
       try {
@@ -270,23 +272,8 @@ WorkPtr Communicator::send_async(const Tensor& t, int peer, int tag) {
   });
 }
 
-WorkPtr Communicator::recv_async(const Tensor& t, int peer, int tag) {
-  check_tensor(t, "recv", "the");
-  ATOLL_CHECK(peer >= 0 && peer < size_ && peer != rank_, "recv: peer {} is not another rank of 0..{}",
-              peer, size_ - 1);
-  ATOLL_CHECK(tag >= 0 && tag < (1 << 20), "recv: tag {} is outside 0..2^20", tag);
-  return enqueue(fmt::format("recv from {}", peer), {t}, [this, t, peer, tag](Work& w) {
-    auto fin = post_recv(t, peer, tag);
-    std::string name = w.name_;
-    w.finish_ = [this, fin, name] {
-      try {
-        fin();
-      } catch (const std::exception& e) {
-        throw Error(describe_failure(name, e));
-      }
-    };
-  });
-}
+WorkPtr Communicator::send_async(const Tensor& t, int peer, int tag) { return post_p2p("send", t, peer, tag); }
+WorkPtr Communicator::recv_async(const Tensor& t, int peer, int tag) { return post_p2p("recv", t, peer, tag); }
 
 WorkPtr Communicator::barrier_async() {
   return enqueue("barrier", {}, [this](Work&) { run_barrier(); });

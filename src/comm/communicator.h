@@ -145,6 +145,7 @@ class Communicator {
 
  private:
   WorkPtr enqueue(std::string op, std::vector<Tensor> keep, std::function<void(Work&)> run);
+  WorkPtr post_p2p(const char* op, const Tensor& t, int peer, int tag);
   std::string describe_failure(const std::string& op, const std::exception& e);
   void worker_loop();
 

@@ -9,9 +9,7 @@ namespace atl {
 
 AdamS::AdamS(std::vector<ParamRef> params, AdamSConfig cfg) : params_(std::move(params)), cfg_(cfg) {
   for (auto& p : params_) {
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "adams: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "adams");
     m_.push_back(Tensor::zeros(p.value.shape()));
   }
 }

@@ -1,5 +1,6 @@
 // Dion3; see dion3.h.
 #include "optim/dion3.h"
+#include "optim/optim_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +20,7 @@ Dion3::Dion3(std::vector<ParamRef> params, Dion3Config cfg) : params_(std::move(
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "dion3: parameter {} has shape {}; it only takes matrices", p.name,
                 shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "dion3: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "dion3");
     auto d = optim::mat_dims(p.value);
     bool rows = s == "rows" || (s == "neurons" && cfg_.layout == optim::Layout::out_in) ||
                 (s == "shorter" && d.rows <= d.cols);

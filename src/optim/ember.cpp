@@ -13,9 +13,7 @@ Ember::Ember(std::vector<ParamRef> params, EmberConfig cfg) : params_(std::move(
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() == 2, "ember: parameter {} has shape {}; Ember is for 2-D [vocab, dim] tables", p.name,
                 shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "ember: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "ember");
     row_.push_back(Tensor::zeros({p.value.size(0)}));
     col_.push_back(Tensor::zeros({p.value.size(1)}));
   }

@@ -7,9 +7,7 @@ namespace atl {
 
 Lion::Lion(std::vector<ParamRef> params, LionConfig cfg) : params_(std::move(params)), cfg_(cfg) {
   for (auto& p : params_) {
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "lion: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "lion");
     m_.push_back(Tensor::zeros(p.value.shape()));
   }
 }

@@ -1,5 +1,6 @@
 // Muon; see muon.h.
 #include "optim/muon.h"
+#include "optim/optim_util.h"
 
 #include <vector>
 
@@ -29,9 +30,7 @@ Muon::Muon(std::vector<ParamRef> params, MuonConfig cfg) : params_(std::move(par
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "muon: parameter {} has shape {}; Muon only takes matrices (route vectors to "
                 "another optimizer in [optim])", p.name, shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "muon: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "muon");
     momentum_.push_back(Tensor::zeros(p.value.shape()));
   }
 }

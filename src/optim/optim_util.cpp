@@ -71,4 +71,10 @@ double sum_sq(const float* x, int64_t n) {
   return acc;
 }
 
+void check_param(const ParamRef& p, const char* optimizer) {
+  ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
+                  p.grad.shape() == p.value.shape(),
+              "{}: parameter {} must be contiguous f32 with a gradient of its shape", optimizer, p.name);
+}
+
 }  // namespace atl::optim

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/optimizer.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
@@ -33,6 +34,9 @@ struct MatDims {
 MatDims mat_dims(const Tensor& t);
 
 // A one-element i64 tensor holding a step counter, and back.
+// Every optimizer here works on contiguous f32 values with a gradient of the same shape.
+void check_param(const ParamRef& p, const char* optimizer);
+
 Tensor step_tensor(int64_t step);
 int64_t read_step(const TensorFile& f, const std::string& key);
 // Copies a saved tensor into dst, failing with the names if the shapes differ.

@@ -1,5 +1,6 @@
 // Periodic Row-wise Muon; see periodic_row_muon.h.
 #include "optim/periodic_row_muon.h"
+#include "optim/optim_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,9 +40,7 @@ PeriodicRowMuon::PeriodicRowMuon(std::vector<ParamRef> params, PeriodicRowMuonCo
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "prmuon: parameter {} has shape {}; it only takes matrices", p.name,
                 shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "prmuon: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "prmuon");
     momentum_.push_back(Tensor::zeros(p.value.shape()));
   }
 }

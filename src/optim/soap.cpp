@@ -17,9 +17,7 @@ Soap::Soap(std::vector<ParamRef> params, SoapConfig cfg) : params_(std::move(par
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "soap: parameter {} has shape {}; SOAP here takes matrices (route vectors to "
                 "adamw)", p.name, shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "soap: parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "soap");
     auto d = optim::mat_dims(p.value);
     State s;
     s.m = Tensor::zeros(p.value.shape());

@@ -1,5 +1,6 @@
 // Dion3 with slice-sharded momentum and a local or global selection scope; see dion3_dist.h.
 #include "parallel/dion3_dist.h"
+#include "optim/optim_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -42,9 +43,7 @@ Dion3Dist::Dion3Dist(std::vector<ParamRef> params, Dion3Config cfg, SelectScope 
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "dion3 (distributed): parameter {} has shape {}; it only takes matrices", p.name,
                 shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "dion3 (distributed): parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "dion3 (distributed)");
     auto d = optim::mat_dims(p.value);
     dims_.push_back(d);
     // The same rule as single-rank Dion3.

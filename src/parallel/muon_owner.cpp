@@ -1,5 +1,6 @@
 // DMuon-style ownership for Muon; see muon_owner.h.
 #include "parallel/muon_owner.h"
+#include "optim/optim_util.h"
 
 #include <algorithm>
 #include <cstring>
@@ -48,9 +49,7 @@ MuonOwner::MuonOwner(std::vector<ParamRef> params, MuonOwnerConfig cfg, comm::Co
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "muon (distributed): parameter {} has shape {}; Muon only takes matrices",
                 p.name, shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "muon (distributed): parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "muon (distributed)");
     auto d = optim::mat_dims(p.value);
     cost.push_back(optim::ns_flops(d.rows, d.cols, cfg_.muon.ns));
     numel.push_back(p.value.numel());

@@ -1,5 +1,6 @@
 // Periodic Row-wise Muon on row-sharded momentum; see prmuon_sharded.h.
 #include "parallel/prmuon_sharded.h"
+#include "optim/optim_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,9 +39,7 @@ PrMuonSharded::PrMuonSharded(std::vector<ParamRef> params, PrMuonShardedConfig c
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "prmuon (sharded): parameter {} has shape {}; it only takes matrices", p.name,
                 shape_str(p.value.shape()));
-    ATOLL_CHECK(p.value.is_contiguous() && p.grad.is_contiguous() && p.value.dtype() == DType::f32 &&
-                    p.grad.shape() == p.value.shape(),
-                "prmuon (sharded): parameter {} must be contiguous f32 with a gradient of its shape", p.name);
+    optim::check_param(p, "prmuon (sharded)");
     auto d = optim::mat_dims(p.value);
     dims_.push_back(d);
     mine_.push_back(row_block(d.rows, rank_, world_));
