@@ -106,19 +106,26 @@ class Muon(Opt):
 
 
 class PRMuon(Opt):
+    # row_scale "frobenius": the row-normalized update has the orthogonal update's Frobenius norm;
+    # "fit": it is scaled by c = <O, R> / <R, R>, fitted at the last refresh between the
+    # orthogonal update O and the unit-slice normalization R of the same momentum.
     def step(self, grads, lr):
         c = self.cfg
         self.t += 1
         refresh = (self.t - 1) % c["period"] == 0
+        fit = c.get("row_scale", "frobenius") == "fit"
         for W, g, st in zip(self.params, grads, self.state):
             u = muon_momentum(st, g, c["momentum"], c["nesterov"])
             m, n = W.shape
+            dim = 1 if c["axis"] == "rows" else 0
+            R = u / (u.norm(dim=dim, keepdim=True) + 1e-8)
             if refresh:
                 O = newton_schulz(u, c)
-            elif c["axis"] == "rows":
-                O = u / (u.norm(dim=1, keepdim=True) + 1e-8) * math.sqrt(min(m, n) / m)
+                st["fit"] = float((O * R).sum() / (R * R).sum())
+            elif fit:
+                O = R * st.get("fit", 1.0)
             else:
-                O = u / (u.norm(dim=0, keepdim=True) + 1e-8) * math.sqrt(min(m, n) / n)
+                O = R * math.sqrt(min(m, n) / (m if dim == 1 else n))
             s = update_scale(c["update_scale"], m, n, c["layout"])
             W.mul_(1 - lr * c["weight_decay"]).sub_(lr * s * O)
 

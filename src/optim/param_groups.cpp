@@ -91,6 +91,29 @@ MuonConfig muon_config_from(Config& cfg, const std::string& s, float default_lr)
   return m;
 }
 
+PeriodicRowMuonConfig prmuon_config_from(Config& cfg, const std::string& s) {
+  PeriodicRowMuonConfig c;
+  c.muon = muon_config_from(cfg, s, 0.02f);
+  c.period = int(cfg.get_int(s + ".period", 4, 1, 1 << 20));
+  c.normalize_rows = cfg.get_string(s + ".axis", "rows", {"rows", "cols"}) == "rows";
+  c.fit_scale = cfg.get_string(s + ".row_scale", "fit", {"fit", "frobenius"}) == "fit";
+  return c;
+}
+
+Dion3Config dion3_config_from(Config& cfg, const std::string& s) {
+  Dion3Config c;
+  c.lr = getf(cfg, s + ".lr", 0.02);
+  c.fraction = getf(cfg, s + ".fraction", 0.25, 1e-6, 1.0);
+  c.mu = getf(cfg, s + ".mu", 0.95, 0, 1);
+  c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
+  c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
+  c.select = cfg.get_string(s + ".select", "neurons", {"neurons", "rows", "cols", "shorter"});
+  c.scale = optim::parse_update_scale(cfg.get_string(s + ".update_scale", "spectral", {"keller", "spectral", "rms", "none"}));
+  c.layout = optim::parse_layout(cfg.get_string(s + ".layout", "in_out", {"in_out", "out_in"}));
+  c.ns = optim::ns_options_from_config(cfg, s);
+  return c;
+}
+
 std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params) {
   const std::string s = "optim." + type;
   if (type == "adamw") {
@@ -98,26 +121,8 @@ std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string&
                       getf(cfg, s + ".beta2", 0.95, 0, 1), getf(cfg, s + ".eps", 1e-8), getf(cfg, s + ".weight_decay", 0.1));
   }
   if (type == "muon") return std::make_unique<Muon>(std::move(params), muon_config_from(cfg, s, 0.02f));
-  if (type == "prmuon") {
-    PeriodicRowMuonConfig c;
-    c.muon = muon_config_from(cfg, s, 0.02f);
-    c.period = int(cfg.get_int(s + ".period", 4, 1, 1 << 20));
-    c.normalize_rows = cfg.get_string(s + ".axis", "rows", {"rows", "cols"}) == "rows";
-    return std::make_unique<PeriodicRowMuon>(std::move(params), c);
-  }
-  if (type == "dion3") {
-    Dion3Config c;
-    c.lr = getf(cfg, s + ".lr", 0.02);
-    c.fraction = getf(cfg, s + ".fraction", 0.25, 1e-6, 1.0);
-    c.mu = getf(cfg, s + ".mu", 0.95, 0, 1);
-    c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
-    c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
-    c.select = cfg.get_string(s + ".select", "neurons", {"neurons", "rows", "cols", "shorter"});
-    c.scale = optim::parse_update_scale(cfg.get_string(s + ".update_scale", "spectral", {"keller", "spectral", "rms", "none"}));
-    c.layout = optim::parse_layout(cfg.get_string(s + ".layout", "in_out", {"in_out", "out_in"}));
-    c.ns = optim::ns_options_from_config(cfg, s);
-    return std::make_unique<Dion3>(std::move(params), c);
-  }
+  if (type == "prmuon") return std::make_unique<PeriodicRowMuon>(std::move(params), prmuon_config_from(cfg, s));
+  if (type == "dion3") return std::make_unique<Dion3>(std::move(params), dion3_config_from(cfg, s));
   if (type == "soap") {
     SoapConfig c;
     c.lr = getf(cfg, s + ".lr", 3e-3);

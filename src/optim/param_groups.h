@@ -59,7 +59,12 @@ std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> par
                                           const OptimizerOverride& override_type = {});
 
 struct MuonConfig;
-// Muon's hyperparameters from a config section ("optim.muon"), as make_optimizer reads them.
+struct PeriodicRowMuonConfig;
+struct Dion3Config;
+// Hyperparameters from a config section ("optim.muon", ...), as make_optimizer reads them (the
+// distributed variants in src/parallel read the same keys through these).
 MuonConfig muon_config_from(Config& cfg, const std::string& section, float default_lr = 0.02f);
+PeriodicRowMuonConfig prmuon_config_from(Config& cfg, const std::string& section);
+Dion3Config dion3_config_from(Config& cfg, const std::string& section);
 
 }  // namespace atl

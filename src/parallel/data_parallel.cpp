@@ -43,20 +43,23 @@ float DataParallel::take_grad_divisor() {
 
 std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
                                                  const ParallelConfig& pc, const AdamWConfig& ac,
-                                                 std::unique_ptr<Optimizer> opt) {
+                                                 std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory& sharded) {
   int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
   if (pc.strategy == "ddp") return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
-  ATOLL_CHECK(!opt, "parallel.strategy = '{}' shards AdamW only; optimizer '{}' needs parallel.strategy = 'ddp'",
+  ATOLL_CHECK(!opt,
+              "parallel.strategy = '{}' shards its optimizer over the flat buffers and cannot take optimizer '{}' "
+              "built for the whole model; use parallel.strategy = 'ddp', or [optim] type = 'muon' or 'prmuon' "
+              "with AdamW on embeddings, head and vectors (sharded by ZeRO)",
               pc.strategy, opt->name());
-  if (pc.strategy == "zero1") return std::make_unique<Zero>(model, comm, 1, cap, 0, ac);
-  if (pc.strategy == "zero2") return std::make_unique<Zero>(model, comm, 2, cap, 0, ac);
-  if (pc.strategy == "zero3") return std::make_unique<Zero>(model, comm, 3, cap, 0, ac);
+  if (pc.strategy == "zero1") return std::make_unique<Zero>(model, comm, 1, cap, 0, ac, sharded);
+  if (pc.strategy == "zero2") return std::make_unique<Zero>(model, comm, 2, cap, 0, ac, sharded);
+  if (pc.strategy == "zero3") return std::make_unique<Zero>(model, comm, 3, cap, 0, ac, sharded);
   if (pc.strategy == "hsdp") {
     int world = comm ? comm->size() : 1;
     int s = pc.hsdp_shard_size > 0 ? pc.hsdp_shard_size : comm::DistEnv::from_environment().local_world_size;
     ATOLL_CHECK(s >= 1 && world % s == 0,
                 "parallel.hsdp_shard_size = {} must divide the number of ranks ({})", s, world);
-    return std::make_unique<Zero>(model, comm, 3, cap, s, ac);
+    return std::make_unique<Zero>(model, comm, 3, cap, s, ac, sharded);
   }
   fail("unknown parallel.strategy '{}'; use ddp, zero1, zero2, zero3 or hsdp", pc.strategy);
 }

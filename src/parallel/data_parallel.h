@@ -25,6 +25,7 @@
 #include "core/config.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/sharded_optimizer.h"
 
 namespace atl::parallel {
 
@@ -77,10 +78,12 @@ class DataParallel {
 };
 
 // comm may be null (one process); world 1 with a communicator works too.
-// opt, when given, is the optimizer over the full model (any type, e.g. from make_optimizer);
-// ZeRO strategies shard AdamW themselves and refuse another optimizer.
+// opt, when given, is the optimizer over the full model (any type, e.g. from make_optimizer), for
+// DDP; ZeRO strategies refuse it. They build their optimizer over the rank's shard: `sharded` when
+// given (e.g. ShardedMuon, sharded_muon.h), else ShardedAdamW from ac.
 std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
                                                  const ParallelConfig& pc, const AdamWConfig& ac,
-                                                 std::unique_ptr<Optimizer> opt = nullptr);
+                                                 std::unique_ptr<Optimizer> opt = nullptr,
+                                                 const ShardedOptimizerFactory& sharded = {});
 
 }  // namespace atl::parallel

@@ -1,6 +1,7 @@
 #include "parallel/flat_layout.h"
 
 #include <algorithm>
+#include <string>
 
 namespace atl::parallel {
 
@@ -41,17 +42,32 @@ void add_bucket(FlatLayout& L, Span r, int shards, int shard_rank) {
 FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard_rank) {
   FlatLayout L = base_layout(model);
   cap_elems = std::max<int64_t>(cap_elems, 1);
+  // Cut points from the bottom up: whole modules (a weight and its bias become final together, so
+  // a cut between them would make the bucket above wait as long as the one below) until the cap is
+  // reached. The bucket at offset 0 is reduced last, after backward's final computation, so its
+  // all-reduce cannot be hidden: grouping from the bottom keeps it to what becomes final last
+  // (the lowest block's first layer and the embeddings) and leaves the remainder to the top
+  // bucket, which is reduced first, and a small first bucket starts communication early (PyTorch
+  // DDP makes its first bucket 1 MB for that reason).
+  auto module_of = [&](size_t i) {
+    const std::string& n = L.params[i]->name;
+    return n.substr(0, n.rfind('.'));
+  };
+  std::vector<int64_t> cuts{0};
+  for (size_t i = 0; i < L.spans.size(); ++i) {
+    bool module_ends = i + 1 == L.spans.size() || module_of(i + 1) != module_of(i);
+    if (module_ends && L.spans[i].hi - cuts.back() >= cap_elems) cuts.push_back(L.spans[i].hi);
+  }
+  if (cuts.back() != L.numel) cuts.push_back(L.numel);
+  // Then from the top down, each bucket rounded up to a multiple of the shard count, so only the
+  // bucket at offset 0 may need padding; a parameter cut there is in both buckets.
   int64_t hi = L.numel;
-  int i = int(L.spans.size()) - 1;
+  size_t c = cuts.size() - 1;
   while (hi > 0) {
-    // Whole parameters from the top until the cap is reached...
-    int64_t lo = hi;
-    while (i >= 0 && hi - lo < cap_elems) lo = std::min(lo, L.spans[size_t(i--)].lo);
-    // ...then down to a multiple of the shard count; a parameter cut there is in both buckets.
-    int64_t size = hi - lo;
+    while (c > 0 && cuts[c] >= hi) --c;
+    int64_t size = hi - cuts[c];
     if (shards > 1) size = (size + shards - 1) / shards * shards;
-    lo = std::max<int64_t>(0, hi - size);
-    while (i >= 0 && L.spans[size_t(i)].lo >= lo) --i;
+    int64_t lo = std::max<int64_t>(0, hi - size);
     add_bucket(L, {lo, hi}, shards, shard_rank);
     hi = lo;
   }

@@ -35,8 +35,10 @@ struct FlatLayout {
   std::vector<std::vector<int>> buckets_of_param;
 };
 
-// Buckets of about cap_elems elements in reverse parameter order; with shards > 1 each bucket's
-// size is rounded up to a multiple of shards (so only the bucket at offset 0 needs padding).
+// Buckets of at least cap_elems elements (whole modules, grouped from offset 0 up, the remainder
+// left to the top bucket, which is reduced first), listed in reverse parameter order; with
+// shards > 1 each bucket's size is rounded up to a multiple of shards (so only the bucket at
+// offset 0 needs padding).
 FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard_rank);
 // One bucket per FSDP unit: each transformer block, and the parameters outside the blocks
 // (embeddings below them; final norm and untied head above) as up to two "root" buckets.

@@ -48,6 +48,7 @@ PrMuonSharded::PrMuonSharded(std::vector<ParamRef> params, PrMuonShardedConfig c
     numel.push_back(p.value.numel());
   }
   rows_ = RowPacking(dims_, world_, cfg_.bucket_elems);
+  fit_.assign(params_.size(), 1.f);
   owners_ = OwnerPacking(numel, assign_owners_lpt(cost, world_), world_);
 }
 
@@ -126,7 +127,7 @@ void PrMuonSharded::step(const StepContext& ctx) {
     std::vector<float*> dst(np);
     for (size_t i = 0; i < np; ++i) {
       auto d = dims_[i];
-      float gain = float(std::sqrt(double(std::min(d.rows, d.cols)) / double(d.rows)));
+      float gain = cfg_.prm.fit_scale ? fit_[i] : float(std::sqrt(double(std::min(d.rows, d.cols)) / double(d.rows)));
       optim::normalize_slices(u[i].data(), mine_[i].size(), d.cols, true, cfg_.prm.eps, gain);
       float* w = params_[i].value.f32() + mine_[i].lo * d.cols;
       optim::apply_scaled_update(w, u[i].data(), mine_[i].size() * d.cols, lr,
@@ -150,9 +151,19 @@ void PrMuonSharded::step(const StepContext& ctx) {
   gather_rows(src, dst);
   Tensor send = Tensor::zeros({owners_.chunk});
   const int64_t base = int64_t(rank_) * owners_.chunk;
+  Tensor fit = Tensor::zeros({std::max<int64_t>(int64_t(np), 1)});
   for (size_t i = 0; i < np; ++i)
-    if (owners_.owner[i] == rank_)
-      optim::orthogonalize(full[i].data(), send.f32() + (owners_.offset[i] - base), dims_[i].rows, dims_[i].cols, mc.ns);
+    if (owners_.owner[i] == rank_) {
+      float* o = send.f32() + (owners_.offset[i] - base);
+      optim::orthogonalize(full[i].data(), o, dims_[i].rows, dims_[i].cols, mc.ns);
+      if (cfg_.prm.fit_scale)  // the single-rank fit, from the whole matrices the owner holds
+        fit.f32()[i] =
+            optim::row_fit(optim::row_fit_parts(o, full[i].data(), dims_[i].rows, dims_[i].cols, true, cfg_.prm.eps));
+    }
+  if (cfg_.prm.fit_scale) {  // only the owner's entry is non-zero: the sum shares the fits exactly
+    if (world_ > 1 && np > 0) comm_->all_reduce(fit, comm::ReduceOp::sum);
+    for (size_t i = 0; i < np; ++i) fit_[i] = fit.f32()[i];
+  }
   Tensor all = send;
   if (world_ > 1) {
     all = Tensor::empty({world_ * owners_.chunk});
@@ -177,6 +188,9 @@ void PrMuonSharded::save_state(std::vector<std::pair<std::string, Tensor>>& out,
   }
   gather_rows(src, dst);  // collective
   for (size_t i = 0; i < params_.size(); ++i) out.emplace_back(prefix + params_[i].name + ".momentum", full[i]);
+  if (cfg_.prm.fit_scale)
+    for (size_t i = 0; i < params_.size(); ++i)
+      out.emplace_back(prefix + params_[i].name + ".row_fit", Tensor::full({1}, fit_[i]));
 }
 
 void PrMuonSharded::load_state(const TensorFile& f, const std::string& prefix) {
@@ -185,6 +199,11 @@ void PrMuonSharded::load_state(const TensorFile& f, const std::string& prefix) {
     Tensor m = Tensor::empty(params_[i].value.shape());
     optim::load_checked(m, f, prefix + params_[i].name + ".momentum");
     std::memcpy(momentum_[i].data(), m.f32() + mine_[i].lo * dims_[i].cols, momentum_[i].size() * sizeof(float));
+    if (cfg_.prm.fit_scale) {
+      Tensor c = Tensor::empty({1});
+      optim::load_checked(c, f, prefix + params_[i].name + ".row_fit");
+      fit_[i] = c.f32()[0];
+    }
   }
 }
 

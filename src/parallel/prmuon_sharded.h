@@ -14,6 +14,8 @@
 // Every row is computed by exactly the operations single-rank PeriodicRowMuon applies to it, so
 // the parameters equal its result. Only axis = rows is supported (columns would need a reduction
 // of the column norms across the row shards).
+// row_scale = "fit": each owner fits its matrices' row-step scale at a refresh (it holds the whole
+// momentum and update) and one all_reduce of #matrices floats shares them.
 // State is saved as PeriodicRowMuon's (full momentum tensors); save_state is collective.
 #pragma once
 #include "comm/communicator.h"
@@ -68,6 +70,7 @@ class PrMuonSharded : public Optimizer {
   std::vector<optim::MatDims> dims_;
   std::vector<RowBlock> mine_;
   std::vector<std::vector<float>> momentum_;  // [mine.size(), cols]
+  std::vector<float> fit_;                    // row_scale = "fit": each matrix's scale (replicated)
   PrMuonShardedConfig cfg_;
   comm::Communicator* comm_;
   int rank_ = 0, world_ = 1;

@@ -5,27 +5,33 @@
 // unsharded one. State is saved and loaded in the unsharded layout (param.exp_avg, ...), gathered
 // over the sharding group.
 #pragma once
-#include "comm/communicator.h"
+#include <functional>
+
 #include "optim/adamw.h"
-#include "parallel/flat_layout.h"
+#include "parallel/sharded_optimizer.h"
 
 namespace atl::parallel {
 
-class ShardedAdamW final : public Optimizer {
+class ShardedAdamW final : public ShardedOptimizer {
  public:
-  // The pieces are this rank's `own` spans of the layout's buckets.
-  ShardedAdamW(nn::GPT& model, const FlatLayout& layout, const AdamWConfig& cfg);
+  // The pieces are this rank's `own` spans of the layout's buckets, of the parameters `take`
+  // accepts (all when empty). The full state is named prefix + "step", prefix + param + ".exp_avg",
+  // ... (prefix "" for AdamW on everything; "adamw." as a group of GroupedOptimizer).
+  ShardedAdamW(nn::GPT& model, const FlatLayout& layout, const AdamWConfig& cfg,
+               const std::function<bool(int param)>& take = {}, std::string prefix = "");
   std::string name() const override { return "adamw"; }
-  void step(const StepContext& ctx) override { inner_->step(ctx); }
+  void step(const StepContext& ctx) override {
+    ++steps_;
+    inner_->step(ctx);
+  }
   // Sharded state (piece names); used by nothing but tests.
   void save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const override {
     inner_->save_state(out, prefix);
   }
   void load_state(const TensorFile& f, const std::string& prefix) override { inner_->load_state(f, prefix); }
 
-  // Collective over `group` (the sharding group; null for one rank): the full state, every rank.
-  void save_full_state(std::vector<std::pair<std::string, Tensor>>& out, comm::Communicator* group) const;
-  void load_full_state(const TensorFile& f);
+  void save_full_state(std::vector<std::pair<std::string, Tensor>>& out, comm::Communicator* group) const override;
+  void load_full_state(const TensorFile& f) override;
 
  private:
   struct Piece {
@@ -34,6 +40,8 @@ class ShardedAdamW final : public Optimizer {
     std::string name;
   };
   const FlatLayout& layout_;
+  std::vector<bool> taken_;  // per layout parameter
+  std::string prefix_;
   std::vector<Piece> pieces_;
   std::unique_ptr<AdamW> inner_;
 };

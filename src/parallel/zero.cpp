@@ -12,7 +12,7 @@
 namespace atl::parallel {
 
 Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-           const AdamWConfig& ac)
+           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt)
     : DataParallel(model, comm), stage_(stage) {
   ATOLL_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} does not exist (1, 2 or 3)", stage);
   ATOLL_CHECK(hsdp_shard_size == 0 || stage == 3, "HSDP shards parameters: it needs stage 3");
@@ -32,6 +32,8 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     }
   }
   int S = shards(), sr = shard_ ? shard_->rank() : 0;
+  // MPI's reduce-scatter needs separate buffers (MPI_IN_PLACE aside); Gloo's ring does not.
+  in_place_rs_ = shard_ && shard_->backend() == "gloo";
   layout_ = stage == 3 ? unit_buckets(model, S, sr, block_bucket_, root_buckets_)
                        : size_buckets(model, bucket_elems, S, sr);
   st_.resize(layout_.buckets.size());
@@ -46,7 +48,8 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     release_all();
     zero_grad();
   }
-  auto o = std::make_unique<ShardedAdamW>(model, layout_, ac);
+  std::unique_ptr<ShardedOptimizer> o =
+      make_opt ? make_opt(model, layout_, shard_) : std::make_unique<ShardedAdamW>(model, layout_, ac);
   sopt_ = o.get();
   opt_ = std::move(o);
   if (distributed)
@@ -72,7 +75,10 @@ std::string Zero::name() const { return shard_owned_ ? "hsdp" : "zero" + std::to
 
 void Zero::on_grad_ready(int param) {
   if (!sync_) return;
-  if (stage_ == 3) reap_reduced();
+  if (stage_ == 3) {
+    reap_reduced();
+    reap_gathered();
+  }
   for (int b : layout_.buckets_of_param[size_t(param)]) {
     ATOLL_CHECK(!st_[size_t(b)].launched,
                 "ZeRO: a second backward with gradient sync on before finish_backward(); turn sync off "
@@ -98,12 +104,12 @@ void Zero::throttle_reduces(size_t max_in_flight) {
   }
 }
 
-// A finished reduce-scatter: this rank's sum goes into its own range of the gradient buffer and
-// the chunk back to the pool. Under stage 3 the bucket's other gradients are not needed any more,
-// so they are given back during backward already.
+// A finished reduce-scatter: this rank's sum goes into its own range of the gradient buffer (where
+// an in-place reduce-scatter already wrote it) and the chunk back to the pool. Under stage 3 the
+// bucket's other gradients are not needed any more, so they are given back during backward already.
 void Zero::complete_reduce(size_t b) {
   BucketState& s = st_[b];
-  if (!s.rs_buf.defined()) return;
+  if (!s.rs_out.defined()) return;
   const BucketLayout& L = layout_.buckets[b];
   float* g = model_.flat_grads().f32();
   if (stage_ == 3) {
@@ -111,18 +117,30 @@ void Zero::complete_reduce(size_t b) {
     release_range(g, L.own.hi, L.range.hi);
     s.grads_released = true;
   }
-  std::memcpy(g + L.own.lo, s.rs_buf.f32(), size_t(L.own.size()) * sizeof(float));
+  if (s.rs_out.f32() != g + L.own.lo)  // not reduced in place
+    std::memcpy(g + L.own.lo, s.rs_out.f32(), size_t(L.own.size()) * sizeof(float));
+  s.rs_out = Tensor();
   give_scratch(s.rs_buf);
   inflight_.erase(std::find(inflight_.begin(), inflight_.end(), b));
   s.rs_padded = Tensor();
+  // The finished work still holds its tensors (the chunk among them): drop it, or every bucket's
+  // chunk would stay allocated until finish_backward.
+  s.reduce.reset();
 }
 
 void Zero::reap_reduced() {
   if (shards() == 1) return;
   for (size_t b = 0; b < st_.size(); ++b) {
     BucketState& s = st_[b];
-    if (s.reduce && s.rs_buf.defined() && s.reduce->done()) complete_reduce(b);
+    if (s.reduce && s.rs_out.defined() && s.reduce->done()) complete_reduce(b);
   }
+}
+
+// A gather that has finished gives its chunk buffer back now rather than when its unit is next
+// used (a prefetch finishes long before): one chunk less next to the peak of backward.
+void Zero::reap_gathered() {
+  for (size_t b = 0; b < st_.size(); ++b)
+    if (st_[b].gather && st_[b].gather->done()) finish_gather(b);
 }
 
 void Zero::launch_reduce(size_t b) {
@@ -141,8 +159,14 @@ void Zero::launch_reduce(size_t b) {
     std::memcpy(s.rs_padded.f32(), g.f32(), size_t(g.numel()) * sizeof(float));
     in = s.rs_padded;
   }
-  s.rs_buf = take_scratch(L.chunk);
-  s.reduce = shard_->reduce_scatter_async(in, s.rs_buf, comm::ReduceOp::sum);
+  const int64_t r = shard_->rank();
+  if (in_place_rs_) {
+    s.rs_out = in.slice(0, r * L.chunk, (r + 1) * L.chunk);
+  } else {
+    s.rs_buf = take_scratch(L.chunk);
+    s.rs_out = s.rs_buf;
+  }
+  s.reduce = shard_->reduce_scatter_async(in, s.rs_out, comm::ReduceOp::sum);
   inflight_.push_back(b);
 }
 

@@ -13,10 +13,11 @@
 //           no weights), final norm and head from the last block's forward to the start of its
 //           backward (a tied head keeps the embeddings for that span too). Released memory is
 //           returned to the kernel (page_release.h), the per-rank chunks that collectives
-//           read and write live only while they are in flight, and when a unit's backward ends
-//           at most two units' gradients may still wait for their reduce-scatter (backpressure),
-//           so a rank holds ~1/N of the parameters, gradients and optimizer state plus the few
-//           units in use.
+//           read and write live only while they are in flight (on Gloo the reduce-scatter works
+//           in place, its output being the rank's own range of the gradient buffer), and when a
+//           unit's backward ends at most two units' gradients may still wait for their
+//           reduce-scatter (backpressure), so a rank holds ~1/N of the parameters, gradients and
+//           optimizer state plus the few units in use.
 //  HSDP:    stage 3 within groups of hsdp_shard_size ranks, each group a replica; gradient shards
 //           are all-reduced across the replicas after the reduce-scatter.
 //
@@ -28,14 +29,17 @@
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
 #include "parallel/sharded_adamw.h"
+#include "parallel/sharded_optimizer.h"
 
 namespace atl::parallel {
 
 class Zero final : public DataParallel, private nn::BlockHooks {
  public:
   // hsdp_shard_size > 0: HSDP with groups of that many ranks (stage must be 3).
+  // make_opt (optional) builds the rank's sharded optimizer over the layout (sharded_optimizer.h);
+  // without it, ShardedAdamW from ac.
   Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-       const AdamWConfig& ac);
+       const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {});
   ~Zero() override;
   std::string name() const override;
   void zero_grad() override;
@@ -58,12 +62,14 @@ class Zero final : public DataParallel, private nn::BlockHooks {
     bool gathered = true;  // stage 3: the whole bucket's values are present
     // Only while a collective is in flight: a buffer holding this rank's
     // chunk (reduce-scatter output / all-gather input) and, for a bucket whose size does not
-    // divide, the shards*chunk staging copy.
-    Tensor rs_buf, ag_buf, rs_padded, ag_padded;
+    // divide, the shards*chunk staging copy. rs_out is where the reduce-scatter writes: rs_buf,
+    // or with an in-place reduce-scatter this rank's chunk of the input itself.
+    Tensor rs_buf, ag_buf, rs_padded, ag_padded, rs_out;
   };
   int shards() const { return shard_ ? shard_->size() : 1; }
   void on_grad_ready(int param);
   void reap_reduced();
+  void reap_gathered();
   void complete_reduce(size_t b);
   Tensor take_scratch(int64_t n);
   void throttle_reduces(size_t max_in_flight);
@@ -93,7 +99,8 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   int bottom_ = -1, top_ = -1;  // stage 3 root buckets: embeddings; final norm and untied head
   bool tied_ = false;
   std::deque<size_t> inflight_;  // buckets whose reduce-scatter is running, oldest first
-  ShardedAdamW* sopt_ = nullptr;
+  bool in_place_rs_ = false;     // the shard communicator reduce-scatters in place (Gloo's ring)
+  ShardedOptimizer* sopt_ = nullptr;
 };
 
 }  // namespace atl::parallel

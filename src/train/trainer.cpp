@@ -15,7 +15,12 @@
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
+#include "optim/dion3.h"
+#include "optim/periodic_row_muon.h"
+#include "parallel/dion3_dist.h"
 #include "parallel/muon_owner.h"
+#include "parallel/prmuon_sharded.h"
+#include "parallel/sharded_muon.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
@@ -110,6 +115,7 @@ struct Trainer::Impl {
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::DataParallel> dp;
   bool dist_muon_used = false;
+  std::string dist_note;  // which distributed form the matrix optimizer took, for the log
   int rank = 0, world = 1;
   std::string backend;
   std::unique_ptr<Tokenizer> tok;
@@ -163,10 +169,14 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   ac.beta2 = float(cfg.get_float("optim.adamw.beta2", 0.95, 0.0, 1.0));
   ac.eps = float(cfg.get_float("optim.adamw.eps", 1e-8, 0.0, 1.0));
   ac.weight_decay = float(cfg.get_float("optim.adamw.weight_decay", 0.1, 0.0, 10.0));
-  // Plain AdamW everywhere keeps checkpoints interchangeable with the ZeRO strategies; any other
-  // choice ([optim] type = "muon", or per-group routing) goes through the optimizer factory.
-  bool grouped = cfg.get_string("optim.type", "adamw") != "adamw" || cfg.has("optim.embed") ||
-                 cfg.has("optim.head") || cfg.has("optim.vector");
+  // Plain AdamW everywhere (also when a group is routed to "adamw" explicitly) keeps checkpoints
+  // interchangeable with the ZeRO strategies; any other choice ([optim] type = "muon", or another
+  // optimizer for a group) goes through the optimizer factory.
+  const std::string hidden_type =
+      cfg.get_string("optim.type", "adamw", {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion"});
+  bool grouped = hidden_type != "adamw";
+  for (const char* g : {"optim.embed", "optim.head", "optim.vector"})
+    if (!grouped && cfg.has(g)) grouped = cfg.get_string(g, "adamw") != "adamw";
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
   bool dist_muon = cfg.get_bool("optim.muon.distributed", true);
@@ -183,14 +193,55 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.mc.validate();
   I.model = std::make_unique<nn::GPT>(I.mc);
   std::unique_ptr<Optimizer> opt;
-  if (grouped) {
-    // On several ranks Muon's Newton–Schulz work is split among matrix owners (DMuon).
+  parallel::ShardedOptimizerFactory sharded;
+  // Dion3's selection scope on several ranks ("global": exact single-rank Dion3; "local": top-k per
+  // shard, no norm exchange); read whenever Dion3 is chosen so that the key is always valid.
+  const std::string dion3_scope =
+      hidden_type == "dion3" ? cfg.get_string("optim.dion3.scope", "global", {"global", "local"}) : "global";
+  if (grouped && I.pc.strategy != "ddp") {
+    // ZeRO shards the optimizer over equal flat chunks: the Muon family (owners orthogonalize whole
+    // matrices, sharded_muon.h) with AdamW on everything else; nothing else is sharded that way.
+    for (const char* g : {"embed", "head", "vector"}) {
+      std::string t = cfg.get_string(std::string("optim.") + g, "adamw");
+      ATOLL_CHECK(t == "adamw", "optim.{} = '{}' cannot run under parallel.strategy = '{}': ZeRO shards the groups "
+                  "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
+                  g, t, I.pc.strategy);
+    }
+    ATOLL_CHECK(hidden_type == "muon" || hidden_type == "prmuon",
+                "[optim] type = '{}' cannot run under parallel.strategy = '{}': ZeRO shards AdamW, Muon and "
+                "Periodic Row-wise Muon only; use parallel.strategy = 'ddp'{}",
+                hidden_type, I.pc.strategy,
+                hidden_type == "dion3" ? " (Dion3 then shards its momentum by slice across the ranks)" : "");
+    parallel::ShardedMuonConfig smc;
+    smc.type = hidden_type;
+    if (hidden_type == "prmuon") smc.prm = prmuon_config_from(cfg, "optim.prmuon");
+    else smc.prm.muon = muon_config_from(cfg, "optim.muon");
+    smc.adamw = ac;
+    sharded = [smc](nn::GPT& m, const parallel::FlatLayout& l, comm::Communicator* g) {
+      return std::unique_ptr<parallel::ShardedOptimizer>(std::make_unique<parallel::ShardedMuon>(m, l, g, smc));
+    };
+    I.dist_muon_used = env.world_size > 1;
+  } else if (grouped) {
+    // On several ranks the matrix optimizers take their distributed forms: Muon's Newton-Schulz work
+    // is split among matrix owners (DMuon), PRMuon keeps row-sharded momentum, Dion3 slice-sharded.
     OptimizerOverride distributed = [&](Config& c, const std::string& type, std::vector<ParamRef>& ps) {
       std::unique_ptr<Optimizer> o;
-      if (type == "muon" && I.comm && dist_muon) I.dist_muon_used = true;
-      if (type == "muon" && I.comm && dist_muon)
+      if (!I.comm) return o;
+      if (type == "muon" && dist_muon) {
+        I.dist_muon_used = true;
         o = std::make_unique<parallel::MuonOwner>(ps, parallel::MuonOwnerConfig{muon_config_from(c, "optim.muon")},
                                                   I.comm.get());
+      } else if (type == "prmuon") {
+        PeriodicRowMuonConfig pc = prmuon_config_from(c, "optim.prmuon");
+        if (!pc.normalize_rows) return o;  // column norms span the row shards: keep it replicated
+        I.dist_note = " (PRMuon momentum sharded by rows, refreshes orthogonalized by owner ranks)";
+        o = std::make_unique<parallel::PrMuonSharded>(
+            ps, parallel::PrMuonShardedConfig{pc, /*reduce_grads=*/false}, I.comm.get());
+      } else if (type == "dion3") {
+        I.dist_note = " (Dion3 momentum sharded by slice, " + dion3_scope + " selection)";
+        o = std::make_unique<parallel::Dion3Dist>(ps, dion3_config_from(c, "optim.dion3"),
+                                                  parallel::parse_select_scope(dion3_scope), I.comm.get());
+      }
       return o;
     };
     opt = make_optimizer(cfg, I.model->param_refs(), distributed);  // reads (and so validates) its keys
@@ -225,7 +276,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.train_data->validate_vocab(int32_t(I.mc.vocab_size));
 
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac, std::move(opt));
+  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac, std::move(opt), sharded);
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
@@ -267,7 +318,8 @@ TrainResult Trainer::run(bool resume) {
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s", I.mc.describe(),
             double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1) log::info("data parallel: {} over {} ranks ({})", I.dp->name(), I.world, I.comm->backend());
-  log::info("optimizer: {}{}", I.dp->optimizer().name(), I.dist_muon_used ? " (Muon matrices orthogonalized by their owner ranks)" : "");
+  log::info("optimizer: {}{}{}", I.dp->optimizer().name(),
+            I.dist_muon_used ? " (Muon matrices orthogonalized by their owner ranks)" : "", I.dist_note);
 
   Tensor x = Tensor::empty({o.batch_size, o.seq_len}, DType::i32), y = Tensor::empty({o.batch_size, o.seq_len}, DType::i32);
   TrainResult res;

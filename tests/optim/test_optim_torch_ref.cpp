@@ -132,13 +132,15 @@ TEST(OptimTorchRef, MuonPolarExpressGramRmsScale) {
 }
 
 TEST(OptimTorchRef, PeriodicRowMuonRowsAndCols) {
-  for (const char* axis : {"rows", "cols"}) {
-    json hp = {{"lr", 0.02}, {"momentum", 0.95}, {"nesterov", true}, {"weight_decay", 0.01},
-               {"update_scale", "spectral"}, {"layout", "in_out"}, {"period", 3}, {"axis", axis}};
-    auto r = run_against_torch("prmuon", hp, {{12, 20}, {24, 8}});
-    EXPECT_LT(r.param_rel, kTol) << axis;
-    EXPECT_LT(r.delta_rel, 1e-4) << axis;
-  }
+  for (const char* scale : {"frobenius", "fit"})
+    for (const char* axis : {"rows", "cols"}) {
+      json hp = {{"lr", 0.02}, {"momentum", 0.95}, {"nesterov", true}, {"weight_decay", 0.01},
+                 {"update_scale", "spectral"}, {"layout", "in_out"}, {"period", 3}, {"axis", axis},
+                 {"row_scale", scale}};
+      auto r = run_against_torch("prmuon", hp, {{12, 20}, {24, 8}});
+      EXPECT_LT(r.param_rel, kTol) << axis << " " << scale;
+      EXPECT_LT(r.delta_rel, 1e-4) << axis << " " << scale;
+    }
 }
 
 TEST(OptimTorchRef, Dion3NeuronsAndRows) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/threads.h"
 #include "harness.h"
@@ -88,6 +89,40 @@ TEST(Layout, SizeBucketsCoverTheBufferInReverseAndDivideByShards) {
     }
     EXPECT_EQ(hi, 0);
   }
+}
+
+// DDP's tail: the bucket at offset 0 is reduced after backward's last computation, so it should
+// hold only what becomes final last; buckets are grouped from the bottom in whole modules (a weight
+// and its bias become final together) and the remainder is the top bucket, reduced first.
+TEST(Layout, SizeBucketsAreWholeModulesGroupedFromTheBottom) {
+  nn::GPTConfig c = nn::GPTConfig::preset("gpt2-tiny");
+  nn::GPT model(c);
+  const int64_t cap = 3000;
+  FlatLayout L = size_buckets(model, cap, 1, 0);
+  auto module_of = [&](size_t i) {
+    const std::string& n = L.params[i]->name;
+    return n.substr(0, n.rfind('.'));
+  };
+  ASSERT_GT(L.buckets.size(), 3u);
+  for (size_t b = 0; b < L.buckets.size(); ++b) {
+    const Span& r = L.buckets[b].range;
+    if (b > 0) EXPECT_GE(r.size(), cap) << "only the top bucket (reduced first) holds the remainder";
+    if (r.lo == 0) continue;
+    // The cut below this bucket falls between two modules.
+    size_t above = 0;
+    while (above < L.spans.size() && L.spans[above].lo != r.lo) ++above;
+    ASSERT_LT(above, L.spans.size()) << "bucket " << b << " starts inside a parameter";
+    ASSERT_GT(above, 0u);
+    EXPECT_NE(module_of(above), module_of(above - 1)) << L.params[above]->name;
+  }
+  // The last bucket stops at the first module boundary past the cap: one module less is below it.
+  const BucketLayout& last = L.buckets.back();
+  ASSERT_EQ(last.range.lo, 0);
+  size_t i = 0;
+  while (L.spans[i].hi < last.range.hi) ++i;
+  size_t first_of_module = i;
+  while (first_of_module > 0 && module_of(first_of_module - 1) == module_of(i)) --first_of_module;
+  EXPECT_LT(L.spans[first_of_module].lo, cap) << "the last bucket is larger than it needs to be";
 }
 
 TEST(Layout, UnitBucketsAreTheBlocksAndTheRoot) {
@@ -243,12 +278,13 @@ PeakResult measure_peak(const std::string& strategy) {
 
 // DDP holds 4 floats per parameter (value, gradient, two Adam moments); ZeRO-3 on N ranks holds
 // 4/N of them plus the units in use and transient buffers, nothing that persists in proportion to
-// the whole model. Measured (8 blocks of 3.2 MB, 2 ranks): DDP 116 MB, ZeRO-3 84 MB of which
-// 55 MB is 1/N of the state; the rest is ~9 units: gathered units, chunk buffers in flight, the
-// ring reduce-scatter's full-size staging copy (comm/reduce_scatter_ring.cpp) and the freed
-// backward temporaries the caching allocator keeps. Before this test existed ZeRO-3 also kept the
-// root units gathered and a chunk buffer per bucket (another 1/N of the model) and measured
-// 0.77-0.91x of DDP.
+// the whole model. Measured (8 blocks of 3.2 MB, 2 ranks, 9 runs at load 3.5-6): DDP 115.8-116.5
+// MB, ZeRO-3 70.2-72.2 MB (0.60-0.62x), i.e. 55 MB of shard and 15-17 MB (~5 units) beyond it, of which
+// ~7 MB DDP has too (activations, allocator cache, Gloo) and the rest is the gathered and the
+// prefetched block, the gradients of the block in backward and of those whose reduce-scatter
+// is still running, and the all-gather's chunk buffer. Before the reduce-scatter became in place
+// without a staging copy and finished reductions stopped holding their chunk, ZeRO-3 measured
+// 84 MB (0.72x, 9 units); before that 0.77-0.91x of DDP.
 TEST(PeakMemory, Zero3HoldsAboutOneNthPlusAFewUnits) {
   PeakResult ddp = measure_peak("ddp"), z3 = measure_peak("zero3");
   ASSERT_GT(ddp.params, 0);
@@ -258,7 +294,77 @@ TEST(PeakMemory, Zero3HoldsAboutOneNthPlusAFewUnits) {
   // The measurement sees the state: DDP grows by at least most of it.
   EXPECT_GT(ddp.grew, 0.9 * state) << "ddp grew " << ddp.grew / 1e6 << " MB, state " << state / 1e6 << " MB";
   EXPECT_GT(z3.grew, 0.45 * state) << "zero3 cannot hold less than its shard";
-  EXPECT_LT(z3.grew, 0.8 * ddp.grew);
-  EXPECT_LT(z3.grew - state / 2, 12 * unit) << "zero3 holds " << (z3.grew - state / 2) / 1e6
-                                            << " MB beyond its shard of the state";
+  EXPECT_LT(z3.grew, 0.66 * ddp.grew);
+  EXPECT_LT(z3.grew - state / 2, 6.5 * unit) << "zero3 holds " << (z3.grew - state / 2) / 1e6
+                                             << " MB beyond its shard of the state";
+}
+
+// ---------------------------------------------------------------- in-place ring reduce-scatter
+//
+// ZeRO reduce-scatters each bucket into the rank's own range of the gradient buffer itself (the
+// output is chunk `rank` of the input) and the Gloo ring moves its last step in 256 KiB pieces.
+// Every rank of `atoll launch` runs DISABLED_RingReduceScatter.RankProgram: chunks of one element,
+// just over one piece and of several pieces, output separate and in place, sum and max, f32 and
+// i64, compared exactly (small integers sum exactly in f32) with the serial reduction.
+
+namespace {
+double ring_value(int rank, int64_t i, int salt) { return double((rank * 7 + i * 3 + salt) % 1000) - 500; }
+}  // namespace
+
+TEST(DISABLED_RingReduceScatter, RankProgram) {
+  auto comm = comm::make_communicator("gloo");
+  const int n = comm->size(), me = comm->rank();
+  int checked = 0, salt = 0;
+  for (DType dt : {DType::f32, DType::i64})
+    for (int64_t chunk : {int64_t(1), int64_t(65537), int64_t(200003)})
+      for (bool in_place : {false, true})
+        for (comm::ReduceOp op : {comm::ReduceOp::sum, comm::ReduceOp::max}) {
+          ++salt;
+          Tensor in = Tensor::empty({chunk * n}, dt);
+          for (int64_t i = 0; i < chunk * n; ++i) {
+            double v = ring_value(me, i, salt);
+            if (dt == DType::f32) in.f32()[i] = float(v);
+            else in.data<int64_t>()[i] = int64_t(v);
+          }
+          Tensor out = in_place ? in.slice(0, me * chunk, (me + 1) * chunk) : Tensor::empty({chunk}, dt);
+          comm->reduce_scatter(in, out, op);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < chunk; ++i) {
+            double want = op == comm::ReduceOp::max ? -1e9 : 0;
+            for (int q = 0; q < n; ++q) {
+              double v = ring_value(q, me * chunk + i, salt);
+              want = op == comm::ReduceOp::max ? std::max(want, v) : want + v;
+            }
+            double got = dt == DType::f32 ? double(out.f32()[i]) : double(out.data<int64_t>()[i]);
+            if (got != want && bad++ == 0)
+              ADD_FAILURE() << "rank " << me << " chunk " << chunk << (in_place ? " in place" : "") << " element " << i
+                            << ": " << got << " != " << want;
+          }
+          if (bad == 0) ++checked;
+        }
+  std::printf("RINGCHECKED rank=%d cases=%d\n", me, checked);
+  std::fflush(stdout);
+  comm->barrier();
+}
+
+TEST(RingReduceScatter, InPlaceAndInPiecesMatchTheSerialSum) {
+  for (int n : {2, 3}) {
+    std::string log = "/tmp/atoll_ring_" + std::to_string(getpid()) + "_" + std::to_string(n) + ".log";
+    int rc = run_command({std::string(ATOLL_BINARY_DIR) + "/atoll", "launch", "--nproc-per-node", std::to_string(n),
+                          "--timeout", "30", "--", self_exe(), "--gtest_also_run_disabled_tests",
+                          "--gtest_filter=DISABLED_RingReduceScatter.RankProgram"},
+                         {}, log, 60);
+    std::string out = read_file(log);
+    std::remove(log.c_str());
+    EXPECT_EQ(rc, 0) << out;
+    int ranks = 0;
+    for (size_t p = out.find("RINGCHECKED"); p != std::string::npos; p = out.find("RINGCHECKED", p + 1)) {
+      int rank = 0, cases = 0;
+      if (std::sscanf(out.c_str() + p, "RINGCHECKED rank=%d cases=%d", &rank, &cases) == 2) {
+        EXPECT_EQ(cases, 24) << "rank " << rank << " of " << n << ":\n" << out;
+        ++ranks;
+      }
+    }
+    EXPECT_EQ(ranks, n) << out;
+  }
 }

@@ -100,10 +100,11 @@ MuonConfig muon_cfg() {
   c.weight_decay = 0.01f;
   return c;
 }
-PeriodicRowMuonConfig prm_cfg() {
+PeriodicRowMuonConfig prm_cfg(const std::string& kind) {
   PeriodicRowMuonConfig c;
   c.muon = muon_cfg();
   c.period = 3;
+  c.fit_scale = kind == "prmuon_fit";  // row_scale = "fit": the owners fit the row step's scale
   return c;
 }
 Dion3Config dion_cfg(const std::string& kind) {
@@ -115,12 +116,12 @@ Dion3Config dion_cfg(const std::string& kind) {
 }
 
 // Gradients of the distributed variants: local (reduced inside the optimizer) or averaged.
-bool local_grads(const std::string& kind) { return kind == "muon_red" || kind == "prmuon"; }
+bool local_grads(const std::string& kind) { return kind == "muon_red" || kind == "prmuon" || kind == "prmuon_fit"; }
 
 std::unique_ptr<Optimizer> make_dist(const std::string& kind, std::vector<ParamRef> ps, comm::Communicator* c) {
   if (kind == "muon" || kind == "muon_red") return std::make_unique<MuonOwner>(ps, MuonOwnerConfig{muon_cfg(), kind == "muon_red"}, c);
-  if (kind == "prmuon" || kind == "prmuon_rep") {
-    PrMuonShardedConfig pc{prm_cfg(), kind == "prmuon", 700};  // small buckets: several per step
+  if (kind == "prmuon" || kind == "prmuon_rep" || kind == "prmuon_fit") {
+    PrMuonShardedConfig pc{prm_cfg(kind), kind != "prmuon_rep", 700};  // small buckets: several per step
     return std::make_unique<PrMuonSharded>(ps, pc, c);
   }
   if (kind == "dion3g" || kind == "dion3g_rows")
@@ -131,7 +132,8 @@ std::unique_ptr<Optimizer> make_dist(const std::string& kind, std::vector<ParamR
 
 std::unique_ptr<Optimizer> make_single(const std::string& kind, std::vector<ParamRef> ps) {
   if (kind == "muon" || kind == "muon_red") return std::make_unique<Muon>(ps, muon_cfg());
-  if (kind == "prmuon" || kind == "prmuon_rep") return std::make_unique<PeriodicRowMuon>(ps, prm_cfg());
+  if (kind == "prmuon" || kind == "prmuon_rep" || kind == "prmuon_fit")
+    return std::make_unique<PeriodicRowMuon>(ps, prm_cfg(kind));
   return std::make_unique<Dion3>(ps, dion_cfg(kind));
 }
 
@@ -327,7 +329,7 @@ TEST(DistOptim, RankProgram) {
     return;
   }
   Job job;
-  job.kinds = {"muon", "muon_red", "prmuon", "prmuon_rep", "dion3g", "dion3g_rows", "dion3l1"};
+  job.kinds = {"muon", "muon_red", "prmuon", "prmuon_rep", "prmuon_fit", "dion3g", "dion3g_rows", "dion3l1"};
   job.steps = 5;
   job.out = fmt::format("/tmp/atoll_doptim_w1_{}", getpid());
   run_rank_job(job, nullptr);
@@ -365,8 +367,9 @@ TEST(DistOptim, MatchesSingleRankOnTwoAndThreeRanks) {
   const int steps = 5;
   for (int world : {2, 3}) {
     Job job;
-    job.kinds = world == 2 ? std::vector<std::string>{"muon", "muon_red", "prmuon", "prmuon_rep", "dion3g", "dion3g_rows", "dion3l1"}
-                           : std::vector<std::string>{"muon", "muon_red", "prmuon", "dion3g"};
+    job.kinds = world == 2 ? std::vector<std::string>{"muon", "muon_red", "prmuon", "prmuon_rep", "prmuon_fit", "dion3g",
+                                                      "dion3g_rows", "dion3l1"}
+                           : std::vector<std::string>{"muon", "muon_red", "prmuon", "prmuon_fit", "dion3g"};
     job.steps = steps;
     auto got = run_ranks(world, job);
     ASSERT_EQ(got.size(), job.kinds.size());
@@ -435,7 +438,7 @@ TEST(DistOptim, Dion3LocalScopeSelectsPerShard) {
 // optimizer), and state saved by the single-rank optimizer continues on 3 ranks, both ending
 // where an uninterrupted single-rank run ends.
 TEST(DistOptim, CheckpointsMoveBetweenWorldSizes) {
-  const std::vector<std::string> kinds = {"muon", "muon_red", "prmuon", "dion3g"};
+  const std::vector<std::string> kinds = {"muon", "muon_red", "prmuon", "prmuon_fit", "dion3g"};
   std::string tag = fmt::format("/tmp/atoll_doptim_ck_{}", getpid());
   // world 2 -> world 1
   Job a;
