@@ -9,12 +9,16 @@
 # Two measurements per run:
 #  * wall: the median step_ms of metrics.jsonl after the first 2 steps (what the issue asks for);
 #  * cpu: CPU seconds per step and rank, from two runs of STEPS and STEPS/3 steps
-#    ((cpu_long - cpu_short) / (steps_long - steps_short) / ranks: start-up cancels out). On a
+#    ((cpu_long - cpu_short) / (steps_long - steps_short) / ranks: start-up cancels out), the
+#    median over REPEATS such pairs (start-up varies by tens of ms under load, which at 12 steps
+#    of the smallest model is ±20%: use STEPS=36 REPEATS=3 there). On a
 #    shared machine (load average > cores) the wall time mostly measures the scheduler; the CPU
 #    time is what the step costs when the ranks have their cores, which is what the model predicts.
 # Calibration runs with one thread (one core); the 2-rank device is that core twice (peak and
 # memory bandwidth x2, measured collectives as calibrated), since each rank has one core.
-# Sizes: "n_layer:n_embd:n_head" words in $SIZES. Takes a few minutes on 2 cores.
+# Sizes: "n_layer:n_embd:n_head" words in $SIZES. Takes a few minutes on 2 cores (x REPEATS).
+# Calibration times kernels by CPU time (one thread), so it can run under load; rerun it when the
+# machine is quietest and pass it with ATOLL_PLAN_CALIBRATION=... --no-calibrate.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-$ROOT/build/atoll}"
@@ -23,6 +27,7 @@ CALIBRATE=1
 SIZES="${SIZES:-2:64:2 4:128:4 4:256:8}"
 RANKS="${RANKS:-1 2}"
 STEPS="${STEPS:-12}"
+REPEATS="${REPEATS:-1}"
 BATCH="${BATCH:-16}"
 SEQ=128
 WORK="${WORK:-$(mktemp -d /tmp/atoll_plan_self.XXXXXX)}"
@@ -34,13 +39,15 @@ export OMP_NUM_THREADS=1
 if [[ $CALIBRATE == 1 ]]; then "$BIN" plan calibrate --out "$ATOLL_PLAN_CALIBRATION" >&2; fi
 CAL2="$WORK/calibration_2cores.json"
 $PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
-for k in ("peak_fp32_flops","peak_bf16_flops","memory_bandwidth","elementwise_bandwidth","attention_flops"): j[k]*=2
+for k in ("peak_fp32_flops","peak_bf16_flops","memory_bandwidth","elementwise_bandwidth","attention_flops","optimizer_params_per_s"):
+  if k in j: j[k]*=2
+for p in j.get("attention_curve",[]): p[1]*=2
 j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$ATOLL_PLAN_CALIBRATION" "$CAL2"
 
-median_ms() {  # median step_ms of metrics.jsonl, skipping the first 2 steps
+median_ms() {  # median step_ms over metrics.jsonl files, skipping each run's first 2 steps
   $PY -c 'import json,sys,statistics as s
-v=[json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()][2:]
-print("%.1f" % s.median(v))' "$1"
+v=[x for f in sys.argv[1:] for x in [json.loads(l)["step_ms"] for l in open(f) if l.strip()][2:]]
+print("%.1f" % s.median(v))' "$@"
 }
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"
@@ -52,20 +59,25 @@ for size in $SIZES; do
   printf '[model]\npreset = "gpt2"\nvocab_size = 257\nblock_size = %d\nn_layer = %d\nn_head = %d\nn_embd = %d\n[train]\nseq_len = %d\n' \
     $SEQ "$L" "$H" "$C" $SEQ >"$cfg"
   for n in $RANKS; do
-    cpu=()
-    for steps in "$STEPS" $((STEPS / 3)); do
-      run="$WORK/run_${L}_${C}_${n}_$steps"
-      rm -rf "$run"
-      args=(train configs/default.toml --run.dir="$run" --train.steps="$steps" --train.batch_size="$BATCH"
-            --train.seq_len=$SEQ --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
-            --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H")
-      if [[ $n == 1 ]]; then cmd=("$BIN" "${args[@]}")
-      else cmd=("$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}"); fi
-      /usr/bin/time -f "%U %S" -o "$run.time" "${cmd[@]}" >"$run.log" 2>&1
-      cpu+=("$(awk '{print $1 + $2}' "$run.time")")
-      [[ $steps == "$STEPS" ]] && wall=$(median_ms "$run/metrics.jsonl")
+    cpus=() walls=()
+    for rep in $(seq "$REPEATS"); do
+      cpu=()
+      for steps in "$STEPS" $((STEPS / 3)); do
+        run="$WORK/run_${L}_${C}_${n}_${steps}_$rep"
+        rm -rf "$run"
+        args=(train configs/default.toml --run.dir="$run" --train.steps="$steps" --train.batch_size="$BATCH"
+              --train.seq_len=$SEQ --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
+              --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H")
+        if [[ $n == 1 ]]; then cmd=("$BIN" "${args[@]}")
+        else cmd=("$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}"); fi
+        /usr/bin/time -f "%U %S" -o "$run.time" "${cmd[@]}" >"$run.log" 2>&1
+        cpu+=("$(awk '{print $1 + $2}' "$run.time")")
+        [[ $steps == "$STEPS" ]] && walls+=("$run/metrics.jsonl")
+      done
+      cpus+=("$($PY -c "print(1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - $STEPS // 3) / $n)")")
     done
-    cpums=$($PY -c "print('%.1f' % (1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - $STEPS // 3) / $n))")
+    wall=$(median_ms "${walls[@]}")
+    cpums=$($PY -c 'import sys,statistics as s; print("%.1f" % s.median(map(float, sys.argv[1:])))' "${cpus[@]}")
     calf="$ATOLL_PLAN_CALIBRATION"; [[ $n == 2 ]] && calf="$CAL2"
     # The engine's data parallelism all-reduces after the backward pass (no overlap).
     pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" --set plan.overlap_dp=false \

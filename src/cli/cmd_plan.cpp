@@ -1,10 +1,12 @@
 // `atoll plan …`: the analytical performance model and planner (src/plan), from the command line.
 // This file is the only part of the planner that touches the engine: `plan calibrate` times
-// atl::cpu::gemm to build the "cpu-local" device's GEMM efficiency curve, and runs
-// `atoll launch … atoll bench comm` to fit the alpha-beta model of all-reduce between local ranks
-// (Hockney 1994; Thakur, Rabenseifner & Gropp 2005).
+// atl::cpu::gemm to build the "cpu-local" device's GEMM efficiency curve, a STREAM triad
+// (McCalpin 1995), the engine's element-wise, fused-attention (cold caches, by call size) and
+// AdamW kernels, and runs `atoll launch … atoll bench comm` to fit the alpha-beta model of
+// all-reduce between local ranks (Hockney 1994; Thakur, Rabenseifner & Gropp 2005).
 #include <CLI/CLI.hpp>
 #include <omp.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -247,6 +249,32 @@ int run_list(int argc, char** argv) {
 
 // ---- calibration ----
 
+// Seconds a piece of work takes while it has its cores. With one thread that is the process's CPU
+// time: on a shared machine the wall clock also counts the time the scheduler gave the core to
+// someone else (at load average 5 on 2 cores it doubled a 50 ms sample), and training, measured
+// the same way (tools/plan_self_check.sh), is charged the same. Several threads spin at barriers
+// while waiting for each other, so their CPU time says less; there the wall clock is used.
+class KernelClock {
+ public:
+  KernelClock() : cpu_(omp_get_max_threads() == 1) { reset(); }
+  void reset() { wall0_ = std::chrono::steady_clock::now(), cpu0_ = cpu_now(); }
+  double seconds() const {
+    if (cpu_) return cpu_now() - cpu0_;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0_).count();
+  }
+  bool cpu_time() const { return cpu_; }
+
+ private:
+  static double cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
+  bool cpu_;
+  std::chrono::steady_clock::time_point wall0_;
+  double cpu0_ = 0;
+};
+
 // Seconds per GEMM: each sample repeats the call until it has run for `min_s`, so that tiny
 // GEMMs are not lost in timer resolution; the best of `reps` samples filters out interference.
 template <typename F>
@@ -254,10 +282,11 @@ double time_repeated(F&& call, double flops, int reps, double min_s) {
   call();  // warm-up: page faults, thread pool start
   int64_t iters = std::max<int64_t>(1, int64_t(min_s * 5e9 / flops));
   double best = 1e30;
+  KernelClock clock;
   for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
+    clock.reset();
     for (int64_t i = 0; i < iters; ++i) call();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+    best = std::min(best, clock.seconds() / iters);
   }
   return best;
 }
@@ -281,11 +310,12 @@ double time_gemm_bf16(int64_t n, int reps, double min_s) {
 double measure_bandwidth(int64_t n, int reps) {
   std::vector<double> a(n, 0.0), b(n, 1.0), c(n, 2.0);
   double best = 1e30;
+  KernelClock clock;
   for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
+    clock.reset();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0 * c[i];
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, clock.seconds());
   }
   if (a[n / 2] != 7.0) fail("bandwidth probe computed a wrong value");
   return 3.0 * 8.0 * n / best;
@@ -312,20 +342,60 @@ double measure_elementwise(int64_t n_rows, int64_t c, int reps, double min_s) {
   return bytes / time_repeated(all, bytes, reps, min_s);
 }
 
-// FLOP/s of the engine's fused causal attention (forward + backward) at a GPT-2-small-like head
-// shape, counted as the planner counts an attention core: 2·s²·(d_q + d_v) per head forward,
-// backward twice that (so rate = 3 × forward FLOPs / (forward + backward time)).
-double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int reps, double min_s) {
+// Evicts the caches by touching a buffer twice the last-level cache (at least 64 MB), so that
+// the next kernel finds its inputs in memory, as a training step's kernels do: between a layer's
+// attention forward and its backward every other kernel of the step has run.
+void evict_caches() {
+  static std::vector<float> junk;
+  if (junk.empty()) {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    junk.assign(size_t(std::max<long>(64L << 20, 2 * std::max(l3, 0L)) / 4), 1.f);
+  }
+  for (size_t i = 0; i < junk.size(); i += 16) junk[i] += 1.f;  // one touch per 64-byte line
+}
+
+// FLOP/s of the engine's fused causal attention (forward + backward), counted as the planner
+// counts an attention core: 2·s²·(d_q + d_v) per head forward, backward twice that (so rate =
+// 3 × forward FLOPs / (forward + backward time)). Each sample is one call with cold caches
+// before the forward and before the backward (evict_caches); warm, back-to-back calls ran
+// 10–25% faster than the same kernel inside `atoll train` (perf), cold ones within 8%.
+double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int samples) {
   const int64_t C = H * hd;
   std::vector<float> qkv(B * T * 3 * C, 0.1f), dqkv(qkv.size(), 0.f), out(B * T * C), dout(B * T * C, 0.01f);
   std::vector<float> lse(B * H * T);
   for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.01f * float(int(i % 17) - 8);
-  auto both = [&] {
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd);  // warm-up: page faults
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < samples; ++r) {
+    evict_caches();
+    clock.reset();
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd);
+    double fwd = clock.seconds();
+    evict_caches();
+    clock.reset();
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, H, hd);
-  };
-  const double flops = 3.0 * B * H * 2.0 * T * T * (2.0 * hd);
-  return flops / time_repeated(both, flops, reps, min_s);
+    best = std::min(best, fwd + clock.seconds());
+  }
+  return 3.0 * B * H * 2.0 * T * T * (2.0 * hd) / best;
+}
+
+// Parameters per second of the engine's AdamW update plus the global gradient norm that clipping
+// takes first, on n parameters (a few times the last-level cache, as a model's states are). On a
+// CPU the per-parameter division and square root can cost more than streaming its 28 bytes.
+double measure_optimizer(int64_t n, int reps) {
+  std::vector<float> p(n, 0.1f), g(n, 0.01f), m(n, 0.f), v(n, 0.f);
+  for (int64_t i = 0; i < n; ++i) g[size_t(i)] = 0.001f * float(int(i % 23) - 11);
+  double best = 1e30, sink = 0;
+  KernelClock clock;
+  for (int r = 0; r < reps; ++r) {
+    clock.reset();
+    sink += cpu::sum_squares(g.data(), n);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.f, r + 1);
+    best = std::min(best, clock.seconds());
+  }
+  ATOLL_CHECK(std::isfinite(sink) && std::isfinite(p[0]), "optimizer probe computed a non-finite value");
+  return double(n) / best;
 }
 
 // All-reduce times between `nproc` local ranks, measured by `atoll bench comm` inside a job
@@ -417,8 +487,22 @@ int run_calibrate(int argc, char** argv) {
   std::printf("  memory bandwidth %.2f GB/s (triad)\n", bw / 1e9);
   double ew = measure_elementwise(2048, 256, reps, min_s);
   std::printf("  element-wise kernels %.2f GB/s (LayerNorm, GELU, add on 2048×256)\n", ew / 1e9);
-  double attn = measure_attention(4, 128, 4, 32, reps, min_s);
-  std::printf("  attention kernel %.2f GFLOP/s (causal, fwd+bwd, T=128, head dim 32)\n", attn / 1e9);
+  // One call covers every head of a micro-batch, so its working set grows with batch × heads; the
+  // curve spans 16 to 256 (sequence, head) pairs of 128 tokens (16 sequences, 1 to 16 heads of 32).
+  std::vector<std::pair<double, double>> attn_curve;  // (forward FLOPs of a call, FLOP/s)
+  double attn = 0;
+  for (int64_t heads : quick ? std::vector<int64_t>{2, 8} : std::vector<int64_t>{1, 2, 4, 8, 16}) {
+    const int64_t B = 16, T = 128, hd = 32;
+    // More samples than for GEMMs: its rate depends on the caches, which other processes
+    // disturb; the best sample is the undisturbed one.
+    double r = measure_attention(B, T, heads, hd, 3 * reps);
+    attn_curve.push_back({double(B * heads) * 2.0 * T * T * (2.0 * hd), r});
+    if (heads <= 4) attn = r;
+    std::printf("  attention kernel %.2f GFLOP/s (causal, fwd+bwd, 16 × %lld heads, T=128, head dim 32)\n", r / 1e9,
+                (long long)heads);
+  }
+  double opt_rate = measure_optimizer(int64_t(1) << 22, 2 * reps);
+  std::printf("  AdamW update + gradient norm %.1f M params/s\n", opt_rate / 1e6);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   // "Peak" is the best GEMM rate measured: the curve says how far smaller GEMMs fall below it.
   nlohmann::json j;
@@ -431,6 +515,10 @@ int run_calibrate(int argc, char** argv) {
   j["price_per_hour"] = price;
   j["elementwise_bandwidth"] = ew;
   j["attention_flops"] = attn;
+  j["attention_curve"] = nlohmann::json::array();
+  for (auto [f, r] : attn_curve) j["attention_curve"].push_back({f, r});
+  j["optimizer_params_per_s"] = opt_rate;
+  j["timing"] = KernelClock().cpu_time() ? "process CPU time (1 thread)" : "wall clock";
   // Between nodes: a 10 Gb/s network (one host cannot measure it). Inside the node: measured
   // all-reduce between 2 ranks through the engine's own launcher and backend, unless skipped.
   j["inter_node_bandwidth"] = 1.25e9;

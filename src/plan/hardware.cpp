@@ -50,12 +50,26 @@ double Device::gemm_efficiency(double flops) const {
   return gemm_curve.back().second;
 }
 
+double Device::attention_rate(double f) const {
+  if (attention_curve.empty()) return attention_flops;
+  if (f <= attention_curve.front().first) return attention_curve.front().second;
+  for (size_t i = 1; i < attention_curve.size(); ++i) {
+    if (f <= attention_curve[i].first) {
+      auto [f0, r0] = attention_curve[i - 1];
+      auto [f1, r1] = attention_curve[i];
+      double t = (std::log(f) - std::log(f0)) / (std::log(f1) - std::log(f0));
+      return r0 + t * (r1 - r0);
+    }
+  }
+  return attention_curve.back().second;
+}
+
 double Device::gemm_time(double m, double n, double k, const std::string& precision, double eb) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   double flops = 2 * m * n * k;
   double compute = flops / (peak(precision) * gemm_efficiency(flops));
   double memory = eb * (m * k + k * n + m * n) / mem_bw;
-  return std::max(compute, memory);
+  return gemm_overlaps_memory ? std::max(compute, memory) : compute + memory;
 }
 
 static Device gpu(const char* name, double fp32, double tf32, double bf16, double fp8, double mem_gb,
@@ -138,6 +152,13 @@ Device device_from_calibration(const std::string& path) {
   d.intra_latency = j.value("intra_node_latency", 3e-6);
   d.elementwise_bw = j.value("elementwise_bandwidth", 0.0);
   d.attention_flops = j.value("attention_flops", 0.0);
+  if (j.contains("attention_curve"))
+    for (auto& p : j["attention_curve"]) d.attention_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
+  std::sort(d.attention_curve.begin(), d.attention_curve.end());
+  for (auto& [f, r] : d.attention_curve)
+    ATOLL_CHECK(f > 0 && r > 0, "calibration file '{}': attention_curve points must be positive (rerun `atoll plan "
+                "calibrate`)", path);
+  d.optimizer_params_per_s = j.value("optimizer_params_per_s", 0.0);
   ATOLL_CHECK(d.intra_bw > 0 && d.intra_latency >= 0,
               "calibration file '{}': intra_node_bandwidth must be positive and intra_node_latency "
               "non-negative (rerun `atoll plan calibrate`)", path);
@@ -145,6 +166,7 @@ Device device_from_calibration(const std::string& path) {
   d.price_hour = j.value("price_per_hour", 0.05);
   d.reserved_bytes = 0;
   d.shared_by_node = true;
+  d.gemm_overlaps_memory = false;  // OpenBLAS packs operands in passes of their own
   for (auto& p : need("gemm_curve")) d.gemm_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
   ATOLL_CHECK(!d.gemm_curve.empty(), "calibration file '{}' has an empty gemm_curve", path);
   std::sort(d.gemm_curve.begin(), d.gemm_curve.end());

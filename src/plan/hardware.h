@@ -28,16 +28,30 @@ struct Device {
   // element-wise traffic moves at mem_bw and attention cores run on the GEMM curve).
   double elementwise_bw = 0;   // bytes/s the element-wise kernels (norms, GELU, residual) reach
   double attention_flops = 0;  // FLOP/s of the fused attention kernel, 3× forward FLOPs / (fwd+bwd)
+  // The same rate against the forward FLOPs of one call (every head of a micro-batch): larger
+  // calls stream Q, K and V from further out in the cache hierarchy and run slower. When present
+  // it replaces attention_flops (interpolated in log FLOPs, clamped at its ends).
+  std::vector<std::pair<double, double>> attention_curve;
+  // Parameters per second the engine's AdamW update and gradient norm reach (cpu-local; 0: not
+  // measured). Where the update's arithmetic is slower than streaming its bytes, this bounds it.
+  double optimizer_params_per_s = 0;
   double price_hour = 0;    // default price per device-hour, USD
   double reserved_bytes = 0;  // runtime/context memory not available to the model
   // The whole machine (cpu-local): the devices of a node are ranks that share its cores, memory
   // and memory bandwidth, so a cluster divides them by devices_per_node.
   bool shared_by_node = false;
+  // Whether a GEMM's operand traffic overlaps its arithmetic (a roofline: the larger of the two).
+  // A GPU streams tiles while it computes; a CPU BLAS (OpenBLAS, cpu-local) first packs A and B
+  // into contiguous panels and then writes C, passes that add to the arithmetic, so a thin GEMM
+  // (k or n of 64) costs noticeably more than a square one of the same FLOPs.
+  bool gemm_overlaps_memory = true;
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;
+  // FLOP/s of a fused attention call of `forward_flops` (attention_curve, else attention_flops).
+  double attention_rate(double forward_flops) const;
   // Time of one [m,k]x[k,n] GEMM: the larger of the compute time at the curve's efficiency and
   // the time to stream its operands through memory (a roofline).
   double gemm_time(double m, double n, double k, const std::string& precision, double elem_bytes) const;

@@ -4,6 +4,10 @@
 // forward (Narayanan et al. 2021 §3.4), recompute repeats the forward (full) or the attention
 // core (selective, Korthikanti et al. 2022 §5). Pipelines take (m + p - 1) micro-batch slots,
 // (m + (p-1)/v) interleaved (Narayanan et al. 2021 §2.2). Collectives use collective.h.
+// Outside the kernels, the backward pass's gradient buffers (zero-fill of every stored
+// activation's gradient, bias sums, parameter-gradient zeroing) and the optimizer's bytes move at
+// memory bandwidth; measured CPU rates (attention, AdamW) and a CPU BLAS's unoverlapped operand
+// packing come from `atoll plan calibrate` (docs/plan.md, "Against atoll's own training runs").
 // DiLoCo (Douillard et al. 2023) synchronises islands every H inner steps with an
 // all-reduce of (optionally compressed) fp32 pseudo-gradients; gossip replaces that all-reduce
 // with exchanges between peers.
@@ -42,7 +46,8 @@ struct Timer {
     double flops = 2 * m * n * k;
     double c = flops / (d.peak(prec) * d.gemm_efficiency(flops));
     double mem = eb * (m * k + k * n + (fused ? 0.0 : m * n)) / d.mem_bw;
-    if (c >= mem) compute += c * times;
+    if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
+    else if (c >= mem) compute += c * times;
     else memory += mem * times;
   }
   // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
@@ -54,7 +59,20 @@ struct Timer {
 // Forward time of one transformer layer for one micro-batch on one device.
 struct LayerTime {
   Timer full, core;  // whole layer; the attention core alone (for selective recompute)
+  // Backward-pass gradient-buffer traffic of the layer: zero-filled activation gradients and
+  // bias-gradient reads (see bias_grad_bytes).
+  double grad_zero = 0, grad_bias = 0;
 };
+
+// With biases, the backward pass sums every linear layer's output gradient over the tokens: one
+// read of each output (QKV, attention projection, the two MLP matmuls), split over tp.
+double bias_grad_bytes(const ModelSpec& m, const Layout& l, double tokens, double act_e, bool moe) {
+  if (!m.bias) return 0;
+  const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
+  const double f = moe ? double(m.expert_ffn) * (m.top_k + m.shared_experts) : double(m.ffn);
+  const double widths = m.q_dim() + 2.0 * m.kv_dim() + m.hidden + mult * f + m.hidden;
+  return act_e * tokens * widths / l.tp;
+}
 
 LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bool moe, double act_e) {
   const std::string prec = l.precision;
@@ -75,9 +93,11 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   const double s_keys = double(m.seq);
   const bool flash = m.attention == "flash";
   for (Timer* x : {&g, &lt.core}) {
-    if (flash && d.attention_flops > 0) {
-      // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs.
-      x->compute += heads_local * 2.0 * s * s_keys * (dq + dv) / d.attention_flops;
+    if (flash && (d.attention_flops > 0 || !d.attention_curve.empty())) {
+      // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
+      // call over every local head of the micro-batch.
+      const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
+      x->compute += f / d.attention_rate(f);
       continue;
     }
     x->gemm(s, s_keys, dq, heads_local, flash);
@@ -105,6 +125,10 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   ActivationOptions ao{l.tp, l.sp, "none", act_e, moe};
   double act = layer_activation_bytes(m, l.micro_batch, int64_t(s), ao);
   g.stream(kTrafficFactor * act);
+  // Every stored activation gets a gradient buffer of its size, zero-filled before the backward
+  // kernels accumulate into it: one more write of the bytes the layer keeps.
+  lt.grad_zero = act;
+  lt.grad_bias = bias_grad_bytes(m, l, T, act_e, moe);
   if (m.attention == "standard") {
     double core_bytes = b * s * m.heads / t * s_keys * (act_e + (m.dropout ? 1 + act_e : 0));
     lt.core.stream(kTrafficFactor * core_bytes);
@@ -150,6 +174,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   }
   // Backward: twice the forward (input and weight gradients).
   const double mb_compute = 3 * fwd_c + rc_c, mb_memory = 3 * fwd_m + rc_m;
+  // Gradient buffers of the backward pass: the layers' (zero-fill, bias sums) and the fp32
+  // logits gradient the cross-entropy writes, at the device's memory bandwidth.
+  const double head_grad_bytes = 4.0 * b * s_local * m.vocab / t;
+  const double mb_grad_bytes_act = n_dense * dense.grad_zero + n_moe * moe.grad_zero;
+  const double mb_grad_bytes_bias = n_dense * dense.grad_bias + n_moe * moe.grad_bias;
+  const double mb_grad_bytes = mb_grad_bytes_act + mb_grad_bytes_bias + head_grad_bytes;
+  const double mb_grad = mb_grad_bytes / d.mem_bw;
 
   // ---- per-micro-batch communication inside the model ----
   const double layer_io = b * s_local * h * act_e;  // one [b, s, h] activation
@@ -177,7 +208,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     double bytes = b * s_local * h * act_e * m.top_k;
     ep_mb = all_to_all(c, {l.tp * l.cp, l.ep}, bytes).scaled(4.0 * moe_in_stage);
   }
-  const double mb_time = mb_compute + mb_memory + tp_mb.total() + cp_mb.total() + ep_mb.total();
+  const double mb_time = mb_compute + mb_memory + mb_grad + tp_mb.total() + cp_mb.total() + ep_mb.total();
 
   // ---- pipeline ----
   const double v = l.schedule == "interleaved" ? double(l.virtual_stages) : 1.0;
@@ -193,6 +224,9 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.compute = n_micro * mb_compute;
   p.memory_bound = n_micro * mb_memory;
   p.recompute = n_micro * (rc_c + rc_m);
+  // Plus zeroing the parameter gradients the device holds, once per step.
+  const double param_zero = p.memory.grads / d.mem_bw;
+  p.grad_buffers = n_micro * mb_grad + param_zero;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
   p.ep = ep_mb.scaled(double(n_micro));
@@ -235,9 +269,17 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   // ---- optimizer step ----
   const int64_t nd = l.hsdp ? l.hsdp : dp_inner * l.cp;
   const double opt_params = l.zero >= 1 ? params_local / nd : params_local;
-  // Adam-class: stream master weights, gradient, two moments and write them back (+ 16-bit copy).
-  const double bytes_per_param = sb.optim * 2 + sb.grad + sb.weight;
+  // Adam-class: read and write the optimizer state (master weights, moments), read the gradient
+  // for the update and once more for the global gradient norm (clipping), write the weights; in
+  // fp32 the weights are their own master copy, so they are read as well.
+  const bool own_master = l.precision == "fp32" || l.precision == "tf32";
+  const double bytes_per_param = sb.optim * 2 + 2 * sb.grad + sb.weight * (own_master ? 2 : 1);
   double opt_time = opt_params * bytes_per_param / (l.offload == "optimizer" ? kHostMemBw : d.mem_bw);
+  // A measured update rate (cpu-local) bounds it where the arithmetic (division, square root per
+  // parameter) is slower than streaming the bytes.
+  const bool rate_bound = l.optimizer == "adam" && l.offload != "optimizer" && d.optimizer_params_per_s > 0 &&
+                          opt_params / d.optimizer_params_per_s > opt_time;
+  if (rate_bound) opt_time = opt_params / d.optimizer_params_per_s;
   if (l.optimizer == "muon") {
     // Newton–Schulz quintic, 5 iterations on every hidden matrix [r × c] (r ≤ c):
     // 5·(4r²c + 2r³) FLOPs (Jordan et al. 2024). Matrices are spread over the ZeRO group.
@@ -281,7 +323,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     p.outer = sync.scaled(1.0 / h_steps);
   }
 
-  p.step = pipe_time + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
+  p.step = pipe_time + param_zero + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
 
   // ---- throughput, utilisation, time and cost ----
   p.tokens_per_step = double(l.batch()) * m.seq;
@@ -304,7 +346,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost comm = p.comm_total();
     std::vector<std::pair<double, std::string>> parts = {
         {p.compute, "compute-bound (GEMMs)"},
-        {p.memory_bound + p.optimizer + p.offload, "memory-bound (element-wise kernels, optimizer)"},
+        {p.memory_bound + p.grad_buffers + p.optimizer + p.offload,
+         "memory-bound (element-wise kernels, gradient buffers, optimizer)"},
         {p.bubble, "pipeline-bubble-bound"},
     };
     for (int lv = 0; lv < 3; ++lv)
@@ -318,13 +361,30 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       return fmt::format("intra-node {:.4g} s + inter-node {:.4g} s + inter-island {:.4g} s", x.t[0], x.t[1], x.t[2]);
     };
     rec.add("time.compute", p.compute, "s", [&] {
+      std::string attn;
+      if (m.attention == "flash" && (d.attention_flops > 0 || !d.attention_curve.empty())) {
+        double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
+        attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured fused-attention rate "
+                           "{:.4g} GFLOP/s", f, d.attention_rate(f) / 1e9);
+      }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
-                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}",
-                         n_micro, per_stage, peak / 1e12, d.gemm_efficiency(1e11));
+                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}",
+                         n_micro, per_stage, peak / 1e12, d.gemm_efficiency(1e11), attn);
     });
     rec.add("time.memory_bound", p.memory_bound, "s", [&] {
-      return fmt::format("m × 3 × {:.1f} × activation bytes per layer / {:.4g} GB/s (+ memory-bound GEMMs)",
-                         kTrafficFactor, d.mem_bw / 1e9);
+      return fmt::format("m × 3 × ({:.1f} × activation bytes of the stage's layers + 12·b·s·V/t softmax/"
+                         "cross-entropy bytes) / {} {:.4g} GB/s (+ {} at {:.4g} GB/s)",
+                         kTrafficFactor, d.elementwise_bw > 0 ? "element-wise bandwidth" : "memory bandwidth",
+                         (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw) / 1e9,
+                         d.gemm_overlaps_memory ? "memory-bound GEMMs"
+                                                : "every GEMM's operand passes (packing, not overlapped on this device)",
+                         d.mem_bw / 1e9);
+    });
+    rec.add("time.grad_buffers", p.grad_buffers, "s", [&] {
+      return fmt::format("(m={} × ({:.4g} MB zero-filled activation gradients + {:.4g} MB bias-gradient reads + {:.4g} MB "
+                         "fp32 logits gradient) + {:.4g} MB parameter gradients zeroed) / memory bandwidth {:.4g} GB/s",
+                         n_micro, mb_grad_bytes_act / 1e6, mb_grad_bytes_bias / 1e6, head_grad_bytes / 1e6,
+                         p.memory.grads / 1e6, d.mem_bw / 1e9);
     });
     rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
     rec.add("time.tp", p.tp.total(), "s", [&] {
@@ -348,7 +408,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          grad_bytes / 1e6, dp_inner * l.cp, level_name(group_level(c, dp_group)), lv(p.dp));
     });
     rec.add("time.optimizer", p.optimizer, "s", [&] {
-      return fmt::format("{:.4g} params × {} B streamed / bandwidth{}", opt_params, bytes_per_param,
+      return fmt::format("{:.4g} params × {} B (2×{} state read+written, 2×{} gradient read for update and norm, "
+                         "{}×{} weights) / {} {:.4g} GB/s{}{}",
+                         opt_params, bytes_per_param, sb.optim, sb.grad, own_master ? 2 : 1, sb.weight,
+                         l.offload == "optimizer" ? "host bandwidth" : "memory bandwidth",
+                         (l.offload == "optimizer" ? kHostMemBw : d.mem_bw) / 1e9,
+                         rate_bound ? fmt::format("; bound by the measured update rate {:.4g} params/s",
+                                                  d.optimizer_params_per_s) : std::string(),
                          l.optimizer == "muon" ? " + Newton–Schulz 5 iterations on each hidden matrix" : "");
     });
     rec.add("time.offload", p.offload, "s", [&] { return "optimizer offload: gradients to host + weights back over the host link"; });
@@ -357,7 +423,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          l.diloco_compression, std::max<int64_t>(1, l.diloco_h), lv(p.outer));
     });
     rec.add("time.step", p.step, "s", [&] {
-      return "(m + (p−1)/v) × micro-batch time + p2p + dp + optimizer + offload + outer sync";
+      return "(m + (p−1)/v) × micro-batch time + parameter-gradient zeroing + p2p + dp + optimizer + offload + outer sync";
     });
     rec.add("throughput.tokens_per_s", p.tokens_per_s, "tokens/s", [&] {
       return fmt::format("global batch {} × seq {} / step {}", l.batch(), m.seq, fmt_s(p.step));

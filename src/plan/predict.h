@@ -18,6 +18,9 @@ struct Prediction {
   // Step time parts, seconds. compute/memory-bound are per step on the slowest stage,
   // excluding the bubble; the comm parts are the exposed (not overlapped) times.
   double compute = 0, memory_bound = 0, recompute = 0;
+  // Gradient buffers: zero-filling the gradient of every stored activation and of the parameters,
+  // and the bias-gradient reductions over tokens (memory traffic outside the kernels above).
+  double grad_buffers = 0;
   double bubble = 0;
   double optimizer = 0, offload = 0;
   CommCost tp, cp, ep, pp_p2p, dp, outer;  // exposed communication by kind and level

@@ -46,6 +46,13 @@ TEST(PlanCli, PredictsAnExampleAsJson) {
   EXPECT_FALSE(j["memory"]["oom"].get<bool>());
   EXPECT_GT(j["explain"].size(), 20u);
   EXPECT_TRUE(j["time"].contains("tp"));
+  // The memory traffic outside the GEMMs is its own part of the step, with its formula.
+  EXPECT_GT(j["time"]["grad_buffers_s"].get<double>(), 0.0);
+  bool explained = false;
+  for (auto& f : j["explain"])
+    if (f["key"] == "time.grad_buffers")
+      explained = f["formula"].get<std::string>().find("zero-filled") != std::string::npos;
+  EXPECT_TRUE(explained);
 }
 
 TEST(PlanCli, ExplainAndOutOfMemoryExitCode) {
@@ -54,6 +61,7 @@ TEST(PlanCli, ExplainAndOutOfMemoryExitCode) {
   EXPECT_NE(r.out.find("OUT OF MEMORY"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("how each figure was computed"), std::string::npos);
   EXPECT_NE(r.out.find("bottleneck"), std::string::npos);
+  EXPECT_NE(r.out.find("gradient buffers"), std::string::npos) << r.out;  // a row of the step-time split
 }
 
 TEST(PlanCli, BadInputsExplainThemselves) {
@@ -107,6 +115,15 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
   EXPECT_GT(j["elementwise_bandwidth"].get<double>(), 1e8);
   EXPECT_GT(j["attention_flops"].get<double>(), 1e7);
   EXPECT_LT(j["attention_flops"].get<double>(), 2 * j["peak_fp32_flops"].get<double>());
+  ASSERT_GE(j["attention_curve"].size(), 2u);  // rate against the size of one call
+  for (auto& p : j["attention_curve"]) {
+    EXPECT_GT(p[0].get<double>(), 0.0);
+    EXPECT_GT(p[1].get<double>(), 1e7);
+    EXPECT_LT(p[1].get<double>(), 2 * j["peak_fp32_flops"].get<double>());
+  }
+  // AdamW plus the gradient norm: between 1 M and 100 G parameters per second on any CPU.
+  EXPECT_GT(j["optimizer_params_per_s"].get<double>(), 1e6);
+  EXPECT_LT(j["optimizer_params_per_s"].get<double>(), 1e11);
   CliRun p = run_atoll("plan --device cpu-local --devices-per-node 1 --model gpt2-124m --set plan.precision=\"fp32\" --json",
                 "ATOLL_PLAN_CALIBRATION=" + cal.string());
   ASSERT_EQ(p.rc, 0) << p.out;

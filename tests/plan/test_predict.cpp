@@ -2,7 +2,6 @@
 // says, and every figure can be explained.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 
 #include "plan/predict.h"
@@ -18,8 +17,8 @@ TEST(PlanPredict, StepTimeIsTheSumOfItsParts) {
   Layout l;
   l.tp = 4, l.pp = 2, l.dp = 4, l.global_batch = 64, l.zero = 1, l.recompute = "selective";
   Prediction p = predict(m, h100(4), l);
-  double parts = p.compute + p.memory_bound + p.tp.total() + p.cp.total() + p.ep.total() + p.bubble + p.pp_p2p.total() +
-                 p.dp.total() + p.optimizer + p.offload + p.outer.total();
+  double parts = p.compute + p.memory_bound + p.grad_buffers + p.tp.total() + p.cp.total() + p.ep.total() + p.bubble +
+                 p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
   EXPECT_NEAR(parts / p.step, 1.0, 1e-9);
   EXPECT_NEAR(p.tokens_per_s, 64.0 * m.seq / p.step, 1e-6 * p.tokens_per_s);
   EXPECT_NEAR(p.tokens_per_s_device * 32, p.tokens_per_s, 1e-6 * p.tokens_per_s);
@@ -27,8 +26,11 @@ TEST(PlanPredict, StepTimeIsTheSumOfItsParts) {
   EXPECT_LT(p.mfu, 0.85);
   EXPECT_LT(p.mfu, p.hfu);  // recompute adds hardware FLOPs
   EXPECT_NEAR(p.train_cost, p.train_seconds / 3600 * 32 * 2.9, 1e-6 * p.train_cost);
-  // The bubble is (p-1)/m of the pipelined work: 1 / 16 micro-batches.
-  EXPECT_NEAR(p.bubble / (p.compute + p.memory_bound + p.tp.total()), 1.0 / 16, 1e-9);
+  // The bubble is (p-1)/m of the pipelined work: 1 / 16 micro-batches. The parameter gradients
+  // are zeroed once per step, outside the pipeline.
+  double param_zero = p.memory.grads / h100(4).device.mem_bw;
+  EXPECT_GT(p.grad_buffers, param_zero);
+  EXPECT_NEAR(p.bubble / (p.compute + p.memory_bound + p.grad_buffers - param_zero + p.tp.total()), 1.0 / 16, 1e-9);
 }
 
 TEST(PlanPredict, InterleavingShrinksTheBubbleByV) {
@@ -137,16 +139,20 @@ TEST(PlanPredict, ExplainGivesEveryFigureAFormula) {
   EXPECT_TRUE(predict(m, h100(1), l).figures.empty());  // not explaining: nothing recorded
 }
 
-TEST(PlanPredict, OnePredictionTakesWellUnderAMillisecond) {
+TEST(PlanPredict, PredictionIsAPureFunctionOfItsInputs) {
+  // Search and sweep call predict() thousands of times and compare the results, so the same
+  // inputs must give bit-identical figures (its speed is reported by `plan search`, not tested:
+  // no timing assertions in unit tests).
   ModelSpec m = model_preset("llama3-70b");
   Layout l;
   l.tp = 8, l.pp = 4, l.dp = 4, l.zero = 1, l.global_batch = 256, l.recompute = "selective";
   Cluster c = h100(16);
-  const int n = 500;
-  double sink = 0;
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < n; ++i) sink += predict(m, c, l).step;
-  double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n;
-  EXPECT_GT(sink, 0);
-  EXPECT_LT(per, 1e-3) << per * 1e6 << " us per prediction";
+  Prediction first = predict(m, c, l);
+  EXPECT_GT(first.step, 0);
+  for (int i = 0; i < 100; ++i) {
+    Prediction again = predict(m, c, l);
+    ASSERT_EQ(again.step, first.step);
+    ASSERT_EQ(again.grad_buffers, first.grad_buffers);
+    ASSERT_EQ(again.memory.total, first.memory.total);
+  }
 }
