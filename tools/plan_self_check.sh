@@ -93,7 +93,8 @@ for size in $SIZES; do
     wall=$(median_ms "${walls[@]}")
     cpums=$($PY -c 'import sys,statistics as s; print("%.1f" % s.median(map(float, sys.argv[1:])))' "${cpus[@]}")
     calf="$ATOLL_PLAN_CALIBRATION"; [[ $n == 2 ]] && calf="$CAL2"
-    # The engine's data parallelism all-reduces after the backward pass (no overlap).
+    # The all-reduce is counted as exposed: atoll DDP overlaps it with backward, but each rank has
+    # one core, so Gloo's copies and sums take time from that core either way.
     pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" --set plan.overlap_dp=false \
          --set plan.precision='"fp32"' --set plan.micro_batch="$BATCH" --set plan.global_batch=$((BATCH * n)) --json)
     read -r params pred < <($PY -c 'import json,sys; j=json.load(sys.stdin); print(j["model"]["params"], "%.1f" % (1e3*j["time"]["step_s"]))' <<<"$pj")
