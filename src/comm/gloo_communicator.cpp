@@ -17,6 +17,7 @@
 #include <gloo/types.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -180,6 +181,10 @@ constexpr uint8_t kP2PSlotPrefix = 0x42;
 std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Millis timeout) {
   ATOLL_CHECK(env.store_port > 0,
               "the Gloo backend needs MASTER_ADDR and MASTER_PORT (set by `atoll launch`)");
+  // Gloo's TCP pairs write without MSG_NOSIGNAL: when a peer dies, the next write to it raises
+  // SIGPIPE, which would kill this rank silently (exit 141) before the collective fails with an
+  // error naming the dead rank. Ignored, the write returns EPIPE and the error path reports it.
+  ::signal(SIGPIPE, SIG_IGN);
   auto proc = std::make_shared<GlooProcess>();
   proc->world_rank = env.rank;
   proc->world_size = env.world_size;
@@ -275,7 +280,10 @@ void GlooCommunicator::run_all_gather(const Tensor& in, const Tensor& out) {
   gloo::AllgatherOptions o(ctx_);
   o.setTag(tag());
   o.setTimeout(remaining());
-  o.setInput(static_cast<char*>(in.raw()), in.nbytes());
+  // In place when `in` is already chunk `rank` of `out` (ZeRO's own shard inside the full
+  // parameter buffer): Gloo then starts from the output as it is, so no staging chunk is needed.
+  if (in.raw() != static_cast<char*>(out.raw()) + size_t(rank()) * in.nbytes())
+    o.setInput(static_cast<char*>(in.raw()), in.nbytes());
   o.setOutput(static_cast<char*>(out.raw()), out.nbytes());
   gloo::allgather(o);
 }

@@ -61,6 +61,7 @@ class GlooCommunicator : public Communicator {
 // clusters of workstations", first half) over Gloo unbound buffers. `in` has size chunks of
 // `chunk` elements; out receives this rank's reduced chunk. dtype f32, i32 or i64; op sum or max.
 // `out` may be chunk `rank` of `in` (in place, as NCCL allows): then no output buffer is needed.
+// (Likewise all_gather's `in` may be chunk `rank` of its `out`.)
 // Beyond its arguments it needs nothing on 2 ranks (two 256 KiB pieces in place), one chunk on 3,
 // two on more (reduce_scatter_ring.cpp).
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& ctx, const Tensor& in,

@@ -32,7 +32,7 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     }
   }
   int S = shards(), sr = shard_ ? shard_->rank() : 0;
-  // MPI's reduce-scatter needs separate buffers (MPI_IN_PLACE aside); Gloo's ring does not.
+  // MPI's reduce-scatter and all-gather need separate buffers (MPI_IN_PLACE aside); Gloo's do not.
   in_place_rs_ = shard_ && shard_->backend() == "gloo";
   layout_ = stage == 3 ? unit_buckets(model, S, sr, block_bucket_, root_buckets_)
                        : size_buckets(model, bucket_elems, S, sr);
@@ -233,6 +233,11 @@ void Zero::start_gather(size_t b) {
   const BucketLayout& L = layout_.buckets[b];
   BucketState& s = st_[b];
   const float* v = model_.flat_values().f32();
+  if (in_place_rs_ && !L.padded()) {  // Gloo gathers in place around this rank's own shard
+    s.gather = shard_->all_gather_async(model_.flat_values().slice(0, L.own.lo, L.own.hi),
+                                        model_.flat_values().slice(0, L.range.lo, L.range.hi));
+    return;
+  }
   s.ag_buf = take_scratch(L.chunk);
   Tensor chunk = s.ag_buf;
   std::memcpy(chunk.f32(), v + L.own.lo, size_t(L.own.size()) * sizeof(float));

@@ -99,7 +99,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   int bottom_ = -1, top_ = -1;  // stage 3 root buckets: embeddings; final norm and untied head
   bool tied_ = false;
   std::deque<size_t> inflight_;  // buckets whose reduce-scatter is running, oldest first
-  bool in_place_rs_ = false;     // the shard communicator reduce-scatters in place (Gloo's ring)
+  bool in_place_rs_ = false;     // the shard communicator reduce-scatters and all-gathers in place (Gloo)
   ShardedOptimizer* sopt_ = nullptr;
 };
 

@@ -278,13 +278,14 @@ PeakResult measure_peak(const std::string& strategy) {
 
 // DDP holds 4 floats per parameter (value, gradient, two Adam moments); ZeRO-3 on N ranks holds
 // 4/N of them plus the units in use and transient buffers, nothing that persists in proportion to
-// the whole model. Measured (8 blocks of 3.2 MB, 2 ranks, 9 runs at load 3.5-6): DDP 115.8-116.5
-// MB, ZeRO-3 70.2-72.2 MB (0.60-0.62x), i.e. 55 MB of shard and 15-17 MB (~5 units) beyond it, of which
-// ~7 MB DDP has too (activations, allocator cache, Gloo) and the rest is the gathered and the
-// prefetched block, the gradients of the block in backward and of those whose reduce-scatter
-// is still running, and the all-gather's chunk buffer. Before the reduce-scatter became in place
-// without a staging copy and finished reductions stopped holding their chunk, ZeRO-3 measured
-// 84 MB (0.72x, 9 units); before that 0.77-0.91x of DDP.
+// the whole model. Measured (8 blocks of 3.2 MB, 2 ranks, 5 runs): DDP 115.9-116.3 MB, ZeRO-3
+// 66.2-67.9 MB (0.57-0.58x), i.e. 55 MB of shard and 11.4-13.1 MB (3.6-4.1 units) beyond it, of
+// which ~7 MB DDP has too (activations, allocator cache, Gloo) and the rest is the gathered and
+// the prefetched block and the gradients of the block in backward and of those whose
+// reduce-scatter is still running. History: before the all-gather worked in place around the
+// rank's own shard (no chunk buffer), 70-72 MB (0.60-0.62x, ~5 units); before the reduce-scatter
+// did too and finished reductions stopped holding their chunk, 84 MB (0.72x, 9 units); before
+// that 0.77-0.91x of DDP.
 TEST(PeakMemory, Zero3HoldsAboutOneNthPlusAFewUnits) {
   PeakResult ddp = measure_peak("ddp"), z3 = measure_peak("zero3");
   ASSERT_GT(ddp.params, 0);
@@ -294,8 +295,8 @@ TEST(PeakMemory, Zero3HoldsAboutOneNthPlusAFewUnits) {
   // The measurement sees the state: DDP grows by at least most of it.
   EXPECT_GT(ddp.grew, 0.9 * state) << "ddp grew " << ddp.grew / 1e6 << " MB, state " << state / 1e6 << " MB";
   EXPECT_GT(z3.grew, 0.45 * state) << "zero3 cannot hold less than its shard";
-  EXPECT_LT(z3.grew, 0.66 * ddp.grew);
-  EXPECT_LT(z3.grew - state / 2, 6.5 * unit) << "zero3 holds " << (z3.grew - state / 2) / 1e6
+  EXPECT_LT(z3.grew, 0.62 * ddp.grew);
+  EXPECT_LT(z3.grew - state / 2, 5 * unit) << "zero3 holds " << (z3.grew - state / 2) / 1e6
                                              << " MB beyond its shard of the state";
 }
 
