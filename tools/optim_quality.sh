@@ -18,7 +18,7 @@ CASES=(
   "muon|--optim.type=muon|optim.muon.lr|0.01 0.02 0.03 0.05"
   "prmuon-K4|--optim.type=prmuon --optim.prmuon.period=4 --optim.prmuon.row_scale=fit|optim.prmuon.lr|0.01 0.02 0.03 0.05"
   "dion3-a0.25|--optim.type=dion3 --optim.dion3.fraction=0.25|optim.dion3.lr|0.01 0.02 0.05"
-  "adamw+ember|--optim.type=adamw --optim.embed=ember --optim.head=ember|optim.ember.lr|1e-3 3e-3 1e-2"
+  "adamw+ember|--optim.type=adamw --optim.embed=ember --optim.head=ember|optim.ember.lr|1e-3 3e-3 1e-2 3e-2"
 )
 run() {  # name seed key lr overrides... -> prints the final val loss
   local name=$1 seed=$2 key=$3 lr=$4; shift 4

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -72,6 +73,8 @@ std::vector<float> flatten(const std::vector<std::pair<std::string, Tensor>>& sd
   return out;
 }
 
+}  // namespace
+
 void write_floats(const std::string& path, const std::vector<float>& v) {
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
@@ -85,7 +88,13 @@ std::vector<float> read_floats(const std::string& path) {
   return v;
 }
 
-}  // namespace
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
+  return m;
+}
 
 std::vector<std::string> Job::to_args() const {
   std::string ds;
@@ -339,6 +348,52 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     den += double(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<int> run_rank_programs(int world, const std::string& gtest_filter, const std::vector<std::string>& env,
+                                   const std::string& tag, double timeout_s) {
+  int port = comm::pick_free_port();
+  std::vector<int> codes(static_cast<size_t>(world), -2);
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      std::vector<std::string> e = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                                    "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                    "ATOLL_COMM_TIMEOUT=30", "OMP_NUM_THREADS=1", "GTEST_OUTPUT="};
+      e.insert(e.end(), env.begin(), env.end());
+      codes[size_t(r)] = run_command({self_exe(), "--gtest_filter=" + gtest_filter}, e,
+                                     tag + ".log" + std::to_string(r), timeout_s);
+    });
+  for (auto& t : th) t.join();
+  return codes;
+}
+
+std::map<std::string, std::vector<float>> collect_kinds(const std::string& tag, const std::vector<int>& codes,
+                                                        const std::vector<std::string>& kinds,
+                                                        const std::string& what) {
+  const int world = int(codes.size());
+  std::map<std::string, std::vector<float>> res;
+  bool ok = true;
+  for (int r = 0; r < world; ++r) {
+    std::string log = tag + ".log" + std::to_string(r);
+    if (codes[size_t(r)] != 0) {
+      ok = false;
+      ADD_FAILURE() << what << ": rank " << r << " of " << world
+                    << (codes[size_t(r)] == -1 ? " timed out" : " failed") << "; its output:\n" << read_file(log);
+    }
+    std::remove(log.c_str());
+  }
+  if (!ok) return res;
+  for (auto& kind : kinds)
+    for (int r = 0; r < world; ++r) {
+      std::string f = tag + "." + kind + "." + std::to_string(r);
+      std::vector<float> p = read_floats(f);
+      std::remove(f.c_str());
+      if (r == 0) res[kind] = p;
+      else EXPECT_EQ(rel_diff(p, res[kind]), 0.0) << what << ", " << kind << ": rank " << r << " differs from rank 0";
+    }
+  return res;
 }
 
 }  // namespace atl::parallel::test

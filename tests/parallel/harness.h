@@ -6,6 +6,7 @@
 // rank r of W with per-rank batch b takes rows [r*b, (r+1)*b); so W ranks at batch b see exactly
 // the rows one rank sees at batch W*b, and their averaged gradients must agree.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,21 @@ int run_command(const std::vector<std::string>& argv, const std::vector<std::str
                 const std::string& log, double timeout_s);
 std::string read_file(const std::string& path);
 std::string self_exe();
+
+// Float vectors through files (rank programs report their results so).
+void write_floats(const std::string& path, const std::vector<float>& v);
+std::vector<float> read_floats(const std::string& path);
+// Largest elementwise relative difference (denominators floored at 1e-3).
+double max_rel(const std::vector<float>& a, const std::vector<float>& b);
+
+// Runs `world` copies of this binary filtered to one rank-program test, with torchrun's variables
+// (a fresh port) plus `env`, output to tag.log<r>; returns each rank's exit status (-1: timeout).
+std::vector<int> run_rank_programs(int world, const std::string& gtest_filter, const std::vector<std::string>& env,
+                                   const std::string& tag, double timeout_s);
+// Fails the test (with the rank's output) for every non-zero status; then reads each kind's
+// tag.<kind>.<rank> float file, checks every rank equals rank 0 and returns rank 0's. Removes
+// the files. Empty when a rank failed.
+std::map<std::string, std::vector<float>> collect_kinds(const std::string& tag, const std::vector<int>& codes,
+                                                        const std::vector<std::string>& kinds, const std::string& what);
 
 }  // namespace atl::parallel::test

@@ -106,7 +106,9 @@ TEST(Layout, SizeBucketsAreWholeModulesGroupedFromTheBottom) {
   ASSERT_GT(L.buckets.size(), 3u);
   for (size_t b = 0; b < L.buckets.size(); ++b) {
     const Span& r = L.buckets[b].range;
-    if (b > 0) EXPECT_GE(r.size(), cap) << "only the top bucket (reduced first) holds the remainder";
+    if (b > 0) {
+      EXPECT_GE(r.size(), cap) << "only the top bucket (reduced first) holds the remainder";
+    }
     if (r.lo == 0) continue;
     // The cut below this bucket falls between two modules.
     size_t above = 0;

@@ -8,9 +8,6 @@
 //
 // Gradients are multiples of 1/256 in [-1, 1], so every rank's sum is exact in any order and the
 // reference's average (sum, then * 1/world, as comm's avg) is bit-identical to the reduction's.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,7 +19,6 @@
 #include <fstream>
 #include <gtest/gtest.h>
 #include <sstream>
-#include <thread>
 
 #include "comm/tcp_store.h"
 #include "core/threads.h"
@@ -32,12 +28,14 @@
 #include "parallel/prmuon_sharded.h"
 #include "tensor/rng.h"
 
-extern char** environ;
 
 namespace atl::parallel {
 namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using test::max_rel;
+using test::read_floats;
+using test::write_floats;
 
 const std::vector<Shape> kShapes = {{24, 16}, {16, 40}, {32, 32}, {8, 12}, {41, 24}, {12, 20}, {7, 33}};
 
@@ -166,17 +164,6 @@ struct Job {
   }
 };
 
-void write_floats(const std::string& path, const std::vector<float>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  ATOLL_CHECK(f.good(), "cannot write {}", path);
-}
-std::vector<float> read_floats(const std::string& path) {
-  std::string s = test::read_file(path);
-  std::vector<float> v(s.size() / sizeof(float));
-  std::memcpy(v.data(), s.data(), v.size() * sizeof(float));
-  return v;
-}
 
 void run_rank_job(const Job& job, comm::Communicator* c) {
   const int world = c ? c->size() : 1, rank = c ? c->rank() : 0;
@@ -234,87 +221,9 @@ std::map<std::string, std::vector<float>> run_ranks(int world, Job job, double t
   static int serial = 0;
   std::string tag = fmt::format("/tmp/atoll_doptim_{}_{}", getpid(), serial++);
   job.out = tag;
-  int port = comm::pick_free_port();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
-                                    "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-                                    "ATOLL_COMM_TIMEOUT=20", "OMP_NUM_THREADS=1", "ATOLL_DIST_OPTIM_JOB=" + job.encode()};
-    for (char** e = environ; *e; ++e) {
-      std::string s = *e, key = s.substr(0, s.find('=') + 1);
-      bool ours = false;
-      for (auto& o : env) ours = ours || o.compare(0, key.size(), key) == 0;
-      if (!ours && key != "GTEST_OUTPUT=" && key.rfind("GTEST_", 0) != 0) env.push_back(s);
-    }
-    std::string exe = test::self_exe(), filter = "--gtest_filter=DistOptim.RankProgram";
-    std::string log = tag + ".log" + std::to_string(r);
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    EXPECT_GE(fd, 0);
-    std::vector<char*> av = {exe.data(), filter.data(), nullptr}, ev;
-    for (auto& e : env) ev.push_back(e.data());
-    ev.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execve(av[0], av.data(), ev.data());
-      _exit(127);
-    }
-    close(fd);
-    pids.push_back(pid);
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<int> code(size_t(world), -2);
-  for (int left = world; left > 0;) {
-    for (int r = 0; r < world; ++r) {
-      int st;
-      if (code[size_t(r)] == -2 && waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-        code[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
-      for (int r = 0; r < world; ++r)
-        if (code[size_t(r)] == -2) {
-          kill(-pids[size_t(r)], SIGKILL);
-          waitpid(pids[size_t(r)], nullptr, 0);
-          code[size_t(r)] = -1;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  std::map<std::string, std::vector<float>> res;
-  bool ok = true;
-  for (int r = 0; r < world; ++r) {
-    std::string log = tag + ".log" + std::to_string(r);
-    if (code[size_t(r)] != 0) {
-      ok = false;
-      ADD_FAILURE() << "rank " << r << " of " << world << (code[size_t(r)] == -1 ? " timed out" : " failed")
-                    << "; its output:\n" << test::read_file(log);
-    }
-    std::remove(log.c_str());
-  }
-  if (!ok) return res;
-  for (auto& kind : job.kinds)
-    for (int r = 0; r < world; ++r) {
-      std::string f = tag + "." + kind + "." + std::to_string(r);
-      std::vector<float> p = read_floats(f);
-      std::remove(f.c_str());
-      if (r == 0) res[kind] = p;
-      else EXPECT_EQ(test::rel_diff(p, res[kind]), 0.0) << kind << ": rank " << r << " differs from rank 0";
-    }
-  return res;
-}
-
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    m = std::max(m, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
-  return m;
+  std::vector<int> codes = test::run_rank_programs(world, "DistOptim.RankProgram",
+                                                   {"ATOLL_DIST_OPTIM_JOB=" + job.encode()}, tag, timeout_s);
+  return test::collect_kinds(tag, codes, job.kinds, "distributed optimizers");
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 
 #include "comm/tcp_store.h"
 #include "core/config.h"
@@ -33,6 +32,9 @@ namespace atl::parallel {
 namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using test::max_rel;
+using test::read_floats;
+using test::write_floats;
 
 // Kinds: the optimizer config under test.
 std::string config_text(const std::string& kind) {
@@ -141,17 +143,6 @@ struct Job {
   }
 };
 
-void write_floats(const std::string& path, const std::vector<float>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  ATOLL_CHECK(f.good(), "cannot write {}", path);
-}
-std::vector<float> read_floats(const std::string& path) {
-  std::string s = test::read_file(path);
-  std::vector<float> v(s.size() / sizeof(float));
-  std::memcpy(v.data(), s.data(), v.size() * sizeof(float));
-  return v;
-}
 
 void split_checkpoint(const TensorFile& f, NamedTensors& model, TensorFile& opt) {
   for (auto& [n, t] : f.tensors) {
@@ -242,49 +233,9 @@ std::map<std::string, std::vector<float>> run_ranks(int world, Job job, double t
   static int serial = 0;
   std::string tag = fmt::format("/tmp/atoll_zmuon_{}_{}", getpid(), serial++);
   job.out = tag;
-  int port = comm::pick_free_port();
-  std::vector<int> codes(size_t(world), -2);
-  std::vector<std::thread> th;
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      codes[size_t(r)] = test::run_command(
-          {test::self_exe(), "--gtest_filter=ZeroMuon.RankProgram"},
-          {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
-           "LOCAL_WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-           "ATOLL_COMM_TIMEOUT=30", "OMP_NUM_THREADS=1", "GTEST_OUTPUT=", "ATOLL_ZERO_MUON_JOB=" + job.encode()},
-          tag + ".log" + std::to_string(r), timeout_s);
-    });
-  for (auto& t : th) t.join();
-  std::map<std::string, std::vector<float>> res;
-  bool ok = true;
-  for (int r = 0; r < world; ++r) {
-    std::string log = tag + ".log" + std::to_string(r);
-    if (codes[size_t(r)] != 0) {
-      ok = false;
-      ADD_FAILURE() << job.strategy << ": rank " << r << " of " << world
-                    << (codes[size_t(r)] == -1 ? " timed out" : " failed") << "; its output:\n" << test::read_file(log);
-    }
-    std::remove(log.c_str());
-  }
-  if (!ok) return res;
-  for (auto& kind : job.kinds)
-    for (int r = 0; r < world; ++r) {
-      std::string f = tag + "." + kind + "." + std::to_string(r);
-      std::vector<float> p = read_floats(f);
-      std::remove(f.c_str());
-      if (r == 0) res[kind] = p;
-      else EXPECT_EQ(test::rel_diff(p, res[kind]), 0.0) << kind << ": rank " << r << " differs from rank 0";
-    }
-  return res;
-}
-
-// Largest elementwise relative difference (denominators floored at 1e-3).
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    m = std::max(m, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
-  return m;
+  std::vector<int> codes = test::run_rank_programs(world, "ZeroMuon.RankProgram",
+                                                   {"ATOLL_ZERO_MUON_JOB=" + job.encode()}, tag, timeout_s);
+  return test::collect_kinds(tag, codes, job.kinds, job.strategy);
 }
 
 std::vector<float> initial_params() {
