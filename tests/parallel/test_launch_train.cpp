@@ -175,3 +175,19 @@ TEST(LaunchTrain, ShardedPrMuonAndDion3MatchOneRank) {
   EXPECT_NE(f.train("dion_z2", 1, with({"--parallel.strategy=zero2"}, dion), true), 0);
   EXPECT_NE(f.log("dion_z2").find("use parallel.strategy = 'ddp'"), std::string::npos) << f.log("dion_z2");
 }
+
+// HSDP with Muon through the trainer: 4 ranks, ZeRO-3 within pairs, the pairs replicas.
+TEST(LaunchTrain, HsdpMuonMatchesOneRank) {
+  Fixture f;
+  const std::vector<std::string> muon = {"--optim.type=muon", "--optim.muon.lr=0.02", "--eval.every=0",
+                                         "--checkpoint.every=0"};
+  ASSERT_EQ(f.train("one", 1, with({"--train.batch_size=16"}, muon)), 0);
+  ASSERT_EQ(f.train("hsdp", 4, with({"--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2"}, muon)), 0);
+  std::string log = f.log("hsdp");
+  EXPECT_NE(log.find("data parallel: hsdp"), std::string::npos) << log;
+  EXPECT_NE(log.find("optimizer: adamw+muon"), std::string::npos) << log;
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+  expect_close(losses(f.root / "hsdp"), one, 1e-4, "hsdp muon loss");
+}
