@@ -29,24 +29,6 @@ namespace {
 constexpr int64_t kT = 12;
 float kEps = std::getenv("ATOLL_TEST_EPS") ? float(std::atof(std::getenv("ATOLL_TEST_EPS"))) : 1e-5f;
 
-nn::GPTConfig tiny_model() {
-  nn::GPTConfig c = nn::GPTConfig::preset("gpt2-tiny");
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 3;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_kv_head = 2;
-  return c;
-}
-
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Rows [row0, row0 + rows) of global micro-batch (step, micro).
 void fill_rows(int step, int micro, int row0, int rows, int64_t vocab, Tensor& x, Tensor& y) {
   x = Tensor::empty({rows, kT}, DType::i32);
@@ -74,6 +56,25 @@ std::vector<float> flatten(const std::vector<std::pair<std::string, Tensor>>& sd
 }
 
 }  // namespace
+
+nn::GPTConfig tiny_model() {
+  nn::GPTConfig c = nn::GPTConfig::preset("gpt2-tiny");
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 3;
+  c.n_embd = 32;
+  c.n_head = 2;
+  c.n_kv_head = 2;
+  return c;
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 
 void write_floats(const std::string& path, const std::vector<float>& v) {
   std::ofstream f(path, std::ios::binary);

@@ -11,8 +11,14 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "nn/gpt_config.h"
 
 namespace atl::parallel::test {
+
+// The tiny GPT every data-parallel test trains (3 blocks, d=32, vocabulary 64).
+nn::GPTConfig tiny_model();
+// splitmix64: deterministic pseudo-random data and gradients from an index.
+uint64_t mix(uint64_t x);
 
 struct Job {
   std::string strategy = "ddp";

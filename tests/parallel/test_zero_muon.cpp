@@ -63,26 +63,8 @@ ShardedMuonConfig sharded_config(Config& c) {
   return s;
 }
 
-nn::GPTConfig tiny() {
-  nn::GPTConfig c = nn::GPTConfig::preset("gpt2-tiny");
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 3;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_kv_head = 2;
-  return c;
-}
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 float local_grad(int64_t e, int t, int r) {
-  uint64_t h = mix((uint64_t(t) << 48) ^ (uint64_t(r) << 40) ^ uint64_t(e));
+  uint64_t h = test::mix((uint64_t(t) << 48) ^ (uint64_t(r) << 40) ^ uint64_t(e));
   return float(int64_t(h % 513) - 256) / 256.f;
 }
 
@@ -158,7 +140,7 @@ std::vector<float> run_kind(comm::Communicator* c, const Job& job, const std::st
                             const std::vector<int>& worlds) {
   const int world = c ? c->size() : 1, rank = c ? c->rank() : 0;
   Config cfg = Config::parse(config_text(kind), "test");
-  nn::GPT model(tiny());
+  nn::GPT model(test::tiny_model());
   model.init_weights(7);
   ParallelConfig pc;
   pc.bucket_mb = 0.004;  // ~1000 floats: many buckets, matrices cut by buckets and by chunks
@@ -239,7 +221,7 @@ std::map<std::string, std::vector<float>> run_ranks(int world, Job job, double t
 }
 
 std::vector<float> initial_params() {
-  nn::GPT model(tiny());
+  nn::GPT model(test::tiny_model());
   model.init_weights(7);
   return flatten(model.state_dict());
 }
