@@ -13,7 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -301,10 +303,23 @@ TcpStoreServer::~TcpStoreServer() {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-TcpStore::TcpStore(const std::string& host, int port, Millis timeout)
+std::chrono::milliseconds connect_timeout(std::chrono::milliseconds collective) {
+  if (const char* v = std::getenv("ATOLL_CONNECT_TIMEOUT"); v && *v) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    ATOLL_CHECK(end != v && *end == 0 && s > 0, "ATOLL_CONNECT_TIMEOUT='{}' is not a positive number of seconds", v);
+    return std::chrono::milliseconds(int64_t(s * 1000));
+  }
+  return std::min(collective, std::chrono::milliseconds(60000));
+}
+
+TcpStore::TcpStore(const std::string& host, int port, Millis timeout, Millis connect_within)
     : timeout_(timeout), address_(host + ":" + std::to_string(port)) {
   sockaddr_in a = resolve(host, port);
-  auto until = std::chrono::steady_clock::now() + timeout;
+  if (connect_within.count() < 0) connect_within = connect_timeout(timeout);
+  auto begin = std::chrono::steady_clock::now();
+  auto until = begin + connect_within;
+  auto next_note = begin + Millis(10000);
   std::string last;
   for (;;) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -317,10 +332,19 @@ TcpStore::TcpStore(const std::string& host, int port, Millis timeout)
     }
     last = std::strerror(errno);
     ::close(fd);
-    if (std::chrono::steady_clock::now() > until)
+    auto now = std::chrono::steady_clock::now();
+    if (now > until)
       fail("cannot reach the rendezvous store at {} within {:.1f} s ({}); check MASTER_ADDR and "
-           "MASTER_PORT, and that rank 0 or `atoll launch` on node 0 is running",
-           address_, timeout.count() / 1000.0, last);
+           "MASTER_PORT, and that rank 0 or `atoll launch` on node 0 is running (ATOLL_CONNECT_TIMEOUT "
+           "sets how long to try)",
+           address_, connect_within.count() / 1000.0, last);
+    if (now > next_note) {  // a silent wait looks like a hang
+      next_note = now + Millis(10000);
+      std::string m = fmt::format("atoll: still trying to reach the rendezvous store at {} ({:.0f} s of {:.0f} s): {}\n",
+                                  address_, std::chrono::duration<double>(now - begin).count(),
+                                  connect_within.count() / 1000.0, last);
+      (void)!::write(2, m.data(), m.size());
+    }
     std::this_thread::sleep_for(Millis(50));
   }
 }

@@ -1,0 +1,49 @@
+#include "train/stop_signals.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace atl {
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+std::atomic<int> g_depth{0};
+struct sigaction g_old_term, g_old_int, g_old_pipe;
+
+void on_stop(int sig) {
+  if (g_stop) {  // the second request: the user means it
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  g_stop = sig;
+}
+
+}  // namespace
+
+StopSignalGuard::StopSignalGuard() {
+  if (g_depth++ > 0) return;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, &g_old_term);
+  ::sigaction(SIGINT, &sa, &g_old_int);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGPIPE, &ign, &g_old_pipe);
+}
+
+StopSignalGuard::~StopSignalGuard() {
+  if (--g_depth > 0) return;
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGPIPE, &g_old_pipe, nullptr);
+}
+
+int stop_requested() { return int(g_stop); }
+void clear_stop_request() { g_stop = 0; }
+
+}  // namespace atl
