@@ -78,6 +78,8 @@ TEST(Fault, StoppedRankMakesOthersTimeOutNotHang) {
   std::string line = p.out.substr(at, p.out.find('\n', at) - at);
   EXPECT_NE(line.find("rank 1 (last started: all_reduce #10) stopped answering: not in all_reduce #11"),
             std::string::npos) << line;
+  // Issue 10: the wait is not silent (with a 2 s timeout, a line after 1 s).
+  EXPECT_NE(p.out.find("all_reduce #11: still waiting after 1 s (gives up after 2 s)"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("rank 0 exited with code 3"), std::string::npos) << p.out;
 }
 
