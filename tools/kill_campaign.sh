@@ -102,7 +102,10 @@ while (( kills + lkills < total )); do
       victim=$pid what=trainer
       ranks=()
       if [[ $RANKS == 2 ]]; then
-        mapfile -t ranks < <(pgrep -P "$pid")
+        for i in $(seq 1 40); do  # the launcher may not have started its ranks yet
+          mapfile -t ranks < <(pgrep -P "$pid")
+          (( ${#ranks[@]} == 2 )) && break; sleep 0.05
+        done
         if (( lkills < LKILLS && (kills >= KILLS || RANDOM % 2 == 0) )); then what=launcher
         elif (( ${#ranks[@]} > 0 )); then victim=${ranks[$((RANDOM % ${#ranks[@]}))]} what=rank; fi
       fi
@@ -132,7 +135,8 @@ while (( kills + lkills < total )); do
   # Every resume of this run: from a complete checkpoint (verified before loading), never behind
   # the previous one, never skipping a bad one.
   prev=0
-  for l in "$run".attempt*.log; do
+  for i in $(seq 1 "$attempt"); do
+    l="$run.attempt$i.log"
     s=$(grep -o 'resumed from [^ ]* at step [0-9]*' "$l" | grep -o '[0-9]*$' | head -1)
     if [[ -n $s ]]; then resumes=$((resumes + 1)); (( s < prev )) && regress=$((regress + 1)); prev=$s; fi
     skipped=$((skipped + $(grep -c -- '--resume: skipping' "$l")))

@@ -239,6 +239,9 @@ TEST(RunSafety, MetricsAreAppendedOnResumeAndReadersSkipSupersededLines) {
   for (size_t i = 0; i < recs.size(); ++i) EXPECT_EQ(recs[i]["step"].get<int64_t>(), int64_t(i + 1));
   EXPECT_EQ(recs.back()["loss"].get<double>(), r.final_loss) << "the superseded step 8 was kept";
   EXPECT_EQ(skipped, 1 + 4);  // the torn line and the four superseded steps
+  // The scripts' reader (tools/metrics_jsonl.py) agrees.
+  CmdResult py = run_shell(fmt::format("python3 '{}/tools/metrics_jsonl.py' '{}' step", ATOLL_SOURCE_DIR, m.string()));
+  EXPECT_EQ(py.out, "1\n2\n3\n4\n5\n6\n7\n8\n") << py.out;
   // Every line is valid JSON again after the torn one.
   std::ifstream f(m);
   std::string line;
