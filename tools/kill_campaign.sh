@@ -107,14 +107,15 @@ while (( kills + lkills < total )); do
           (( ${#ranks[@]} == 2 )) && break; sleep 0.05
         done
         if (( lkills < LKILLS && (kills >= KILLS || RANDOM % 2 == 0) )); then what=launcher
-        elif (( ${#ranks[@]} > 0 )); then victim=${ranks[$((RANDOM % ${#ranks[@]}))]} what=rank; fi
+        elif (( ${#ranks[@]} > 0 )); then victim=${ranks[$((RANDOM % ${#ranks[@]}))]} what=rank
+        else what="launcher (before its ranks started)"; fi
       fi
       busy=$(ls -d "$run"/checkpoints/*.tmp "$run"/checkpoints/latest.tmp 2>/dev/null | wc -l)
       kill -9 "$victim" 2>/dev/null
       wait "$pid" 2>/dev/null
       (( busy > 0 )) && in_save=$((in_save + 1))
-      if [[ $what == launcher ]]; then
-        lkills=$((lkills + 1))
+      if [[ $RANKS == 2 && $victim == "$pid" ]]; then
+        if [[ $what == launcher ]]; then lkills=$((lkills + 1)); else kills=$((kills + 1)); fi
         left=0
         for i in $(seq 1 100); do  # bounded: 10 s
           left=0; for r in "${ranks[@]}"; do alive "$r" && left=$((left + 1)); done
