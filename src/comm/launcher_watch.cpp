@@ -26,14 +26,16 @@ long env_long(const char* name, long def) {
   return end != v && *end == 0 ? x : def;
 }
 
-[[noreturn]] void launcher_gone(const std::string& why, long grace_s) {
+// send_term: false when the kernel's parent-death SIGTERM has already been delivered; a second
+// SIGTERM would tell the trainer to stop at once instead of at the step's end with a checkpoint.
+[[noreturn]] void launcher_gone(const std::string& why, long grace_s, bool send_term) {
   std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "?";
-  std::string msg = "atoll: rank " + rank + ": " + why + "; stopping (SIGTERM, then exit after " +
-                    std::to_string(grace_s) + " s)\n";
+  std::string msg = "atoll: rank " + rank + ": " + why + "; stopping (exit in " + std::to_string(grace_s) +
+                    " s unless done before)\n";
   // stderr may be the dead launcher's pipe: say it where it can be seen, and never die of it.
   ::signal(SIGPIPE, SIG_IGN);
   (void)!::write(2, msg.data(), msg.size());
-  ::kill(::getpid(), SIGTERM);
+  if (send_term) ::kill(::getpid(), SIGTERM);
   std::this_thread::sleep_for(std::chrono::seconds(grace_s));
   const char* late = "atoll: still running after the grace period; exiting now\n";
   (void)!::write(2, late, std::char_traits<char>::length(late));
@@ -56,7 +58,7 @@ void start_launcher_watch() {
     for (int tick = 0;; ++tick) {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
       if (::getppid() != pid_t(launcher))
-        launcher_gone("its launcher (`atoll launch`, pid " + std::to_string(launcher) + ") is gone", grace);
+        launcher_gone("its launcher (`atoll launch`, pid " + std::to_string(launcher) + ") is gone", grace, false);
       if (port <= 0 || tick % 4 != 0) continue;
       // The store heartbeat: node 0's launcher hosts the store, so another node learns of its
       // death here. Three missed beats in a row (3 s) are a death, not a hiccup.
@@ -69,7 +71,7 @@ void start_launcher_watch() {
         if (++misses >= 3)
           launcher_gone("the rendezvous store of its launcher at " + store_addr + ":" + std::to_string(port) +
                             " stopped answering (the launcher on node 0 is gone)",
-                        grace);
+                        grace, true);
       }
     }
   }).detach();

@@ -13,7 +13,9 @@ std::atomic<int> g_depth{0};
 struct sigaction g_old_term, g_old_int, g_old_pipe;
 
 void on_stop(int sig) {
-  if (g_stop) {  // the second request: the user means it
+  // A second Ctrl-C means "now". A repeated SIGTERM does not: the parent-death signal can arrive
+  // once per thread of a dying multi-threaded launcher, and schedulers follow up with SIGKILL.
+  if (g_stop && sig == SIGINT) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
@@ -27,6 +29,9 @@ StopSignalGuard::StopSignalGuard() {
   if (g_depth++ > 0) return;
   struct sigaction sa {};
   sa.sa_handler = on_stop;
+  // Restart interrupted calls: the signal lands on any thread, and a transport's read or write
+  // failing with EINTR would turn "stop after this step" into a failed collective.
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, &g_old_term);
   ::sigaction(SIGINT, &sa, &g_old_int);
