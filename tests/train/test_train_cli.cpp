@@ -110,6 +110,14 @@ TEST(TrainCli, SigtermWritesAFinalCheckpointAndExitsCleanly) {
   EXPECT_EQ(again.exit_code(), 0) << again.out;
   EXPECT_TRUE(contains(again.out, fmt::format("at step {}", s))) << again.out;
   EXPECT_TRUE(contains(again.out, fmt::format("done: step {}", s + 2))) << again.out;
+  // Ctrl-C does the same.
+  CmdResult i = run_shell(fmt::format(
+      "{} --resume --checkpoint.every=0 > '{}/int.log' 2>&1 & P=$!; i=0; while [ $i -lt 600 ]; do "
+      "[ $(wc -l < '{}') -ge {} ] && break; sleep 0.05; i=$((i+1)); done; kill -INT $P; wait $P; echo rc=$?; "
+      "cat '{}/int.log'",
+      train_cmd(cfg), a.string(), m.string(), s + 2 + 3 + 3, a.string()));
+  EXPECT_TRUE(contains(i.out, "rc=0")) << i.out;
+  EXPECT_TRUE(contains(i.out, "stopped by SIGINT after step")) << i.out;
   fs::remove_all(a);
 }
 
