@@ -23,10 +23,10 @@ CASES=(
 run() {  # name seed key lr overrides... -> prints the final val loss
   local name=$1 seed=$2 key=$3 lr=$4; shift 4
   local dir="$OUT/$name-lr$lr-s$seed"
-  "$ATOLL" train configs/default.toml --run.dir="$dir" --train.steps="$STEPS" --train.seed="$seed" \
+  "$ATOLL" train configs/default.toml --run.dir="$dir" --overwrite --train.steps="$STEPS" --train.seed="$seed" \
     --eval.every="$STEPS" --sample.every=0 --checkpoint.every=0 --log.every=1000 --"$key"="$lr" "$@" ${ATOLL_EXTRA:-} >"$dir.log" 2>&1 \
     || { echo "nan"; return; }
-  grep -o '"val_loss":[0-9.eE+-]*' "$dir/metrics.jsonl" | tail -1 | cut -d: -f2
+  python3 tools/metrics_jsonl.py "$dir/metrics.jsonl" val_loss | tail -1
 }
 echo "## Sweep (seed 1, $STEPS steps)"
 echo "| optimizer | lr | val loss |"; echo "|---|---|---|"

@@ -59,8 +59,8 @@ if os.path.exists(sys.argv[3]):
 j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$ATOLL_PLAN_CALIBRATION" "$CAL2" "$CAL2T"
 
 median_ms() {  # median step_ms over metrics.jsonl files, skipping each run's first 2 steps
-  $PY -c 'import json,sys,statistics as s
-v=[x for f in sys.argv[1:] for x in [json.loads(l)["step_ms"] for l in open(f) if l.strip()][2:]]
+  $PY -c 'import sys,statistics as s; sys.path.insert(0, "tools"); from metrics_jsonl import records
+v=[x for f in sys.argv[1:] for x in [r["step_ms"] for r in records(f)][2:]]
 print("%.1f" % s.median(v))' "$@"
 }
 

@@ -24,6 +24,9 @@ static int run_launch(int argc, char** argv) {
   app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
   app.add_option("--rdzv", rdzv, "HOST:PORT of node 0's rendezvous store (multi-node)");
   app.add_option("--timeout", o.timeout_s, "collective timeout in seconds for every rank (ATOLL_COMM_TIMEOUT)");
+  app.add_option("--connect-timeout", o.connect_timeout_s,
+                 "seconds to keep trying to reach the store and the peers at start-up (ATOLL_CONNECT_TIMEOUT; "
+                 "default: the smaller of the collective timeout and 60)");
   app.add_option("--grace", o.grace_s, "seconds the other ranks get to exit after one fails");
   try {
     app.parse(split, argv);

@@ -1,4 +1,5 @@
 // `atoll train CONFIG.toml [--section.key=value ...] [--resume]`
+#include <csignal>
 #include <cstring>
 
 #include "cli/command.h"
@@ -17,12 +18,16 @@ int run_train(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: atoll train CONFIG.toml [--section.key=value ...] [--resume]\n"
+          "usage: atoll train CONFIG.toml [--section.key=value ...] [--resume | --overwrite]\n"
           "  Trains the model the config describes; any config key can be overridden on the command line.\n"
-          "  --resume   continue from the run directory's latest checkpoint (bit-exact)\n");
+          "  --resume      continue from the run directory's newest complete checkpoint (bit-exact)\n"
+          "  --overwrite   start a new run in a run directory that holds one (its files are moved to\n"
+          "                RUN_DIR/old-<time>/; nothing is deleted)\n"
+          "  --train.force=true   start even when the memory estimate exceeds what is available\n");
       return 0;
     }
     if (a == "--resume") resume = true;
+    else if (a == "--overwrite") overrides.push_back("run.overwrite=true");
     else if (a.rfind("--", 0) == 0) {
       ATOLL_CHECK(a.find('=') != std::string::npos, "option '{}' needs a value: --section.key=value", a);
       overrides.push_back(a.substr(2));
@@ -31,11 +36,14 @@ int run_train(int argc, char** argv) {
       path = a;
     }
   }
-  ATOLL_CHECK(!path.empty(), "usage: atoll train CONFIG.toml [--section.key=value ...] [--resume]");
+  ATOLL_CHECK(!path.empty(), "usage: atoll train CONFIG.toml [--section.key=value ...] [--resume | --overwrite]");
+  // A reader that goes away (`atoll train ... | head`) must not end training: printing fails, that is all.
+  std::signal(SIGPIPE, SIG_IGN);
   Config cfg = Config::load(path);
   for (auto& o : overrides) cfg.set_override(o);
   Trainer trainer(cfg);
   TrainResult r = trainer.run(resume);
+  if (r.final_step == r.start_step) return 0;  // nothing to train: the trainer said why
   log::info("done: step {} loss {:.4f}{}", r.final_step, r.final_loss,
             r.final_val_loss >= 0 ? fmt::format(" val loss {:.4f}", r.final_val_loss) : std::string());
   return 0;

@@ -36,8 +36,20 @@ Millis default_timeout() {
 
 void Work::wait() {
   std::unique_lock<std::mutex> lk(mu_);
+  // A long wait says so now and then (a stopped or unreachable peer used to mean minutes of
+  // silence before the timeout's message).
+  const Millis note_every = std::clamp(timeout_ / 4, Millis(1000), Millis(30000));
+  int notes = 0;
   while (!done_) {
     cv_.wait_for(lk, Millis(200));
+    if (!done_ && started_ && note_every < timeout_) {
+      auto waited = std::chrono::steady_clock::now() - start_time_;
+      if (waited >= note_every * (notes + 1)) {
+        ++notes;
+        log::warn("{}: still waiting after {:.0f} s (gives up after {:.0f} s): a peer is slow, stopped or unreachable",
+                  name_, std::chrono::duration<double>(waited).count(), timeout_.count() / 1000.0);
+      }
+    }
     // The backend enforces the deadline; this only catches a backend call that ignores it.
     if (!done_ && started_ &&
         std::chrono::steady_clock::now() - start_time_ > timeout_ + Millis(10000))

@@ -4,6 +4,7 @@
 
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
+#include "comm/launcher_watch.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "comm/tcp_store.h"
@@ -51,6 +52,7 @@ DistEnv DistEnv::from_environment() {
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, Millis timeout) {
+  start_launcher_watch();  // under `atoll launch`: die with the launcher, saying so
   DistEnv e = DistEnv::from_environment();
   std::string b = backend;
   if (b == "auto") {

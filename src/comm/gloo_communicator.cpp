@@ -216,10 +216,12 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooProcess> proc, int rank, 
                                    Millis timeout)
     : Communicator(rank, size, std::move(world_ranks), timeout), proc_(std::move(proc)), prefix_(prefix) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(timeout);
+  // Setting up the mesh has its own, shorter deadline than the collectives (tcp_store.h).
+  ctx->setTimeout(connect_timeout(timeout));
   StoreAdapter st(*proc_->store, prefix_ + "mesh/");
   try {
     ctx->connectFullMesh(st, proc_->device);
+    ctx->setTimeout(timeout);
   } catch (const std::exception& e) {
     proc_->clean = false;
     // Gloo's rendezvous key for rank r is its rank number: name the ranks that never arrived.

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,8 +92,11 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
       "MASTER_PORT=" + std::to_string(master_port),
       "ATOLL_STORE_ADDR=" + o.rdzv_host,
       "ATOLL_STORE_PORT=" + std::to_string(store_port),
+      // The rank's watchdog (comm/launcher_watch.h) ends it when this process is gone.
+      "ATOLL_LAUNCHER_PID=" + std::to_string(::getpid()),
   };
   if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
+  if (o.connect_timeout_s > 0) envs.push_back(fmt::format("ATOLL_CONNECT_TIMEOUT={}", o.connect_timeout_s));
   // Like torchrun: ranks sharing a node share its cores unless the user says otherwise.
   if (!std::getenv("OMP_NUM_THREADS")) {
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -115,9 +119,14 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
   for (auto& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);
 
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
   ATOLL_CHECK(pid >= 0, "fork(): {}", std::strerror(errno));
   if (pid == 0) {
+    // A rank dies with its launcher, even by kill -9: SIGTERM when we go (the trainer then stops
+    // at the step's end), checked once more in case we went before the request was made.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(1);
     ::setpgid(0, 0);  // its own group: teardown reaches the rank's children too
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
@@ -160,7 +169,8 @@ int launch(const LaunchOptions& o) {
     port = server->port();
   }
   Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
-  auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout);
+  auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout,
+                                         o.connect_timeout_s > 0 ? Millis(int64_t(o.connect_timeout_s * 1000)) : Millis(-1));
   // MASTER_PORT stays free for rank 0's own use (torch.distributed's env:// store, say): the
   // next port on a multi-node job, so that every node agrees without asking; a free one here.
   int master_port = o.nnodes > 1 ? o.rdzv_port + 1 : pick_free_port(o.rdzv_host);

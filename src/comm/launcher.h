@@ -14,6 +14,7 @@ struct LaunchOptions {
   std::string rdzv_host = "127.0.0.1";  // node 0's address, reachable from every node
   int rdzv_port = 0;  // the store's port; 0: a free one (single node only). MASTER_PORT = rdzv_port + 1
   double timeout_s = 0;  // > 0: exported as ATOLL_COMM_TIMEOUT, every rank's collective timeout
+  double connect_timeout_s = 0;  // > 0: exported as ATOLL_CONNECT_TIMEOUT (start-up connections)
   double grace_s = 5;    // after a failure, how long the other ranks get to exit by themselves
   std::vector<std::string> cmd;
 };

@@ -13,7 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -301,26 +303,62 @@ TcpStoreServer::~TcpStoreServer() {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-TcpStore::TcpStore(const std::string& host, int port, Millis timeout)
+std::chrono::milliseconds connect_timeout(std::chrono::milliseconds collective) {
+  if (const char* v = std::getenv("ATOLL_CONNECT_TIMEOUT"); v && *v) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    ATOLL_CHECK(end != v && *end == 0 && s > 0, "ATOLL_CONNECT_TIMEOUT='{}' is not a positive number of seconds", v);
+    return std::chrono::milliseconds(int64_t(s * 1000));
+  }
+  return std::min(collective, std::chrono::milliseconds(60000));
+}
+
+TcpStore::TcpStore(const std::string& host, int port, Millis timeout, Millis connect_within)
     : timeout_(timeout), address_(host + ":" + std::to_string(port)) {
   sockaddr_in a = resolve(host, port);
-  auto until = std::chrono::steady_clock::now() + timeout;
+  if (connect_within.count() < 0) connect_within = connect_timeout(timeout);
+  auto begin = std::chrono::steady_clock::now();
+  auto until = begin + connect_within;
+  // A progress line every 10 s (sooner for short deadlines): a silent wait looks like a hang.
+  const Millis note_every = std::clamp(connect_within / 4, Millis(250), Millis(10000));
+  auto next_note = begin + note_every;
   std::string last;
   for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     ATOLL_CHECK(fd >= 0, "tcp store: socket(): {}", std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    // Non-blocking, so that an unreachable address (no answer to SYN) cannot hold one attempt past
+    // the deadline for the kernel's two minutes.
+    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), err = rc == 0 ? 0 : errno;
+    if (rc != 0 && err == EINPROGRESS) {
+      auto left = std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLOUT, 0};
+      int pr = ::poll(&p, 1, int(std::clamp(left, Millis(1), Millis(1000)).count()));
+      socklen_t len = sizeof err;
+      if (pr == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0) rc = err == 0 ? 0 : -1;
+      else err = ETIMEDOUT;
+    }
+    if (rc == 0) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       fd_ = fd;
       return;
     }
-    last = std::strerror(errno);
+    last = std::strerror(err);
     ::close(fd);
-    if (std::chrono::steady_clock::now() > until)
+    auto now = std::chrono::steady_clock::now();
+    if (now > until)
       fail("cannot reach the rendezvous store at {} within {:.1f} s ({}); check MASTER_ADDR and "
-           "MASTER_PORT, and that rank 0 or `atoll launch` on node 0 is running",
-           address_, timeout.count() / 1000.0, last);
+           "MASTER_PORT, and that rank 0 or `atoll launch` on node 0 is running (ATOLL_CONNECT_TIMEOUT "
+           "sets how long to try)",
+           address_, connect_within.count() / 1000.0, last);
+    if (now > next_note) {
+      next_note = now + note_every;
+      std::string m = fmt::format("atoll: still trying to reach the rendezvous store at {} ({:.1f} s of {:.1f} s): {}\n",
+                                  address_, std::chrono::duration<double>(now - begin).count(),
+                                  connect_within.count() / 1000.0, last);
+      (void)!::write(2, m.data(), m.size());
+    }
     std::this_thread::sleep_for(Millis(50));
   }
 }

@@ -33,8 +33,9 @@ class TcpStoreServer {
 class TcpStore {
  public:
   using Millis = std::chrono::milliseconds;
-  // Connects, retrying until `timeout` (the server may start after us).
-  TcpStore(const std::string& host, int port, Millis timeout);
+  // Connects, retrying (the server may start after us) for connect_within, by default
+  // connect_timeout(timeout), with a progress line every 10 s; `timeout` bounds every request.
+  TcpStore(const std::string& host, int port, Millis timeout, Millis connect_within = Millis(-1));
   ~TcpStore();
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
@@ -65,6 +66,11 @@ class TcpStore {
   std::string address_;
   std::mutex mu_;
 };
+
+// How long to keep trying to reach a peer or the store at start-up, apart from the collective
+// timeout (a rank that never comes should not cost the full 300 s of a slow collective):
+// ATOLL_CONNECT_TIMEOUT seconds when set, else the smaller of `collective` and 60 s.
+std::chrono::milliseconds connect_timeout(std::chrono::milliseconds collective);
 
 // Free TCP port on host (bind to port 0 and release): for tests and the single-node launcher.
 int pick_free_port(const std::string& host = "127.0.0.1");

@@ -1,10 +1,12 @@
 #include "resilience/checkpoint.h"
 
 #include <filesystem>
+#include <set>
 
 #include "core/checksum.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "resilience/checkpoint_select.h"
 
 namespace atl {
 namespace fs = std::filesystem;
@@ -42,14 +44,15 @@ std::string CheckpointStore::save(int64_t step, const Checkpoint& ck) {
   fs::remove_all(old_dir);
   write_file_atomic((fs::path(dir_) / "latest").string(), step_name(step) + "\n");
 
-  // Retention: drop the oldest complete checkpoints beyond `keep`.
-  std::vector<std::string> steps;
-  for (auto& e : fs::directory_iterator(dir_)) {
-    std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos) steps.push_back(n);
-  }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; keep_ > 0 && i + size_t(keep_) < steps.size(); ++i) fs::remove_all(fs::path(dir_) / steps[i]);
+  // Retention by step number (names sort wrongly past 8 digits), never touching the checkpoint
+  // just written, the one this run resumed from, or any of a higher step than this save (left by
+  // an earlier attempt: this run replaces them when it gets there).
+  std::vector<CheckpointEntry> older;
+  for (auto& e : list_checkpoints(dir_))
+    if (e.step <= step) older.push_back(e);
+  std::set<int64_t> keep_always = protected_;
+  keep_always.insert(step);
+  for (auto& v : retention_victims(older, keep_, keep_always)) fs::remove_all(v.path);
   return final_dir;
 }
 
@@ -87,7 +90,8 @@ void CheckpointStore::verify(const std::string& path) {
 }
 
 Checkpoint CheckpointStore::load(const std::string& path) {
-  verify(path);
+  std::string why = checkpoint_problem(path);  // checksums, then a state.json the trainer can use
+  ATOLL_CHECK(why.empty(), "{}", why);
   Checkpoint ck;
   TensorFile mf = load_safetensors((fs::path(path) / "model.safetensors").string());
   ck.model = std::move(mf.tensors);

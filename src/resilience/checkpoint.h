@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,13 +27,16 @@ struct Checkpoint {
 
 class CheckpointStore {
  public:
-  // keep: how many most recent checkpoints to keep (older ones are removed after a save).
+  // keep: how many most recent checkpoints to keep (older ones, by step number, are removed after
+  // a save; see checkpoint_select.h for what is never removed).
   CheckpointStore(std::string dir, int keep = 3);
   // Returns the checkpoint's directory.
   std::string save(int64_t step, const Checkpoint& ck);
   // The newest complete checkpoint, if any.
   std::optional<std::string> latest() const;
   const std::string& dir() const { return dir_; }
+  // Retention never removes this step (the checkpoint a run resumed from).
+  void protect(int64_t step) { protected_.insert(step); }
 
   // Verifies the manifest's checksums, then decodes. Throws naming the bad file.
   static Checkpoint load(const std::string& path);
@@ -42,6 +46,7 @@ class CheckpointStore {
  private:
   std::string dir_;
   int keep_;
+  std::set<int64_t> protected_;
 };
 
 }  // namespace atl

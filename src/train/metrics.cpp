@@ -1,5 +1,7 @@
 #include "train/metrics.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -10,8 +12,65 @@ MetricsLog::MetricsLog(const std::string& path, bool append) {
   if (path.empty()) return;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  ATOLL_CHECK(f_ != nullptr, "cannot open metrics file '{}'", path);
+  (void)append;
+  f_ = std::fopen(path.c_str(), "a+");
+  ATOLL_CHECK(f_ != nullptr, "cannot open metrics file '{}': {}", path, std::strerror(errno));
+  // A kill in the middle of a line leaves it unterminated: end it, so the next record starts clean.
+  if (std::fseek(f_, 0, SEEK_END) == 0 && std::ftell(f_) > 0 && std::fseek(f_, -1, SEEK_END) == 0 &&
+      std::fgetc(f_) != '\n') {
+    std::fseek(f_, 0, SEEK_END);
+    std::fputc('\n', f_);
+  }
+  std::fseek(f_, 0, SEEK_END);
+}
+
+void MetricsLog::begin_segment(int64_t start_step, int64_t end_step, const std::string& resumed_from) {
+  write({{"segment",
+          {{"start_step", start_step},
+           {"end_step", end_step},
+           {"resumed_from", resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from)}}}});
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path, int* skipped) {
+  std::vector<nlohmann::json> out;
+  int skip = 0;
+  FILE* f = std::fopen(path.c_str(), "r");
+  ATOLL_CHECK(f != nullptr, "cannot open metrics file '{}': {}", path, std::strerror(errno));
+  std::string line;
+  char buf[8192];
+  auto take = [&](const std::string& l) {
+    if (l.empty()) return;
+    nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      ++skip;
+      return;
+    }
+    if (j.contains("segment")) {
+      int64_t s = j["segment"].value("start_step", int64_t(0));
+      while (!out.empty() && out.back()["step"].get<int64_t>() > s) {
+        out.pop_back();
+        ++skip;
+      }
+      return;
+    }
+    if (!j.contains("step") || !j["step"].is_number_integer()) {
+      ++skip;
+      return;
+    }
+    out.push_back(std::move(j));
+  };
+  while (std::fgets(buf, sizeof buf, f)) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      take(line);
+      line.clear();
+    }
+  }
+  take(line);
+  std::fclose(f);
+  if (skipped) *skipped = skip;
+  return out;
 }
 
 MetricsLog::~MetricsLog() {

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -27,6 +28,9 @@
 #include "train/corpus.h"
 #include "train/data_loader.h"
 #include "train/metrics.h"
+#include "train/preflight.h"
+#include "train/run_dir.h"
+#include "train/stop_signals.h"
 #include "train/tokenizer.h"
 
 namespace atl {
@@ -122,6 +126,7 @@ struct Trainer::Impl {
   std::unique_ptr<DataLoader> train_data, val_data;
   Rng sample_rng;
   std::string config_text;
+  RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
 
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
@@ -191,6 +196,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     if (I.rank != 0 && log::level() < log::Level::warn) log::set_level(log::Level::warn);
   }
   I.mc.validate();
+  // issue 10: a job that cannot fit is refused before it allocates anything (train/preflight.h).
+  check_memory_before_start(cfg, I.mc, {I.o.batch_size, I.o.seq_len, hidden_type, I.pc.strategy, I.o.matmul_dtype,
+                                        env.world_size, env.local_world_size});
   I.model = std::make_unique<nn::GPT>(I.mc);
   std::unique_ptr<Optimizer> opt;
   parallel::ShardedOptimizerFactory sharded;
@@ -246,6 +254,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     };
     opt = make_optimizer(cfg, I.model->param_refs(), distributed);  // reads (and so validates) its keys
   }
+  I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();
@@ -286,14 +295,31 @@ nn::GPT& Trainer::model() { return *impl_->model; }
 TrainResult Trainer::run(bool resume) {
   auto& I = *impl_;
   const TrainOptions& o = I.o;
+  // issue 10: SIGTERM/SIGINT stop at a step boundary with a checkpoint, SIGPIPE is ignored; rank 0
+  // owns the run dir (lock, no accidental reuse, writable, stale temporaries swept) before anything
+  // is read or written there (train/stop_signals.h, train/run_dir.h).
+  StopSignalGuard stop_signals;
+  RunDirState run_dir_state;
+  if (I.rank == 0) run_dir_state = prepare_run_dir(o.run_dir, resume, I.run_dir_opts);
+  if (I.comm) I.comm->barrier();
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
   int64_t start = 0;
+  std::string resumed_from;
   if (resume) {
-    if (auto p = store.latest()) {
+    // issue 10: the newest complete, verified checkpoint, whatever `latest` says.
+    std::string chosen = resume_checkpoint(store.dir(), I.rank == 0);
+    if (auto p = &chosen; !chosen.empty()) {
+      resumed_from = *p;
       Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
-      I.dp->load_full_state(ck.model, of, *p);
+      try {
+        I.dp->load_full_state(ck.model, of, *p);
+      } catch (const Error& e) {  // issue 10: another optimizer's checkpoint is named as such
+        std::vector<std::string> names;
+        for (auto& [n, t] : of.tensors) names.push_back(n);
+        fail_resume_load(*p, names, I.dp->optimizer().name(), e.what());
+      }
       start = ck.state.at("step").get<int64_t>();
       auto rs = ck.state.at("sample_rng").get<std::vector<uint64_t>>();
       Rng::State st;
@@ -307,11 +333,23 @@ TrainResult Trainer::run(bool resume) {
       ds.world_size = I.world;
       I.train_data->set_state(ds);
       log::info("resumed from {} at step {}", *p, start);
+      store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
       log::info("no checkpoint in {}: starting from scratch", store.dir());
     }
   }
-  MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), start > 0);
+  TrainResult res;
+  res.final_step = res.start_step = start;
+  if (start >= o.steps) {  // issue 10: say so instead of "done: step 0 loss 0.0000"
+    if (I.rank == 0)
+      log::warn("the run is already at step {} ({}) and train.steps is {}: nothing to train; pass --train.steps "
+                "above {} to go on",
+                start, resumed_from, o.steps, start);
+    return res;
+  }
+  // issue 10: appended, never truncated; the segment line marks what this invocation supersedes.
+  MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), true);
+  metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(o.seq_len);
   int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * I.world;  // the whole job's
@@ -322,7 +360,6 @@ TrainResult Trainer::run(bool resume) {
             I.dist_muon_used ? " (Muon matrices orthogonalized by their owner ranks)" : "", I.dist_note);
 
   Tensor x = Tensor::empty({o.batch_size, o.seq_len}, DType::i32), y = Tensor::empty({o.batch_size, o.seq_len}, DType::i32);
-  TrainResult res;
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
@@ -374,6 +411,9 @@ TrainResult Trainer::run(bool resume) {
     }
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
+    // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
+    bool signalled = I.comm ? I.dp->average(stop_requested() ? 1.0 : 0.0) > 0 : stop_requested() != 0;
+    stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
@@ -382,6 +422,13 @@ TrainResult Trainer::run(bool resume) {
       }
       if (I.comm) I.comm->barrier();  // no rank goes on (or resumes) before the checkpoint is complete
       last_good_ckpt = step + 1;
+    }
+    if (signalled) {
+      if (I.rank == 0)
+        log::warn("stopped by {} after step {}; the checkpoint is written: continue with --resume",
+                  stop_requested() == SIGINT ? "SIGINT" : stop_requested() ? "SIGTERM" : "a signal to another rank",
+                  step + 1);
+      res.stopped_by_signal = true;
     }
     if (stop_now) break;
   }

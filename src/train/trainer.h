@@ -46,7 +46,9 @@ struct TrainOptions {
 };
 
 struct TrainResult {
+  int64_t start_step = 0;  // where this invocation started (the checkpoint resumed from, or 0)
   int64_t final_step = 0;
+  bool stopped_by_signal = false;  // SIGTERM/SIGINT: stopped early with a checkpoint
   double final_loss = 0, final_val_loss = -1;
   double tokens_per_s = 0, mfu = 0;
 };
@@ -56,7 +58,8 @@ class Trainer {
   // Reads the whole config (model, optimizer, training) and rejects unknown keys.
   explicit Trainer(Config& cfg);
   ~Trainer();
-  // resume: continue from run_dir's latest checkpoint when there is one.
+  // resume: continue from run_dir's newest complete, verified checkpoint when there is one.
+  // Without it a run dir holding a run is refused unless [run] overwrite (see train/run_dir.h).
   TrainResult run(bool resume);
   // Under ZeRO-3/HSDP ([parallel] strategy) a rank holds only its shards of the weights between
   // steps; the checkpoints hold the full model.

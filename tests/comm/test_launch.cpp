@@ -2,6 +2,12 @@
 // the fault tests: a rank killed (or stopped) mid-collective makes every other rank fail, naming
 // it and the collective, within the configured timeout, and the launcher names the failed rank.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "comm_test_util.h"
 
@@ -72,6 +78,8 @@ TEST(Fault, StoppedRankMakesOthersTimeOutNotHang) {
   std::string line = p.out.substr(at, p.out.find('\n', at) - at);
   EXPECT_NE(line.find("rank 1 (last started: all_reduce #10) stopped answering: not in all_reduce #11"),
             std::string::npos) << line;
+  // Issue 10: the wait is not silent (with a 2 s timeout, a line after 1 s).
+  EXPECT_NE(p.out.find("all_reduce #11: still waiting after 1 s (gives up after 2 s)"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("rank 0 exited with code 3"), std::string::npos) << p.out;
 }
 
@@ -130,4 +138,100 @@ TEST(Launch, TorchDistributedRunsUnderTheLauncher) {
   EXPECT_EQ(p.exit_code(), 0) << p.out;
   EXPECT_EQ(count_of(p.out, "[rank 0] torch 0 2 [3.0, 3.0, 3.0]\n"), 1) << p.out;
   EXPECT_EQ(count_of(p.out, "[rank 1] torch 1 2 [3.0, 3.0, 3.0]\n"), 1) << p.out;
+}
+
+namespace {
+
+// Whether pid is a live process (a zombie waiting for a reaper counts as gone).
+bool alive(int pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  std::getline(f, s);
+  size_t close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
+}
+
+// Reads dir/pid.<rank> for each rank, waiting for the files (bounded).
+std::vector<int> rank_pids(const std::string& dir, int n) {
+  std::vector<int> pids;
+  for (int r = 0; r < n; ++r) {
+    int pid = 0;
+    for (int i = 0; i < 200 && pid == 0; ++i) {
+      std::ifstream f(dir + "/pid." + std::to_string(r));
+      if (!(f >> pid)) pid = 0;
+      if (pid == 0) usleep(50000);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Waits up to seconds for every pid to be gone; returns the survivors.
+std::vector<int> survivors(const std::vector<int>& pids, double seconds) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<int> left;
+  do {
+    left.clear();
+    for (int p : pids)
+      if (alive(p)) left.push_back(p);
+    if (left.empty()) break;
+    usleep(50000);
+  } while (std::chrono::steady_clock::now() < until);
+  return left;
+}
+
+std::string scratch_dir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "atoll_launch_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+// Issue 10: kill -9 of the launcher used to leave its ranks training for minutes. The
+// parent-death signal (SIGTERM) ends them.
+TEST(Launch, KilledLauncherTakesItsRanksWithIt) {
+  std::string d = scratch_dir("pdeath");
+  std::string script = fmt::format(
+      "'{}' launch --nproc-per-node 2 -- sh -c 'echo $$ > {}/pid.$RANK; exec sleep 60' > /dev/null 2>&1 & L=$!; "
+      "i=0; while [ $i -lt 200 ] && ! [ -s {}/pid.1 ]; do sleep 0.05; i=$((i+1)); done; kill -9 $L; echo killed",
+      atoll_exe(), d, d);
+  Proc p = run({"sh", "-c", script}, 30);
+  ASSERT_NE(p.out.find("killed"), std::string::npos) << p.out;
+  std::vector<int> pids = rank_pids(d, 2);
+  ASSERT_GT(pids[0], 0);
+  ASSERT_GT(pids[1], 0);
+  std::vector<int> left = survivors(pids, 10);
+  for (int s : left) ::kill(s, SIGKILL);  // do not leave them behind when the test fails
+  EXPECT_TRUE(left.empty()) << left.size() << " rank(s) outlived their launcher";
+  std::filesystem::remove_all(d);
+}
+
+// A rank that does not act on SIGTERM still goes, by the watchdog (comm/launcher_watch.h), and
+// says why.
+TEST(Launch, RankOfADeadLauncherExitsWithAMessage) {
+  std::string d = scratch_dir("watch");
+  std::string script = fmt::format(
+      "ATOLL_LAUNCHER_GRACE=1 '{}' launch --nproc-per-node 2 -- '{}' --worker orphan {} > /dev/null 2>&1 & L=$!; "
+      "i=0; while [ $i -lt 400 ] && ! [ -s {}/pid.1 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.3; kill -9 $L; "
+      "echo killed $L",
+      atoll_exe(), self_exe(), d, d);
+  Proc p = run({"sh", "-c", script}, 40);
+  ASSERT_NE(p.out.find("killed"), std::string::npos) << p.out;
+  std::vector<int> pids = rank_pids(d, 2);
+  ASSERT_GT(pids[0], 0);
+  ASSERT_GT(pids[1], 0);
+  std::vector<int> left = survivors(pids, 15);
+  for (int s : left) ::kill(s, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " rank(s) outlived their launcher";
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(d + "/err." + std::to_string(r));
+    std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(err.find("atoll: rank " + std::to_string(r) + ": its launcher (`atoll launch`, pid"), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("is gone; stopping"), std::string::npos) << err;
+  }
+  std::filesystem::remove_all(d);
 }

@@ -1,6 +1,7 @@
 // The rendezvous store: values, counters, waiting with a timeout, and dead-rank detection.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "comm/tcp_store.h"
@@ -79,4 +80,30 @@ TEST(TcpStore, ServerGoneIsAnErrorNotAHang) {
   a.set("k", "v");
   server.reset();
   EXPECT_THROW(a.get("other"), atl::Error);
+}
+
+// Issue 10: an unreachable store used to cost the whole collective timeout (300 s) in silence.
+// The start-up connection has its own deadline (ATOLL_CONNECT_TIMEOUT) and says it is waiting.
+TEST(TcpStore, ConnectTimeoutIsSeparateFromTheCollectiveTimeoutAndReportsProgress) {
+  int port = pick_free_port();
+  ::setenv("ATOLL_CONNECT_TIMEOUT", "1.5", 1);
+  auto t0 = std::chrono::steady_clock::now();
+  testing::internal::CaptureStderr();
+  std::string msg;
+  try {
+    TcpStore s("127.0.0.1", port, Millis(600000));  // a 10-minute collective timeout
+  } catch (const atl::Error& e) {
+    msg = e.what();
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  ::unsetenv("ATOLL_CONNECT_TIMEOUT");
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("within 1.5 s"), std::string::npos) << msg;
+  EXPECT_GE(s, 1.4);
+  EXPECT_LT(s, 10) << "the connection waited for the collective timeout";
+  EXPECT_NE(err.find("still trying to reach the rendezvous store at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(connect_timeout(Millis(300000)), Millis(60000)) << "the default is the smaller of the two";
+  EXPECT_EQ(connect_timeout(Millis(5000)), Millis(5000));
 }

@@ -39,6 +39,27 @@ int fault(int victim, const std::string& how, int after) {
   return 0;
 }
 
+// A rank that ignores SIGTERM (so the parent-death signal alone cannot end it) and keeps
+// all_reducing: only the launcher watchdog ends it once the launcher is gone. Its pid and stderr go
+// to files in dir, since the launcher's pipes die with the launcher.
+int orphan(const std::string& dir) {
+  ::signal(SIGTERM, SIG_IGN);
+  std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "0";
+  std::FILE* err = std::freopen((dir + "/err." + rank).c_str(), "w", stderr);
+  if (!err) return 4;
+  std::setvbuf(stderr, nullptr, _IONBF, 0);
+  auto c = make_communicator("auto", default_timeout());
+  if (std::FILE* f = std::fopen((dir + "/pid." + rank).c_str(), "w")) {
+    std::fprintf(f, "%d\n", int(::getpid()));
+    std::fclose(f);
+  }
+  Tensor t = Tensor::full({16}, 1.0f);
+  for (;;) {
+    c->all_reduce(t, ReduceOp::max);
+    usleep(50000);
+  }
+}
+
 // A 2-host job across network namespaces: one all_reduce whose result every rank checks.
 int hosts() {
   auto c = make_communicator("auto", default_timeout());
@@ -61,6 +82,7 @@ int run_worker(int argc, char** argv) {
     if (mode == "suite" && argc == 2) return suite(argv[1]);
     if (mode == "fault" && argc == 4) return fault(std::atoi(argv[1]), argv[2], std::atoi(argv[3]));
     if (mode == "hosts") return hosts();
+    if (mode == "orphan" && argc == 2) return orphan(argv[1]);
     std::fprintf(stderr, "usage: test_comm --worker suite BACKEND | fault VICTIM kill|stop AFTER | hosts\n");
     return 2;
   } catch (const std::exception& e) {

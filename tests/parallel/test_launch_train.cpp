@@ -2,7 +2,10 @@
 // loss curve matches one rank at the doubled batch (the rank-aware data loader splits the same rows
 // between the ranks), under DDP and ZeRO-3; a 2-rank ZeRO-3 checkpoint resumes on 1 rank.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include <filesystem>
 #include <fstream>
@@ -190,4 +193,52 @@ TEST(LaunchTrain, HsdpMuonMatchesOneRank) {
   ASSERT_EQ(one.size(), 6u);
   EXPECT_LT(one.back(), one.front()) << "the loss must fall";
   expect_close(losses(f.root / "hsdp"), one, 1e-4, "hsdp muon loss");
+}
+
+// Issue 10: kill -9 of `atoll launch` in the middle of a 2-rank run. Its ranks used to go on
+// training for minutes; now the parent-death SIGTERM makes both stop after the same step, write
+// one checkpoint, and exit, and the run resumes from it.
+TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
+  Fixture f;
+  fs::path run = f.root / "orphans", pids = f.root / "pids";
+  std::string script = fmt::format(
+      "'{0}' launch --nproc-per-node 2 --timeout 30 -- '{0}' train '{1}' --run.dir='{2}' --train.steps=100000 "
+      "--checkpoint.every=0 --eval.every=0 > '{2}.log' 2>&1 & L=$!; i=0; while [ $i -lt 1200 ]; do "
+      "[ -f '{2}/metrics.jsonl' ] && [ $(wc -l < '{2}/metrics.jsonl') -ge 4 ] && break; sleep 0.05; i=$((i+1)); done; "
+      "pgrep -P $L > '{3}'; kill -9 $L; echo killed",
+      atoll_exe(), f.cfg.string(), run.string(), pids.string());
+  ASSERT_EQ(run_command({"/bin/sh", "-c", script}, {}, (f.root / "kill.log").string(), 90), 0) << f.log("kill");
+  std::vector<int> ranks;
+  {
+    std::ifstream in(pids);
+    for (int p; in >> p;) ranks.push_back(p);
+  }
+  ASSERT_EQ(ranks.size(), 2u) << read_file((f.root / "kill.log").string());
+  auto alive = [](int pid) {  // a zombie waiting for its reaper counts as gone
+    if (::kill(pid, 0) != 0) return false;
+    std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+    std::string s;
+    std::getline(st, s);
+    size_t close = s.rfind(')');
+    return close != std::string::npos && close + 2 < s.size() && s[close + 2] != 'Z';
+  };
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::vector<int> left;
+  do {
+    left.clear();
+    for (int p : ranks)
+      if (alive(p)) left.push_back(p);
+    if (!left.empty()) usleep(100000);
+  } while (!left.empty() && std::chrono::steady_clock::now() < until);
+  for (int p : left) ::kill(p, SIGKILL);
+  ASSERT_TRUE(left.empty()) << left.size() << " rank(s) outlived the launcher";
+  std::vector<std::string> steps;
+  for (auto& e : fs::directory_iterator(run / "checkpoints"))
+    if (e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().filename().string());
+  ASSERT_EQ(steps.size(), 1u) << "expected the one checkpoint the SIGTERM wrote";
+  int64_t s = std::stoll(steps[0].substr(5));
+  ASSERT_EQ(f.train("orphans", 1, {"--train.batch_size=8", "--resume", fmt::format("--train.steps={}", s + 1),
+                                   "--eval.every=0"}),
+            0);
+  EXPECT_NE(f.log("orphans").find(fmt::format("at step {}", s)), std::string::npos) << f.log("orphans");
 }

@@ -10,78 +10,12 @@
 #include "resilience/checkpoint.h"
 #include "train/corpus.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 using namespace atl;
 namespace fs = std::filesystem;
 
-namespace {
-
-fs::path scratch(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("atoll_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// A small corpus of pseudo-sentences, prepared once per test directory.
-std::string make_data(const fs::path& root) {
-  fs::path txt = root / "corpus.txt";
-  std::ofstream out(txt);
-  const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
-  uint32_t s = 12345;
-  for (int doc = 0; doc < 300; ++doc) {
-    for (int w = 0; w < 40; ++w) {
-      s = s * 1664525u + 1013904223u;
-      out << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-    }
-    out << "\n%\n";
-  }
-  out.close();
-  PrepareOptions po;
-  po.inputs = {txt.string()};
-  po.out_dir = (root / "data").string();
-  po.val_fraction = 0.1;
-  prepare_data(po);
-  return po.out_dir;
-}
-
-Config tiny_config(const fs::path& root, const std::string& data, int64_t steps) {
-  std::string text = fmt::format(R"(
-[run]
-dir = "{}"
-[data]
-dir = "{}"
-auto_prepare = false
-[model]
-preset = "gpt2-tiny"
-[train]
-steps = {}
-batch_size = 4
-seq_len = 32
-grad_accum = 2
-warmup_steps = 2
-threads = 2
-[optim.adamw]
-lr = 1e-2
-[eval]
-every = 4
-steps = 2
-[sample]
-every = 0
-[checkpoint]
-every = 4
-[log]
-every = 100
-[hardware]
-peak_gflops = 100.0
-)",
-                                 (root / "run").string(), data, steps);
-  return Config::parse(text, "tiny.toml");
-}
-
-std::vector<float> weights_of(Trainer& t) { return t.model().flat_values().to_vector(); }
-
-}  // namespace
+using namespace atl::test;
 
 TEST(Trainer, ResumeIsBitExact) {
   fs::path a = scratch("resume_a"), b = scratch("resume_b");

@@ -1,0 +1,115 @@
+#include "train/preflight.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "plan/memory_model.h"
+#include "plan/model_spec.h"
+
+namespace atl {
+
+std::string format_bytes(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", b / (1024.0 * 1024 * 1024));
+  return fmt::format("{:.0f} MiB", b / (1024.0 * 1024));
+}
+
+MemoryEstimate estimate_training_memory(const nn::GPTConfig& mc, const TrainShape& s) {
+  plan::ModelSpec m;
+  m.layers = mc.n_layer;
+  m.hidden = mc.n_embd;
+  m.heads = mc.n_head;
+  m.kv_heads = mc.n_kv_head;
+  m.ffn = mc.ffn();
+  m.ffn_type = mc.swiglu ? "swiglu" : "gelu";
+  m.vocab = mc.vocab_size;
+  m.seq = s.seq_len;
+  m.tied_head = mc.tied_head;
+  m.bias = mc.bias;
+  m.norm = mc.rms_norm ? "rmsnorm" : "layernorm";
+  m.position = mc.rope ? "rope" : "learned";
+  m.attention = "flash";  // the CPU attention keeps a log-sum-exp per row, not the [T, T] scores
+  MemoryEstimate e;
+  int stage = s.strategy == "zero1" ? 1 : s.strategy == "zero2" ? 2 : (s.strategy == "zero3" || s.strategy == "hsdp") ? 3 : 0;
+  std::string opt = s.optimizer == "adamw" ? "adam" : s.optimizer;
+  plan::StateBytes sb = plan::state_bytes("fp32", opt);
+  e.model_states = plan::zero_model_state_bytes(double(m.total_params()), stage, std::max(1, s.world), sb);
+  if (s.dtype == "bf16") e.model_states += 2.0 * double(m.total_params());  // the bf16 weight copies
+  plan::ActivationOptions ao;
+  ao.act_bytes = 4;
+  e.activations = double(m.layers) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao);
+  e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(mc.vocab_size);
+  return e;
+}
+
+namespace {
+
+double read_number_file(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return -1;
+  try {
+    return std::stod(s);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+double available_memory_bytes(std::string* source) {
+  double avail = -1;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    double kb;
+    while (f >> key >> kb) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") {
+        avail = kb * 1024.0;
+        break;
+      }
+    }
+  }
+  if (source) *source = "MemAvailable in /proc/meminfo";
+  // cgroup v2, then v1 (a v1 "no limit" is a huge number, which the min below ignores).
+  double limit = read_number_file("/sys/fs/cgroup/memory.max"), used = read_number_file("/sys/fs/cgroup/memory.current");
+  if (limit < 0) {
+    limit = read_number_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    used = read_number_file("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  if (limit > 0 && used >= 0 && (avail < 0 || limit - used < avail)) {
+    avail = std::max(0.0, limit - used);
+    if (source) *source = fmt::format("the cgroup's memory limit {} less its usage", format_bytes(limit));
+  }
+  return avail;
+}
+
+void check_memory_before_start(Config& cfg, const nn::GPTConfig& mc, const TrainShape& s) {
+  bool force = cfg.get_bool("train.force", false);
+  MemoryEstimate e = estimate_training_memory(mc, s);
+  std::string source;
+  double avail = available_memory_bytes(&source);
+  double need = e.total() * double(std::max(1, s.local_world));
+  log::debug("memory estimate {} per rank (states {}, activations {}, logits {}); available {}", format_bytes(e.total()),
+             format_bytes(e.model_states), format_bytes(e.activations), format_bytes(e.logits), format_bytes(avail));
+  if (avail < 0 || need <= avail) return;
+  std::string per_rank = s.local_world > 1 ? fmt::format(" per rank, {} for this node's {} ranks", format_bytes(need),
+                                                         s.local_world)
+                                           : "";
+  std::string msg = fmt::format(
+      "training needs about {}{} (model states {}, activations {}, logits {}), but only {} is available ({}); "
+      "reduce train.batch_size (now {}; train.grad_accum keeps the tokens per step) or train.seq_len (now {}) or "
+      "the model, or pass --train.force=true to try anyway",
+      format_bytes(e.total()), per_rank, format_bytes(e.model_states), format_bytes(e.activations),
+      format_bytes(e.logits), format_bytes(avail), source, s.batch_size, s.seq_len);
+  if (force) {
+    log::warn("{} (going on: train.force = true)", msg.substr(0, msg.find("; reduce")));
+    return;
+  }
+  fail("{}", msg);
+}
+
+}  // namespace atl

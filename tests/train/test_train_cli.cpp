@@ -1,0 +1,151 @@
+// Issue 10, `atoll train` as a user runs it: a job that cannot fit is refused before it
+// allocates; a reader that goes away (`| head`) does not end training; SIGTERM stops with a
+// checkpoint; read-only run and checkpoint directories are diagnosed at start-up.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "resilience/checkpoint_select.h"
+#include "train/preflight.h"
+#include "trainer_fixture.h"
+
+using namespace atl;
+using namespace atl::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A config file for the command line: the tiny model on one thread, a progress line every step.
+fs::path write_config(const fs::path& root, const std::string& data, int64_t steps) {
+  fs::path p = root / "tiny.toml";
+  std::ofstream(p) << tiny_config_text(root, data, steps)
+                   << "\n";  // the overrides below win over the file
+  return p;
+}
+
+std::string train_cmd(const fs::path& cfg, const std::string& extra = "") {
+  return fmt::format("'{}' train '{}' --train.threads=1 --eval.every=0 --log.every=1 {}", atoll_exe(), cfg.string(),
+                     extra);
+}
+
+}  // namespace
+
+// The issue's repro: this batch on the default (0.8M-parameter) model used to allocate past the
+// machine's memory and be killed by the kernel after 17 s. The address-space limit makes any real
+// attempt fail at once, so a refusal with the numbers shows nothing big was allocated first.
+TEST(TrainCli, OversizedBatchIsRefusedBeforeAllocating) {
+  fs::path a = scratch("oom");
+  CmdResult r = run_shell(fmt::format("cd '{}' && ulimit -v 2000000 && '{}' train '{}/configs/default.toml' "
+                                      "--train.batch_size=1048576 --run.dir='{}/run'",
+                                      a.string(), atoll_exe(), ATOLL_SOURCE_DIR, a.string()));
+  EXPECT_EQ(r.exit_code(), 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "training needs about")) << r.out;
+  EXPECT_TRUE(contains(r.out, "is available")) << r.out;
+  EXPECT_TRUE(contains(r.out, "reduce train.batch_size (now 1048576")) << r.out;
+  EXPECT_TRUE(contains(r.out, "--train.force=true")) << r.out;
+  EXPECT_LT(r.seconds, 10) << "bounded: it must not have started training";
+  EXPECT_FALSE(fs::exists(a / "data")) << "the refusal came after preparing data";
+  EXPECT_FALSE(fs::exists(a / "run"));
+  fs::remove_all(a);
+}
+
+TEST(TrainCli, MemoryEstimateScalesAndForceGoesOn) {
+  nn::GPTConfig mc = nn::GPTConfig::preset("gpt2-tiny");
+  TrainShape small, big;
+  small.batch_size = 4;
+  small.seq_len = 32;
+  big = small;
+  big.batch_size = 4 << 20;
+  MemoryEstimate s = estimate_training_memory(mc, small), b = estimate_training_memory(mc, big);
+  EXPECT_GT(s.total(), 0);
+  EXPECT_LT(s.total(), 64.0 * 1024 * 1024) << "a tiny job must not look big";
+  // Activations and logits grow with the batch, model states do not.
+  EXPECT_NEAR((b.activations + b.logits) / (s.activations + s.logits), double(4 << 20) / 4, 1e-6 * (4 << 20));
+  EXPECT_EQ(b.model_states, s.model_states);
+  std::string src;
+  EXPECT_GT(available_memory_bytes(&src), 0) << "cannot read /proc/meminfo";
+  Config refuse = Config::parse("", "t.toml"), force = Config::parse("[train]\nforce = true\n", "t.toml");
+  EXPECT_THROW(check_memory_before_start(refuse, mc, big), Error);
+  EXPECT_NO_THROW(check_memory_before_start(force, mc, big));
+  EXPECT_NO_THROW(check_memory_before_start(refuse, mc, small));
+}
+
+// The issue's repro: `atoll train ... | head -2` died of SIGPIPE (status 141), without a message
+// or a checkpoint.
+TEST(TrainCli, ClosedOutputPipeDoesNotStopTraining) {
+  fs::path a = scratch("sigpipe");
+  std::string data = make_data(a);
+  fs::path cfg = write_config(a, data, 12);
+  CmdResult r = run_shell(fmt::format("bash -c \"{} | head -2; echo rc=\\${{PIPESTATUS[0]}}\"", train_cmd(cfg)));
+  EXPECT_TRUE(contains(r.out, "rc=0")) << r.out;
+  fs::path last = a / "run" / "checkpoints" / "step_00000012";
+  EXPECT_TRUE(fs::exists(last)) << r.out;
+  EXPECT_EQ(checkpoint_problem(last.string()), "");
+  fs::remove_all(a);
+}
+
+// SIGTERM (a scheduler's preemption) stops after the current step with a checkpoint, exits 0, and
+// the run resumes from exactly there.
+TEST(TrainCli, SigtermWritesAFinalCheckpointAndExitsCleanly) {
+  fs::path a = scratch("sigterm");
+  std::string data = make_data(a);
+  fs::path cfg = write_config(a, data, 100000);
+  fs::path m = a / "run" / "metrics.jsonl";
+  CmdResult r = run_shell(fmt::format(
+      "{} --checkpoint.every=0 > '{}/out.log' 2>&1 & P=$!; i=0; while [ $i -lt 600 ]; do "
+      "[ -f '{}' ] && [ $(wc -l < '{}') -ge 4 ] && break; sleep 0.05; i=$((i+1)); done; kill -TERM $P; wait $P; "
+      "echo rc=$?; cat '{}/out.log'",
+      train_cmd(cfg), a.string(), m.string(), m.string(), a.string()));
+  EXPECT_TRUE(contains(r.out, "rc=0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "stopped by SIGTERM after step")) << r.out;
+  auto cks = list_checkpoints((a / "run" / "checkpoints").string());
+  ASSERT_EQ(cks.size(), 1u) << r.out;
+  EXPECT_EQ(checkpoint_problem(cks[0].path), "");
+  int64_t s = cks[0].step;
+  CmdResult again = run_shell(train_cmd(cfg, fmt::format("--resume --train.steps={}", s + 2)));
+  EXPECT_EQ(again.exit_code(), 0) << again.out;
+  EXPECT_TRUE(contains(again.out, fmt::format("at step {}", s))) << again.out;
+  EXPECT_TRUE(contains(again.out, fmt::format("done: step {}", s + 2))) << again.out;
+  // Ctrl-C does the same.
+  CmdResult i = run_shell(fmt::format(
+      "{} --resume --checkpoint.every=0 > '{}/int.log' 2>&1 & P=$!; i=0; while [ $i -lt 600 ]; do "
+      "[ $(wc -l < '{}') -ge {} ] && break; sleep 0.05; i=$((i+1)); done; kill -INT $P; wait $P; echo rc=$?; "
+      "cat '{}/int.log'",
+      train_cmd(cfg), a.string(), m.string(), s + 2 + 3 + 3, a.string()));
+  EXPECT_TRUE(contains(i.out, "rc=0")) << i.out;
+  EXPECT_TRUE(contains(i.out, "stopped by SIGINT after step")) << i.out;
+  fs::remove_all(a);
+}
+
+// A read-only run dir, or only its checkpoints/, is found before the first step, not at the first
+// save. Root ignores permission bits, so this needs a read-only mount (a private mount namespace).
+TEST(TrainCli, ReadOnlyRunOrCheckpointDirIsDiagnosedAtStartUp) {
+  fs::path a = scratch("readonly");
+  std::string data = make_data(a);
+  fs::path cfg = write_config(a, data, 8);
+  fs::create_directories(a / "run" / "checkpoints");
+  auto ro = [&](const fs::path& dir) {
+    if (::geteuid() != 0)
+      return run_shell(fmt::format("chmod a-w '{}' && {}; chmod u+w '{}'", dir.string(), train_cmd(cfg), dir.string()));
+    return run_shell(fmt::format("unshare -m sh -c \"mount --bind '{0}' '{0}' && mount -o remount,bind,ro '{0}' && "
+                                 "echo mounted-ro && {1}\"",
+                                 dir.string(), train_cmd(cfg)));
+  };
+  CmdResult probe = ro(a / "run");
+  if (::geteuid() == 0 && !contains(probe.out, "mounted-ro"))
+    GTEST_SKIP() << "running as root without the right to make a read-only mount (unshare -m): " << probe.out;
+  EXPECT_EQ(probe.exit_code(), 1) << probe.out;
+  EXPECT_TRUE(contains(probe.out, "run.dir '" + (a / "run").string() + "' is not writable")) << probe.out;
+  EXPECT_FALSE(contains(probe.out, "internal error")) << probe.out;
+  CmdResult c = ro(a / "run" / "checkpoints");
+  EXPECT_EQ(c.exit_code(), 1) << c.out;
+  EXPECT_TRUE(contains(c.out, "the checkpoint directory '" + (a / "run" / "checkpoints").string() + "' is not writable"))
+      << c.out;
+  EXPECT_FALSE(contains(c.out, "step     1/")) << "it trained before finding out: " << c.out;
+  EXPECT_FALSE(fs::exists(a / "run" / "metrics.jsonl"));
+  fs::remove_all(a);
+}
