@@ -47,6 +47,7 @@ struct Device {
   bool gemm_overlaps_memory = true;
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
+  double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;
@@ -59,7 +60,8 @@ struct Device {
 
 // The default curve of a GPU: eff(F) = e_max · F / (F + F_half). F_half grows with peak FLOP/s
 // (a bigger device needs a bigger GEMM to fill), see hardware.cpp.
-std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16);
+// e_max: the device's measured best matmul efficiency (hardware.cpp says where each comes from).
+std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16, double e_max);
 
 const std::vector<Device>& device_catalog();
 std::vector<std::string> known_devices();

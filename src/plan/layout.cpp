@@ -56,9 +56,11 @@ void validate_layout(const Layout& l, const ModelSpec& m, const Cluster& c) {
   }
   if (l.schedule == "interleaved") {
     ATOLL_CHECK(l.pp > 1, "layout: the interleaved schedule needs pp > 1");
-    ATOLL_CHECK(m.layers % (l.pp * l.virtual_stages) == 0,
-                "layout: interleaved needs pp×virtual_stages ({}×{}) to divide the layers ({})", l.pp,
-                l.virtual_stages, m.layers);
+    // Uneven stages are allowed (Llama 3 runs 126 layers on 16 stages): every model chunk needs at
+    // least one layer, and the heaviest chunk sets the pace (layers_per_stage).
+    ATOLL_CHECK(l.pp * l.virtual_stages <= m.layers,
+                "layout: interleaved needs at least one layer per model chunk: pp×virtual_stages ({}×{}) must not "
+                "exceed the layers ({})", l.pp, l.virtual_stages, m.layers);
     ATOLL_CHECK(l.micro_batches() % l.pp == 0,
                 "layout: interleaved needs the micro-batches per pipeline ({}) to be a multiple of pp ({})",
                 l.micro_batches(), l.pp);

@@ -26,6 +26,17 @@ namespace atl::plan {
 static constexpr double kTrafficFactor = 2.0;
 // Host memory bandwidth used for an offloaded optimizer step.
 static constexpr double kHostMemBw = 100e9;
+// FlashAttention-2 reaches 50-73% of an A100's peak (Dao 2023, "FlashAttention-2: Faster Attention
+// with Better Parallelism and Work Partitioning", abstract and §4.1): a fused attention kernel is
+// capped at the top of that range, below the GEMM curve's 0.85.
+static constexpr double kFlashEffMax = 0.73;
+// Backward FLOPs of flash attention over its forward (5 matmuls vs 2: QKᵀ is recomputed).
+static constexpr double kFlashBackwardRatio = 2.5;
+// A causal mask lets the fused kernel skip the tiles above the diagonal.
+static constexpr double kFlashCausalFraction = 0.5;
+// PyTorch DDP's default gradient bucket (bucket_cap_mb = 25): buckets are all-reduced as the
+// backward pass fills them.
+static constexpr double kDdpBucketBytes = 25e6;
 
 CommCost Prediction::comm_total() const {
   CommCost c = tp;
@@ -53,6 +64,17 @@ struct Timer {
   // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
   // known (on a CPU GELU's tanh and LayerNorm's reductions keep them below STREAM bandwidth).
   void stream(double bytes) { memory += bytes / (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw); }
+  // One launch that does `flops` of matrix work and moves `bytes` (a strided-batched GEMM over
+  // every head, or one fused attention kernel): its efficiency is that of the whole launch,
+  // capped at what such a kernel has been measured to reach.
+  void launch(double flops, double bytes, double eff_cap, double times = 1) {
+    if (flops <= 0 || times <= 0) return;
+    double c = flops / (d.peak(prec) * std::min(eff_cap, d.gemm_efficiency(flops)));
+    double mem = bytes / d.mem_bw;
+    if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
+    else if (c >= mem) compute += c * times;
+    else memory += mem * times;
+  }
   double total() const { return compute + memory; }
 };
 
@@ -87,7 +109,9 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.gemm(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
     g.gemm(T, h, m.value_dim() / t);
   }
-  // Attention core: per head, [s_local × d]·[d × s] scores then [s_local × s]·[s × d_v].
+  // Attention core: every local head of the micro-batch in one launch (cuBLAS strided-batched
+  // GEMMs for standard attention, one fused kernel for flash), so the efficiency is that of the
+  // whole call, not of one (sequence, head) product.
   const double heads_local = b * m.heads / t;
   const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
   const double s_keys = double(m.seq);
@@ -100,8 +124,21 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
       x->compute += f / d.attention_rate(f);
       continue;
     }
-    x->gemm(s, s_keys, dq, heads_local, flash);
-    x->gemm(s, dv, s_keys, heads_local, flash);
+    if (flash) {
+      // Causal flash attention skips the blocks above the diagonal (half the score tiles); only
+      // Q, K, V and O touch memory: the s×s scores and probabilities stay on chip in both
+      // products. Its backward recomputes QKᵀ: 5 matmuls against the forward's 2, i.e. 2.5× the
+      // forward instead of the 2× of a GEMM (Dao 2023, FlashAttention-2 §3.1-3.2), folded in here
+      // because the layer's backward is taken as 2× its forward.
+      const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
+      const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
+      x->launch(f, bytes, kFlashEffMax, (1.0 + kFlashBackwardRatio) / 3.0);
+    } else {
+      // Megatron-style: baddbmm writes the s×s scores, the softmax reads and writes them, and
+      // bmm reads the probabilities with V.
+      x->launch(heads_local * 2.0 * s * s_keys * dq, act_e * heads_local * (s * dq + s_keys * dq + s * s_keys), 1.0);
+      x->launch(heads_local * 2.0 * s * s_keys * dv, act_e * heads_local * (s * s_keys + s_keys * dv + s * dv), 1.0);
+    }
   }
   // FFN.
   const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
@@ -139,6 +176,42 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
 std::string fmt_s(double x) { return fmt::format("{:.4g} s", x); }
 
 }  // namespace
+
+// One micro-batch of FSDP / ZeRO-3 over `units` equal units (one per transformer layer): two
+// streams, compute and communication (all-gathers and reduce-scatters share the NIC, so they
+// queue), with one unit prefetched (PyTorch FSDP's forward_prefetch and BACKWARD_PRE with
+// limit_all_gathers: the next unit's all-gather is issued when a unit starts computing). The first
+// unit's gather in each pass and the last unit's reduce-scatter have nothing to hide behind; each
+// backward reduce-scatter runs while the next unit computes, queued after that unit's prefetch.
+// Returns the time the micro-batch takes beyond its compute.
+double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs) {
+  if (units <= 0) return 0;
+  double comp = 0, comm = ag, ready = ag;  // forward: gather unit 0, nothing to overlap yet
+  for (int64_t i = 0; i < units; ++i) {
+    double start = std::max(comp, ready);
+    if (i + 1 < units) comm = std::max(comm, start) + ag, ready = comm;
+    comp = start + fwd;
+  }
+  comm = std::max(comm, comp) + ag, ready = comm;  // backward: the last unit is gathered again
+  for (int64_t i = 0; i < units; ++i) {
+    double start = std::max(comp, ready);
+    if (i + 1 < units) comm = std::max(comm, start) + ag, ready = comm;
+    comp = start + bwd;
+    comm = std::max(comm, comp) + rs;  // this unit's gradients, behind the next unit's compute
+  }
+  return std::max(comp, comm) - double(units) * (fwd + bwd);
+}
+
+// Bucketed gradient synchronisation overlapped with the backward pass (PyTorch DDP, Megatron's
+// overlap_grad_reduce): `n` equal buckets become ready at even intervals over the backward time
+// `window`, bucket j at j·window/n, and each takes `c` on the network; the last is ready only when
+// the backward ends. Exposed time after the backward: max over j of (j·Δ + (n − j + 1)·c) −
+// n·Δ = max(c, n·c − (n − 1)·Δ).
+double bucketed_exposed(double n, double c, double window) {
+  if (n <= 0 || c <= 0) return 0;
+  double delta = window / n;
+  return std::max(c, n * c - (n - 1) * delta);
+}
 
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& opt) {
   m.validate();
@@ -237,32 +310,47 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const Group dp_group{l.tp, dp_inner * l.cp};
   const double grad_bytes = params_local * sb.grad, weight_bytes = params_local * sb.weight;
   CommCost dp_cost;
+  // Backward time of one micro-batch on this stage: what the gradient traffic can hide behind.
+  const double mb_fwd = fwd_c + fwd_m + (l.tp > 1 ? tp_mb.total() / n_tp_colls * 2.0 * per_stage : 0.0);
+  const double mb_bwd = std::max(0.0, mb_time - mb_fwd);
+  double n_buckets = 0, fsdp_units = 0;
   if (l.zero >= 3) {
-    // FSDP: gather the weights for forward and backward of every micro-batch, reduce-scatter
-    // the gradients; prefetching hides it behind that micro-batch's compute.
-    Group shard = l.hsdp ? Group{l.tp, l.hsdp} : dp_group;
-    CommCost per_mb = all_gather(c, shard, weight_bytes).scaled(2.0);
-    per_mb += reduce_scatter(c, shard, grad_bytes);
-    double exposed = std::max(0.0, per_mb.total() - (mb_compute + mb_memory));
+    // FSDP: every unit (a transformer layer) is all-gathered for its forward and again for its
+    // backward, and its gradients reduce-scattered, in every micro-batch (fsdp_exposed).
+    const Group shard = l.hsdp ? Group{l.tp, l.hsdp} : dp_group;
+    const double units = double(std::max<int64_t>(1, per_stage));
+    fsdp_units = units;
+    CommCost ag = all_gather(c, shard, weight_bytes / units);
+    CommCost rs = reduce_scatter(c, shard, grad_bytes / units);
+    // HSDP: each unit's shard of gradients is all-reduced across the replicas right after its
+    // reduce-scatter, on the same stream.
+    if (l.hsdp && dp_inner * l.cp / l.hsdp > 1)
+      rs += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / units / l.hsdp);
+    CommCost per_mb = ag.scaled(2.0 * units);
+    per_mb += rs.scaled(units);
+    double exposed = fsdp_exposed(int64_t(units), mb_fwd / units, mb_bwd / units, ag.total(), rs.total());
     dp_cost = per_mb.total() > 0 ? per_mb.scaled(n_micro * exposed / per_mb.total()) : per_mb;
-    if (l.hsdp && dp_inner / l.hsdp > 1)
-      dp_cost += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
   } else {
-    CommCost sync;
+    // Gradients: all-reduced (ZeRO-1/2: reduce-scattered), in buckets as the last micro-batch's
+    // backward fills them when overlap_dp, else in one coalesced buffer after it. ZeRO-1/2 then
+    // all-gather the updated weights after the optimizer step, with nothing left to overlap.
+    CommCost grads, weights;
+    n_buckets = l.overlap_dp ? std::max(1.0, std::ceil(grad_bytes / kDdpBucketBytes)) : 1.0;
+    const double bucket = grad_bytes / n_buckets;
     if (l.hsdp) {
-      sync = reduce_scatter(c, {l.tp, l.hsdp}, grad_bytes);
-      sync += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
-      sync += all_gather(c, {l.tp, l.hsdp}, weight_bytes);
+      grads = reduce_scatter(c, {l.tp, l.hsdp}, bucket);
+      grads += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, bucket / l.hsdp);
+      weights = all_gather(c, {l.tp, l.hsdp}, weight_bytes);
     } else if (l.zero >= 1) {
-      sync = reduce_scatter(c, dp_group, grad_bytes);
-      sync += all_gather(c, dp_group, weight_bytes);
+      grads = reduce_scatter(c, dp_group, bucket);
+      weights = all_gather(c, dp_group, weight_bytes);
     } else {
-      sync = all_reduce(c, dp_group, grad_bytes);
+      grads = all_reduce(c, dp_group, bucket);
     }
-    // Overlap with the backward pass of the last micro-batch, whose gradients arrive in buckets.
-    double window = l.overlap_dp ? 2.0 * (fwd_c + fwd_m) : 0.0;
-    double exposed = std::max(0.0, sync.total() - window);
-    dp_cost = sync.total() > 0 ? sync.scaled(exposed / sync.total()) : sync;
+    double exposed = l.overlap_dp ? bucketed_exposed(n_buckets, grads.total(), mb_bwd) : n_buckets * grads.total();
+    CommCost all = grads.scaled(n_buckets);
+    dp_cost = all.total() > 0 ? all.scaled(exposed / all.total()) : all;
+    dp_cost += weights;
   }
   p.dp = dp_cost;
 
@@ -366,6 +454,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured fused-attention rate "
                            "{:.4g} GFLOP/s", f, d.attention_rate(f) / 1e9);
+      } else {
+        double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
+        if (m.attention == "flash") f *= kFlashCausalFraction;
+        attn = fmt::format("; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
+                           m.attention == "flash" ? std::min(kFlashEffMax, d.gemm_efficiency(f)) : d.gemm_efficiency(f / 2),
+                           m.attention == "flash" ? ", flash: causal half, capped at 0.73 (FlashAttention-2), Q/K/V/O "
+                                                    "traffic only, backward 2.5× forward"
+                                                  : ", standard: s×s scores written and read");
       }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
                          "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}",
@@ -403,9 +499,24 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       return fmt::format("(p−1)/v × micro-batch time = ({}−1)/{} × {}", l.pp, v, fmt_s(mb_time));
     });
     rec.add("time.dp", p.dp.total(), "s", [&] {
-      return fmt::format("{} of {:.4g} MB gradients over dp group of {} ({}), exposed after overlap: {}",
-                         l.zero >= 3 ? "ZeRO-3 gathers + reduce-scatter" : l.zero ? "reduce-scatter + all-gather" : "all-reduce",
-                         grad_bytes / 1e6, dp_inner * l.cp, level_name(group_level(c, dp_group)), lv(p.dp));
+      std::string how;
+      if (l.zero >= 3)
+        how = fmt::format("FSDP per unit and micro-batch: {} units × (2 all-gathers of {:.4g} MB + reduce-scatter of "
+                          "{:.4g} MB) per micro-batch, ring latency per step at each level crossed; one unit "
+                          "prefetched, first gathers and last reduce-scatter exposed, each reduce-scatter behind the "
+                          "next unit's compute (backward {} per micro-batch); m={} micro-batches",
+                          fsdp_units, weight_bytes / fsdp_units / 1e6, grad_bytes / fsdp_units / 1e6, fmt_s(mb_bwd),
+                          n_micro);
+      else if (l.overlap_dp)
+        how = fmt::format("{} buckets of {:.4g} MB {} as the last backward ({}) fills them: exposed = max(c, n·c − "
+                          "(n−1)·backward/n){}",
+                          n_buckets, grad_bytes / n_buckets / 1e6, l.zero ? "reduce-scattered" : "all-reduced",
+                          fmt_s(mb_bwd), l.zero ? " + all-gather of the updated weights" : "");
+      else
+        how = fmt::format("one coalesced {} of {:.4g} MB after the backward pass{}", l.zero ? "reduce-scatter" : "all-reduce",
+                          grad_bytes / 1e6, l.zero ? " + all-gather of the updated weights" : "");
+      return fmt::format("{} over dp group of {} ({}): {}", how, dp_inner * l.cp, level_name(group_level(c, dp_group)),
+                         lv(p.dp));
     });
     rec.add("time.optimizer", p.optimizer, "s", [&] {
       return fmt::format("{:.4g} params × {} B (2×{} state read+written, 2×{} gradient read for update and norm, "

@@ -41,6 +41,13 @@ struct PredictOptions {
   double train_tokens = 1e12;  // tokens to train, for time and cost
 };
 
+// The overlap formulas, exposed for their tests (docs/plan.md, "Communication"):
+// FSDP micro-batch over `units` equal units with per-unit forward/backward compute and per-unit
+// all-gather / reduce-scatter times; returns the time beyond the compute.
+double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs);
+// n equal gradient buckets of network time c each, ready evenly over a backward of `window`.
+double bucketed_exposed(double n, double c, double window);
+
 // Validates the inputs (throws with the failing constraint) and predicts.
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& o = {});
 
