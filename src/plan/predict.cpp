@@ -78,6 +78,37 @@ struct Timer {
   double total() const { return compute + memory; }
 };
 
+// Attention core of one layer for one micro-batch, forward (backward folded in as documented):
+// every local head of the micro-batch in one launch (cuBLAS strided-batched GEMMs for standard
+// attention, one fused kernel for flash), so the efficiency is that of the whole call, not of one
+// (sequence, head) product.
+void time_attention_core(Timer& x, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
+  const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp;
+  const double heads_local = b * m.heads / t;
+  const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
+  const double s_keys = double(m.seq);
+  if (m.attention == "flash" && (d.attention_flops > 0 || !d.attention_curve.empty())) {
+    // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
+    // call over every local head of the micro-batch.
+    const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
+    x.compute += f / d.attention_rate(f);
+  } else if (m.attention == "flash") {
+    // Causal flash attention skips the blocks above the diagonal (half the score tiles); only
+    // Q, K, V and O touch memory: the s×s scores and probabilities stay on chip in both
+    // products. Its backward recomputes QKᵀ: 5 matmuls against the forward's 2, i.e. 2.5× the
+    // forward instead of the 2× of a GEMM (Dao 2023, FlashAttention-2 §3.1-3.2), folded in here
+    // because the layer's backward is taken as 2× its forward.
+    const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
+    const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
+    x.launch(f, bytes, kFlashEffMax, (1.0 + kFlashBackwardRatio) / 3.0);
+  } else {
+    // Megatron-style: baddbmm writes the s×s scores (the softmax's traffic is element-wise work),
+    // and bmm reads the probabilities with V.
+    x.launch(heads_local * 2.0 * s * s_keys * dq, act_e * heads_local * (s * dq + s_keys * dq + s * s_keys), 1.0);
+    x.launch(heads_local * 2.0 * s * s_keys * dv, act_e * heads_local * (s * s_keys + s_keys * dv + s * dv), 1.0);
+  }
+}
+
 // Forward time of one transformer layer for one micro-batch on one device.
 struct LayerTime {
   Timer full, core;  // whole layer; the attention core alone (for selective recompute)
@@ -109,37 +140,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.gemm(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
     g.gemm(T, h, m.value_dim() / t);
   }
-  // Attention core: every local head of the micro-batch in one launch (cuBLAS strided-batched
-  // GEMMs for standard attention, one fused kernel for flash), so the efficiency is that of the
-  // whole call, not of one (sequence, head) product.
-  const double heads_local = b * m.heads / t;
-  const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
-  const double s_keys = double(m.seq);
-  const bool flash = m.attention == "flash";
-  for (Timer* x : {&g, &lt.core}) {
-    if (flash && (d.attention_flops > 0 || !d.attention_curve.empty())) {
-      // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
-      // call over every local head of the micro-batch.
-      const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
-      x->compute += f / d.attention_rate(f);
-      continue;
-    }
-    if (flash) {
-      // Causal flash attention skips the blocks above the diagonal (half the score tiles); only
-      // Q, K, V and O touch memory: the s×s scores and probabilities stay on chip in both
-      // products. Its backward recomputes QKᵀ: 5 matmuls against the forward's 2, i.e. 2.5× the
-      // forward instead of the 2× of a GEMM (Dao 2023, FlashAttention-2 §3.1-3.2), folded in here
-      // because the layer's backward is taken as 2× its forward.
-      const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
-      const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
-      x->launch(f, bytes, kFlashEffMax, (1.0 + kFlashBackwardRatio) / 3.0);
-    } else {
-      // Megatron-style: baddbmm writes the s×s scores, the softmax reads and writes them, and
-      // bmm reads the probabilities with V.
-      x->launch(heads_local * 2.0 * s * s_keys * dq, act_e * heads_local * (s * dq + s_keys * dq + s * s_keys), 1.0);
-      x->launch(heads_local * 2.0 * s * s_keys * dv, act_e * heads_local * (s * s_keys + s_keys * dv + s * dv), 1.0);
-    }
-  }
+  for (Timer* x : {&g, &lt.core}) time_attention_core(*x, m, l, d, act_e);
   // FFN.
   const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
   if (moe) {
@@ -167,7 +168,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   lt.grad_zero = act;
   lt.grad_bias = bias_grad_bytes(m, l, T, act_e, moe);
   if (m.attention == "standard") {
-    double core_bytes = b * s * m.heads / t * s_keys * (act_e + (m.dropout ? 1 + act_e : 0));
+    double core_bytes = b * s * m.heads / t * double(m.seq) * (act_e + (m.dropout ? 1 + act_e : 0));
     lt.core.stream(kTrafficFactor * core_bytes);
   }
   return lt;
@@ -207,6 +208,13 @@ double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs)
 // `window`, bucket j at j·window/n, and each takes `c` on the network; the last is ready only when
 // the backward ends. Exposed time after the backward: max over j of (j·Δ + (n − j + 1)·c) −
 // n·Δ = max(c, n·c − (n − 1)·Δ).
+double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d) {
+  const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
+  Timer x{d, l.precision, act_e};
+  time_attention_core(x, m, l, d, act_e);
+  return x.total();
+}
+
 double bucketed_exposed(double n, double c, double window) {
   if (n <= 0 || c <= 0) return 0;
   double delta = window / n;

@@ -47,6 +47,9 @@ struct PredictOptions {
 double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs);
 // n equal gradient buckets of network time c each, ready evenly over a backward of `window`.
 double bucketed_exposed(double n, double c, double window);
+// Forward-pass time of one layer's attention core for one micro-batch on device d (flash: with
+// its 2.5× backward folded in as (1 + 2.5)/3, since the layer's backward is taken as 2×).
+double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d);
 
 // Validates the inputs (throws with the failing constraint) and predicts.
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& o = {});
