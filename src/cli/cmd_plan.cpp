@@ -32,6 +32,7 @@
 #include "plan/search.h"
 #include "plan/sweep.h"
 #include "plan/svg_plot.h"
+#include "plan/train_config.h"
 #include "plan/validation.h"
 
 namespace {
@@ -113,9 +114,14 @@ int run_plan(int argc, char** argv) {
   app.add_flag("--explain", explain, "print every figure with the formula and inputs that produced it");
   app.add_flag("--json", json, "machine-readable output");
   app.add_option("--tokens", tokens, "tokens to train (default: [run] tokens or 1e12)");
+  std::string emit, emit_keys = "mesh";
+  app.add_option("--emit-train-config", emit, "write the layout as the [parallel]/[train] tables of an atoll train config");
+  app.add_option("--train-config-keys", emit_keys, "mesh (round-2 [parallel] table), legacy (today's trainer) or both")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   Config cfg = in.config();
   PlanInput pi = read_plan_input(cfg);
+  if (!emit.empty()) write_out(emit, train_config_toml(pi.model, pi.cluster, pi.layout, emit_keys));
   PredictOptions po;
   po.explain = explain || json;
   po.train_tokens = tokens > 0 ? tokens : pi.train_tokens;
