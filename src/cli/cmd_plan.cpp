@@ -225,13 +225,20 @@ int run_sweep_cmd(int argc, char** argv) {
 }
 
 int run_validate(int argc, char** argv) {
-  CLI::App app{"Compare predictions with published measurements (Megatron-LM papers)"};
+  CLI::App app{"Compare predictions with published measurements (the Megatron-LM tables, then the extended set)"};
   std::string data = std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/published.toml";
-  app.add_option("--data", data, "published runs (TOML)")->capture_default_str();
+  std::string extended = std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/extended.toml";
+  app.add_option("--data", data, "the original published runs (TOML)")->capture_default_str();
+  app.add_option("--extended", extended, "the extended set (TOML; empty: skip)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto rows = validate_published(load_published(data));
   std::printf("%s\nmedian |error| %.1f%%, worst %.1f%% over %zu runs\n", format_validation(rows).c_str(),
               100 * median_abs_error(rows), 100 * max_abs_error(rows), rows.size());
+  if (!extended.empty()) {
+    auto ext = validate_published(load_extended(extended));
+    std::printf("\nextended set\n%s\nmedian |error| %.1f%%, worst %.1f%% over %zu runs\n",
+                format_validation(ext).c_str(), 100 * median_abs_error(ext), 100 * max_abs_error(ext), ext.size());
+  }
   return 0;
 }
 

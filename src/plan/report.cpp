@@ -216,15 +216,15 @@ nlohmann::json sweep_json(const std::vector<SweepPoint>& pts, const SweepOptions
 }
 
 std::string format_validation(const std::vector<ValidationRow>& rows) {
-  std::string o = fmt::format("| {:<26} | {:<18} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<14} | {:>9} | {:>9} | {:>7} |\n",
+  std::string o = fmt::format("| {:<26} | {:<22} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<20} | {:>9} | {:>9} | {:>7} |\n",
                               "run", "source", "GPUs", "tp", "pp", "dp", "batch", "recompute", "metric", "published",
                               "predicted", "error");
-  o += "|" + std::string(28, '-') + "|" + std::string(20, '-') + "|" + std::string(7, '-') + "|" + std::string(5, '-') + "|" +
+  o += "|" + std::string(28, '-') + "|" + std::string(24, '-') + "|" + std::string(7, '-') + "|" + std::string(5, '-') + "|" +
        std::string(5, '-') + "|" + std::string(5, '-') + "|" + std::string(7, '-') + "|" + std::string(14, '-') + "|" +
-       std::string(16, '-') + "|" + std::string(11, '-') + "|" + std::string(11, '-') + "|" + std::string(9, '-') + "|\n";
+       std::string(22, '-') + "|" + std::string(11, '-') + "|" + std::string(11, '-') + "|" + std::string(9, '-') + "|\n";
   for (auto& r : rows) {
     const auto& l = r.run.layout;
-    o += fmt::format("| {:<26} | {:<18} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<14} | {:>9.4g} | {:>9.4g} | {:>+6.1f}% |\n",
+    o += fmt::format("| {:<26} | {:<22} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<20} | {:>9.4g} | {:>9.4g} | {:>+6.1f}% |\n",
                      r.run.id, r.run.source, r.run.cluster.world(), l.tp, l.pp, l.dp, l.batch(),
                      l.recompute + (l.sp ? "+sp" : ""), r.run.metric, r.run.published, r.predicted, 100 * r.rel_error);
   }
