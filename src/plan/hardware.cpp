@@ -60,6 +60,12 @@ double Device::gemm_efficiency(double flops) const {
   return gemm_curve.back().second;
 }
 
+double Device::gemm_efficiency(double flops, const std::string& precision) const {
+  double e = gemm_efficiency(flops);
+  if (precision == "fp8" && fp8 > 0 && fp8_eff_max > 0 && gemm_eff_max > 0) e *= fp8_eff_max / gemm_eff_max;
+  return e;
+}
+
 double Device::attention_rate(double f) const {
   if (attention_curve.empty()) return attention_flops;
   if (f <= attention_curve.front().first) return attention_curve.front().second;
@@ -77,7 +83,7 @@ double Device::attention_rate(double f) const {
 double Device::gemm_time(double m, double n, double k, const std::string& precision, double eb) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   double flops = 2 * m * n * k;
-  double compute = flops / (peak(precision) * gemm_efficiency(flops));
+  double compute = flops / (peak(precision) * gemm_efficiency(flops, precision));
   double memory = eb * (m * k + k * n + m * n) / mem_bw;
   return gemm_overlaps_memory ? std::max(compute, memory) : compute + memory;
 }
@@ -98,7 +104,8 @@ static Device gpu(const char* name, double fp32, double tf32, double bf16, doubl
 }
 
 const std::vector<Device>& device_catalog() {
-  static const std::vector<Device> c = {
+  static const std::vector<Device> c = [] {
+    std::vector<Device> v = {
       gpu("a100-40gb", 19.5, 156, 312, 0, 40, 1555, 300, 25, 32, 1.3, "NVIDIA A100 SXM4 40GB datasheet; e_max: MAMF A100 SXM", 0.859),
       gpu("a100-80gb", 19.5, 156, 312, 0, 80, 2039, 300, 25, 32, 1.8, "NVIDIA A100 SXM4 80GB datasheet; e_max: MAMF A100 SXM", 0.859),
       gpu("h100-sxm", 67, 494.7, 989.4, 1978.9, 80, 3350, 450, 50, 64, 2.9, "NVIDIA H100 SXM5 datasheet; e_max: MAMF H100 SXM", 0.801),
@@ -123,7 +130,11 @@ const std::vector<Device>& device_catalog() {
       gpu("ascend-910b", 40, 40, 320, 0, 64, 1600, 56, 25, 32, 1.2,
           "Huawei Ascend 910B-class NPU (approx.; vendor and press figures, not a datasheet); e_max unmeasured (0.80)"),
       gpu("l40s", 91.6, 183, 362, 733, 48, 864, 32, 25, 32, 1.0, "NVIDIA L40S datasheet"),
-  };
+    };
+    for (auto& d : v)
+      if (d.name == "h100-sxm" || d.name == "h100-pcie" || d.name == "h800" || d.name == "h200") d.fp8_eff_max = 0.682;
+    return v;
+  }();
   return c;
 }
 

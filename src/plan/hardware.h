@@ -48,9 +48,14 @@ struct Device {
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
   double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
+  // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
+  // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.
+  double fp8_eff_max = 0;
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;
+  // The curve at `precision`: FP8 GEMMs scaled to their own measured ceiling where one is known.
+  double gemm_efficiency(double flops, const std::string& precision) const;
   // FLOP/s of a fused attention call of `forward_flops` (attention_curve, else attention_flops).
   double attention_rate(double forward_flops) const;
   // Time of one [m,k]x[k,n] GEMM: the larger of the compute time at the curve's efficiency and

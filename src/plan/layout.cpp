@@ -103,6 +103,7 @@ Layout load_layout(Config& cfg, const std::string& s) {
   l.offload = cfg.get_string(s + ".offload", "none", {"none", "optimizer"});
   l.overlap_dp = cfg.get_bool(s + ".overlap_dp", true);
   l.overlap_tp = cfg.get_bool(s + ".overlap_tp", false);
+  l.overlap_ep = cfg.get_bool(s + ".overlap_ep", false);
   l.diloco_h = cfg.get_int(s + ".diloco_h", 0, 0, big);
   l.diloco_compression = cfg.get_float(s + ".diloco_compression", 1.0, 1e-6, 1.0);
   l.gossip_peers = cfg.get_int(s + ".gossip_peers", 0, 0, big);

@@ -55,7 +55,7 @@ struct Timer {
   void gemm(double m, double n, double k, double times = 1, bool fused = false) {
     if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
     double flops = 2 * m * n * k;
-    double c = flops / (d.peak(prec) * d.gemm_efficiency(flops));
+    double c = flops / (d.peak(prec) * d.gemm_efficiency(flops, prec));
     double mem = eb * (m * k + k * n + (fused ? 0.0 : m * n)) / d.mem_bw;
     if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
     else if (c >= mem) compute += c * times;
@@ -69,7 +69,7 @@ struct Timer {
   // capped at what such a kernel has been measured to reach.
   void launch(double flops, double bytes, double eff_cap, double times = 1) {
     if (flops <= 0 || times <= 0) return;
-    double c = flops / (d.peak(prec) * std::min(eff_cap, d.gemm_efficiency(flops)));
+    double c = flops / (d.peak(prec) * std::min(eff_cap, d.gemm_efficiency(flops, prec)));
     double mem = bytes / d.mem_bw;
     if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
     else if (c >= mem) compute += c * times;
@@ -82,7 +82,12 @@ struct Timer {
 // every local head of the micro-batch in one launch (cuBLAS strided-batched GEMMs for standard
 // attention, one fused kernel for flash), so the efficiency is that of the whole call, not of one
 // (sequence, head) product.
-void time_attention_core(Timer& x, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
+// FP8 training keeps attention, the output head and the MoE router in BF16; only the linear
+// layers' GEMMs run in FP8 (DeepSeek-AI 2024, DeepSeek-V3 §3.3; NVIDIA Transformer Engine likewise).
+std::string nonlinear_precision(const std::string& p) { return p == "fp8" ? "bf16" : p; }
+
+void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
+  Timer x{d, nonlinear_precision(l.precision), act_e};
   const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp;
   const double heads_local = b * m.heads / t;
   const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
@@ -107,6 +112,7 @@ void time_attention_core(Timer& x, const ModelSpec& m, const Layout& l, const De
     x.launch(heads_local * 2.0 * s * s_keys * dq, act_e * heads_local * (s * dq + s_keys * dq + s * s_keys), 1.0);
     x.launch(heads_local * 2.0 * s * s_keys * dv, act_e * heads_local * (s * s_keys + s_keys * dv + s * dv), 1.0);
   }
+  out.compute += x.compute, out.memory += x.memory;
 }
 
 // Forward time of one transformer layer for one micro-batch on one device.
@@ -144,7 +150,9 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   // FFN.
   const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
   if (moe) {
-    g.gemm(T, double(m.experts), h);  // router
+    Timer router{d, nonlinear_precision(prec), act_e};
+    router.gemm(T, double(m.experts), h);  // the gating GEMM (BF16 under FP8 training)
+    g.compute += router.compute, g.memory += router.memory;
     const double f = double(m.expert_ffn);
     if (m.shared_experts > 0) {
       g.gemm(T, mult * f * m.shared_experts / t, h);
@@ -240,7 +248,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   // The heaviest stage holds as many MoE layers as a stage can.
   const int64_t moe_in_stage = std::min<int64_t>(per_stage, m.moe_layers());
   const double n_dense = double(per_stage - moe_in_stage), n_moe = double(moe_in_stage);
-  Timer head{d, l.precision, act_e};
+  Timer head{d, nonlinear_precision(l.precision), act_e};
   head.gemm(b * s_local, double(m.vocab) / t, h);
   head.stream(3 * 4.0 * b * s_local * m.vocab / t);  // fp32 softmax / cross-entropy passes
   const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
@@ -285,9 +293,23 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   }
   CommCost ep_mb;
   if (l.ep > 1 && moe_in_stage > 0) {
-    // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens.
-    double bytes = b * s_local * h * act_e * m.top_k;
-    ep_mb = all_to_all(c, {l.tp * l.cp, l.ep}, bytes).scaled(4.0 * moe_in_stage);
+    // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens (top_k copies
+    // of each). With node-limited routing a token crosses the network once per destination node
+    // (at most route_nodes of them) and is copied to its experts inside the node.
+    const Group eg{l.tp * l.cp, l.ep};
+    ep_mb = all_to_all(c, eg, b * s_local * h * act_e * m.top_k);
+    if (m.route_nodes > 0) {
+      CommCost net = all_to_all(c, eg, b * s_local * h * act_e * std::min(m.top_k, m.route_nodes));
+      ep_mb.t[1] = net.t[1], ep_mb.t[2] = net.t[2];
+    }
+    ep_mb = ep_mb.scaled(4.0 * moe_in_stage);
+    if (l.overlap_ep) {
+      // Overlapped with the compute of the micro-batch running beside it (DualPipe pairs a forward
+      // and a backward chunk): only what outlasts that compute stays exposed.
+      const double hide = mb_compute + mb_memory;
+      const double exposed = std::max(0.0, ep_mb.total() - hide);
+      ep_mb = ep_mb.total() > 0 ? ep_mb.scaled(exposed / ep_mb.total()) : ep_mb;
+    }
   }
   const double mb_time = mb_compute + mb_memory + mb_grad + tp_mb.total() + cp_mb.total() + ep_mb.total();
 
@@ -506,7 +528,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.cp", p.cp.total(), "s", [&] { return "ring attention K/V passes not hidden by the attention core: " + lv(p.cp); });
     rec.add("time.ep", p.ep.total(), "s", [&] {
-      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}: {}", moe_in_stage, l.ep, lv(p.ep));
+      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}{}{}: {}", moe_in_stage, l.ep,
+                         m.route_nodes > 0 ? fmt::format(", across nodes min(top_k, route_nodes={}) copies per token",
+                                                         m.route_nodes) : "",
+                         l.overlap_ep ? ", overlapped with the paired micro-batch's compute (exposed: the excess)" : "",
+                         lv(p.ep));
     });
     rec.add("time.pp_p2p", p.pp_p2p.total(), "s", [&] {
       return fmt::format("2·v·(m+p−1) sends of b·s·h/t = {:.4g} MB: {}", layer_io / t / 1e6, lv(p.pp_p2p));
