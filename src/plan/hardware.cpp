@@ -132,7 +132,8 @@ const std::vector<Device>& device_catalog() {
       gpu("l40s", 91.6, 183, 362, 733, 48, 864, 32, 25, 32, 1.0, "NVIDIA L40S datasheet"),
     };
     for (auto& d : v)
-      if (d.name == "h100-sxm" || d.name == "h100-pcie" || d.name == "h800" || d.name == "h200") d.fp8_eff_max = 0.682;
+      if (d.name == "h100-sxm" || d.name == "h100-pcie" || d.name == "h800" || d.name == "h200")
+        d.fp8_eff_max = 0.682, d.attention_eff_max = 0.35;
     return v;
   }();
   return c;
@@ -220,6 +221,7 @@ void apply_device_overrides(Device& d, Config& cfg, const std::string& s) {
   d.mem_bytes = cfg.get_float(s + ".memory_gb", d.mem_bytes / G, 0.001, 1e9) * G;
   d.mem_bw = cfg.get_float(s + ".memory_bandwidth_gbs", d.mem_bw / G, 0.001, 1e9) * G;
   d.reserved_bytes = cfg.get_float(s + ".reserved_gb", d.reserved_bytes / G, 0, 1e6) * G;
+  d.attention_eff_max = cfg.get_float(s + ".attention_efficiency", d.attention_eff_max, 0.001, 1.0);
   if (cfg.has(s + ".gemm_efficiency")) {
     // A flat efficiency replaces the curve (useful to test what-ifs).
     double e = cfg.get_float(s + ".gemm_efficiency", 0.8, 0.001, 1.0);

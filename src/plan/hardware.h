@@ -51,6 +51,12 @@ struct Device {
   // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
   // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.
   double fp8_eff_max = 0;
+  // Ceiling of a fused (flash) attention kernel as a fraction of the BF16 peak. FlashAttention-2
+  // reaches up to 73% of an A100 (Dao 2023) but only 35% of an H100 (Shah et al. 2024,
+  // FlashAttention-3, abstract; FlashAttention-3 itself reaches 75%: set
+  // [cluster.device_override] attention_efficiency = 0.75 to model it). Devices without a
+  // published figure take the A100's.
+  double attention_eff_max = 0.73;
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;

@@ -26,10 +26,9 @@ namespace atl::plan {
 static constexpr double kTrafficFactor = 2.0;
 // Host memory bandwidth used for an offloaded optimizer step.
 static constexpr double kHostMemBw = 100e9;
-// FlashAttention-2 reaches 50-73% of an A100's peak (Dao 2023, "FlashAttention-2: Faster Attention
-// with Better Parallelism and Work Partitioning", abstract and §4.1): a fused attention kernel is
-// capped at the top of that range, below the GEMM curve's 0.85.
-static constexpr double kFlashEffMax = 0.73;
+// A fused attention kernel is capped at Device::attention_eff_max: FlashAttention-2's measured
+// 50-73% of an A100's peak (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
+// and Work Partitioning", abstract), 35% of an H100's (Shah et al. 2024, FlashAttention-3).
 // Backward FLOPs of flash attention over its forward (5 matmuls vs 2: QKᵀ is recomputed).
 static constexpr double kFlashBackwardRatio = 2.5;
 // A causal mask lets the fused kernel skip the tiles above the diagonal.
@@ -105,7 +104,7 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
     // because the layer's backward is taken as 2× its forward.
     const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
     const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
-    x.launch(f, bytes, kFlashEffMax, (1.0 + kFlashBackwardRatio) / 3.0);
+    x.launch(f, bytes, d.attention_eff_max, (1.0 + kFlashBackwardRatio) / 3.0);
   } else {
     // Megatron-style: baddbmm writes the s×s scores (the softmax's traffic is element-wise work),
     // and bmm reads the probabilities with V.
@@ -495,10 +494,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         if (m.attention == "flash") f *= kFlashCausalFraction;
         attn = fmt::format("; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
-                           m.attention == "flash" ? std::min(kFlashEffMax, d.gemm_efficiency(f)) : d.gemm_efficiency(f / 2),
-                           m.attention == "flash" ? ", flash: causal half, capped at 0.73 (FlashAttention-2), Q/K/V/O "
-                                                    "traffic only, backward 2.5× forward"
-                                                  : ", standard: s×s scores written and read");
+                           m.attention == "flash" ? std::min(d.attention_eff_max, d.gemm_efficiency(f)) : d.gemm_efficiency(f / 2),
+                           m.attention == "flash" ? fmt::format(", flash: causal half, capped at {:g} (measured FlashAttention "
+                                                                "efficiency on this device), Q/K/V/O traffic only, backward "
+                                                                "2.5× forward", d.attention_eff_max)
+                                                  : std::string(", standard: s×s scores written and read"));
       }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
                          "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}",
