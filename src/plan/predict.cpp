@@ -500,9 +500,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                                                                 "2.5× forward", d.attention_eff_max)
                                                   : std::string(", standard: s×s scores written and read"));
       }
-      return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
-                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}",
-                         n_micro, per_stage, peak / 1e12, d.gemm_efficiency(1e11), attn);
+      std::string stages = l.pp > 1 && m.layers % (l.pp * int64_t(v)) != 0
+                               ? fmt::format(" (uneven stages: the heaviest holds {} of {} layers)", per_stage, m.layers)
+                               : std::string();
+      std::string ceiling = d.gemm_eff_max > 0 ? fmt::format("; curve ceiling e_max={:.3f} ({})", d.gemm_eff_max, d.note)
+                                               : std::string("; calibrated curve");
+      return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head){}; each "
+                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}",
+                         n_micro, per_stage, stages, peak / 1e12, d.gemm_efficiency(1e11, l.precision), ceiling, attn);
     });
     rec.add("time.memory_bound", p.memory_bound, "s", [&] {
       return fmt::format("m × 3 × ({:.1f} × activation bytes of the stage's layers + 12·b·s·V/t softmax/"
