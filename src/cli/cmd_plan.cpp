@@ -125,6 +125,7 @@ int run_plan(int argc, char** argv) {
   PredictOptions po;
   po.explain = explain || json;
   po.train_tokens = tokens > 0 ? tokens : pi.train_tokens;
+  po.fault = pi.fault;
   Prediction p = predict(pi.model, pi.cluster, pi.layout, po);
   int64_t engine = in.from_atoll.empty() ? -1 : in.engine_params();
   if (json) {

@@ -215,6 +215,19 @@ double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs)
 // `window`, bucket j at j·window/n, and each takes `c` on the network; the last is ready only when
 // the backward ends. Exposed time after the backward: max over j of (j·Δ + (n − j + 1)·c) −
 // n·Δ = max(c, n·c − (n − 1)·Δ).
+double job_mtbf(const FaultModel& f, int64_t devices) {
+  return f.mtbf_s > 0 ? f.mtbf_s : f.device_mtbf_s / double(std::max<int64_t>(1, devices));
+}
+double checkpoint_interval(const FaultModel& f, int64_t devices) {
+  if (!f.active()) return 0;
+  return f.interval_s > 0 ? f.interval_s : std::sqrt(2.0 * f.checkpoint_s * job_mtbf(f, devices));
+}
+double fault_overhead(const FaultModel& f, int64_t devices) {
+  if (!f.active()) return 0;
+  const double tau = checkpoint_interval(f, devices), M = job_mtbf(f, devices);
+  return f.checkpoint_s / tau + (tau / 2 + f.restart_s) / M;
+}
+
 double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d) {
   const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
   Timer x{d, l.precision, act_e};
@@ -462,6 +475,15 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.hfu = p.hardware_flops_per_token * p.tokens_per_s_device / peak;
   p.train_tokens = opt.train_tokens;
   p.train_seconds = opt.train_tokens / p.tokens_per_s;
+  if (opt.fault.active()) {
+    p.checkpoint_interval = checkpoint_interval(opt.fault, c.world());
+    p.fault_overhead = fault_overhead(opt.fault, c.world());
+    ATOLL_CHECK(p.fault_overhead < 1,
+                "run: checkpoints of {:.4g} s every {:.4g} s against a job MTBF of {:.4g} s (restart {:.4g} s) lose all "
+                "the wall time ({:.3g}); checkpoint faster or less often", opt.fault.checkpoint_s, p.checkpoint_interval,
+                job_mtbf(opt.fault, c.world()), opt.fault.restart_s, p.fault_overhead);
+    p.train_seconds /= 1.0 - p.fault_overhead;
+  }
   p.price_per_hour = c.price_per_hour();
   p.train_cost = p.train_seconds / 3600.0 * p.price_per_hour;
 
@@ -595,7 +617,18 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          p.model_flops_per_token, peak / 1e12);
     });
     rec.add("utilization.hfu", p.hfu, "", [&] { return fmt::format("as MFU with recompute FLOPs ({:.4g}/token)", p.hardware_flops_per_token); });
-    rec.add("train.seconds", p.train_seconds, "s", [&] { return fmt::format("{:.4g} tokens / tokens/s", opt.train_tokens); });
+    rec.add("train.fault_overhead", p.fault_overhead, "", [&] {
+      if (!opt.fault.active()) return std::string("no fault model ([run] checkpoint_s and mtbf_hours / device_mtbf_hours)");
+      return fmt::format("δ/τ + (τ/2 + R)/M = {:.4g}/{:.4g} + ({:.4g}/2 + {:.4g})/{:.4g} (checkpoint δ s, interval τ = {} "
+                         "s, restart R s, job MTBF M s; Young 1974 / Daly 2006)",
+                         opt.fault.checkpoint_s, p.checkpoint_interval, p.checkpoint_interval, opt.fault.restart_s,
+                         job_mtbf(opt.fault, c.world()),
+                         opt.fault.interval_s > 0 ? "given" : "the optimum √(2·δ·M)");
+    });
+    rec.add("train.seconds", p.train_seconds, "s", [&] {
+      return fmt::format("{:.4g} tokens / tokens/s{}", opt.train_tokens,
+                         opt.fault.active() ? fmt::format(" / (1 − fault overhead {:.4g})", p.fault_overhead) : "");
+    });
     rec.add("train.cost", p.train_cost, "USD", [&] {
       return fmt::format("hours × cluster price {:.4g} USD/h ({} devices)", p.price_per_hour, c.world());
     });

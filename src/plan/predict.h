@@ -30,15 +30,33 @@ struct Prediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;
   double mfu = 0, hfu = 0, achieved_flops_per_device = 0;  // model FLOP/s per device
   double train_tokens = 0, train_seconds = 0, train_cost = 0, price_per_hour = 0;
+  double fault_overhead = 0, checkpoint_interval = 0;  // fraction of wall time lost to failures; seconds
   std::string bottleneck;
   std::vector<Figure> figures;  // filled when explaining
 
   CommCost comm_total() const;
 };
 
+// Checkpointing against failures (Young 1974, "A first order approximation to the optimum
+// checkpoint interval"; Daly 2006): a blocking checkpoint of `checkpoint_s` every interval τ, a
+// mean time between failures of the job M (given, or a device's divided by the devices), and
+// `restart_s` to restart and reload after each failure. All zero: no fault model.
+struct FaultModel {
+  double checkpoint_s = 0, interval_s = 0;  // interval 0: the optimum √(2·δ·M)
+  double mtbf_s = 0, device_mtbf_s = 0, restart_s = 0;
+  bool active() const { return checkpoint_s > 0 && (mtbf_s > 0 || device_mtbf_s > 0); }
+};
+// The job's MTBF on `devices` devices, the interval used, and the fraction of wall time lost:
+// δ/τ (writing checkpoints) + (τ/2 + R)/M (on average half an interval of work redone, plus the
+// restart, per failure).
+double job_mtbf(const FaultModel& f, int64_t devices);
+double checkpoint_interval(const FaultModel& f, int64_t devices);
+double fault_overhead(const FaultModel& f, int64_t devices);
+
 struct PredictOptions {
   bool explain = false;
   double train_tokens = 1e12;  // tokens to train, for time and cost
+  FaultModel fault;            // checkpoint interval against MTBF (train time and cost only)
 };
 
 // The overlap formulas, exposed for their tests (docs/plan.md, "Communication"):

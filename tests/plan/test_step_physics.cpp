@@ -164,3 +164,37 @@ TEST(PlanPhysics, InterleavedStagesMayBeUneven) {
   l.virtual_stages = 8;  // 128 chunks > 126 layers: some chunk would be empty
   EXPECT_THROW(predict(m, nodes_of("h100-sxm", 32), l), atl::Error);
 }
+
+TEST(PlanPhysics, CheckpointIntervalAgainstMtbf) {
+  // Young's optimum: δ = 60 s checkpoints, job MTBF 10 h: τ = √(2·60·36000) = 2078.5 s, and the
+  // wall time lost is δ/τ + (τ/2 + R)/M.
+  FaultModel f;
+  f.checkpoint_s = 60, f.mtbf_s = 36000, f.restart_s = 300;
+  const double tau = std::sqrt(2 * 60.0 * 36000);
+  EXPECT_NEAR(checkpoint_interval(f, 1024), tau, 1e-9);
+  EXPECT_NEAR(fault_overhead(f, 1024), 60 / tau + (tau / 2 + 300) / 36000, 1e-12);
+  // A device MTBF divides by the devices: 50,000 h per GPU on 16,384 GPUs is a failure every ~3 h.
+  FaultModel g;
+  g.checkpoint_s = 60, g.device_mtbf_s = 5e4 * 3600;
+  EXPECT_NEAR(job_mtbf(g, 16384), 5e4 * 3600 / 16384, 1e-9);
+  // The optimum beats any other interval, and the train time grows by 1/(1 − overhead).
+  FaultModel fixed = f;
+  for (double t : {0.5 * tau, 2 * tau}) {
+    fixed.interval_s = t;
+    EXPECT_GT(fault_overhead(fixed, 1024), fault_overhead(f, 1024));
+  }
+  ModelSpec m = model_preset("llama3-8b");
+  Layout l;
+  l.dp = 64, l.zero = 1, l.global_batch = 256;
+  PredictOptions none, with;
+  with.fault = f;
+  Cluster c = nodes_of("h100-sxm", 8);
+  Prediction a = predict(m, c, l, none), b = predict(m, c, l, with);
+  EXPECT_DOUBLE_EQ(a.step, b.step);  // the step does not change, the time to train does
+  EXPECT_NEAR(b.train_seconds, a.train_seconds / (1 - fault_overhead(f, 64)), 1e-6 * b.train_seconds);
+  // Checkpointing slower than failures arrive is an error that says so.
+  FaultModel hopeless;
+  hopeless.checkpoint_s = 3600, hopeless.mtbf_s = 1800;
+  with.fault = hopeless;
+  EXPECT_THROW(predict(m, c, l, with), atl::Error);
+}
