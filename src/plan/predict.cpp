@@ -33,6 +33,15 @@ static constexpr double kHostMemBw = 100e9;
 static constexpr double kFlashBackwardRatio = 2.5;
 // A causal mask lets the fused kernel skip the tiles above the diagonal.
 static constexpr double kFlashCausalFraction = 0.5;
+// Communication that overlaps compute is not free: its kernels occupy SMs the GEMMs then lack.
+// DeepSeek-V3 dedicates 20 of an H800's 132 SMs to communication, enough to saturate InfiniBand
+// and NVLink (DeepSeek-AI 2024, §3.2.2). While a hidden collective runs, compute proceeds at
+// 1 − f of its speed, so hiding C seconds of communication behind W ≥ C of compute takes W + f·C.
+static constexpr double kCommSmShare = 20.0 / 132.0;
+// Scale of a collective's time that is charged: all of its exposed part, f of its hidden part.
+static double charged(double total, double exposed) {
+  return total > 0 ? (exposed + kCommSmShare * std::max(0.0, total - exposed)) / total : 0.0;
+}
 // PyTorch DDP's default gradient bucket (bucket_cap_mb = 25): buckets are all-reduced as the
 // backward pass fills them.
 static constexpr double kDdpBucketBytes = 25e6;
@@ -291,7 +300,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     // Megatron: 2 all-reduces forward, 2 backward per layer; SP turns each into an all-gather
     // plus a reduce-scatter of the same total volume.
     tp_mb = all_reduce(c, {1, l.tp}, layer_io).scaled(n_tp_colls);
-    if (l.overlap_tp) tp_mb = tp_mb.scaled(0.3);  // the part that typically stays exposed
+    if (l.overlap_tp) tp_mb = tp_mb.scaled(charged(1.0, 0.3));  // 30% typically stays exposed
   }
   CommCost cp_mb;
   if (l.cp > 1) {
@@ -301,7 +310,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost ring = send_recv(c, {l.tp, l.cp}, kv).scaled(3.0 * (l.cp - 1) * per_stage);
     double hide = 3 * dense.core.total() * per_stage;
     double exposed = std::max(0.0, ring.total() - hide);
-    cp_mb = ring.total() > 0 ? ring.scaled(exposed / ring.total()) : ring;
+    cp_mb = ring.scaled(charged(ring.total(), exposed));
   }
   CommCost ep_mb;
   if (l.ep > 1 && moe_in_stage > 0) {
@@ -320,7 +329,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       // and a backward chunk): only what outlasts that compute stays exposed.
       const double hide = mb_compute + mb_memory;
       const double exposed = std::max(0.0, ep_mb.total() - hide);
-      ep_mb = ep_mb.total() > 0 ? ep_mb.scaled(exposed / ep_mb.total()) : ep_mb;
+      ep_mb = ep_mb.scaled(charged(ep_mb.total(), exposed));
     }
   }
   const double mb_time = mb_compute + mb_memory + mb_grad + tp_mb.total() + cp_mb.total() + ep_mb.total();
@@ -378,7 +387,9 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost per_mb = ag.scaled(2.0 * units);
     per_mb += rs.scaled(units);
     double exposed = fsdp_exposed(int64_t(units), mb_fwd / units, mb_bwd / units, ag.total(), rs.total());
-    dp_cost = per_mb.total() > 0 ? per_mb.scaled(n_micro * exposed / per_mb.total()) : per_mb;
+    // At every instant one of the two streams is busy, so the exposed time never exceeds the
+    // communication's own.
+    dp_cost = per_mb.scaled(n_micro * charged(per_mb.total(), std::min(exposed, per_mb.total())));
   } else {
     // Gradients: all-reduced (ZeRO-1/2: reduce-scattered), in buckets as the last micro-batch's
     // backward fills them when overlap_dp, else in one coalesced buffer after it. ZeRO-1/2 then
@@ -398,7 +409,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     }
     double exposed = l.overlap_dp ? bucketed_exposed(n_buckets, grads.total(), mb_bwd) : n_buckets * grads.total();
     CommCost all = grads.scaled(n_buckets);
-    dp_cost = all.total() > 0 ? all.scaled(exposed / all.total()) : all;
+    dp_cost = all.scaled(charged(all.total(), exposed));
     dp_cost += weights;
   }
   p.dp = dp_cost;

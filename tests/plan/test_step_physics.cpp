@@ -198,3 +198,16 @@ TEST(PlanPhysics, CheckpointIntervalAgainstMtbf) {
   with.fault = hopeless;
   EXPECT_THROW(predict(m, c, l, with), atl::Error);
 }
+
+TEST(PlanPhysics, HiddenCommunicationCostsTheSmsItOccupies) {
+  // With overlap_tp, 30% of the tensor-parallel time stays exposed and the hidden 70% still costs
+  // the 20/132 of the SMs its kernels take (DeepSeek-V3 §3.2.2): 0.3 + 0.7 · 20/132 of the time.
+  ModelSpec m = model_preset("llama2-13b");
+  Layout l;
+  l.tp = 8, l.dp = 4, l.zero = 1, l.global_batch = 32, l.sp = true;
+  Cluster c = nodes_of("h100-sxm", 4);
+  Prediction plain = predict(m, c, l);
+  l.overlap_tp = true;
+  Prediction overlapped = predict(m, c, l);
+  EXPECT_NEAR(overlapped.tp.total() / plain.tp.total(), 0.3 + 0.7 * 20.0 / 132.0, 1e-9);
+}
