@@ -32,6 +32,7 @@
 #include "plan/search.h"
 #include "plan/sweep.h"
 #include "plan/svg_plot.h"
+#include "plan/train_config.h"
 #include "plan/validation.h"
 
 namespace {
@@ -113,12 +114,18 @@ int run_plan(int argc, char** argv) {
   app.add_flag("--explain", explain, "print every figure with the formula and inputs that produced it");
   app.add_flag("--json", json, "machine-readable output");
   app.add_option("--tokens", tokens, "tokens to train (default: [run] tokens or 1e12)");
+  std::string emit, emit_keys = "mesh";
+  app.add_option("--emit-train-config", emit, "write the layout as the [parallel]/[train] tables of an atoll train config");
+  app.add_option("--train-config-keys", emit_keys, "mesh (round-2 [parallel] table), legacy (today's trainer) or both")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   Config cfg = in.config();
   PlanInput pi = read_plan_input(cfg);
+  if (!emit.empty()) write_out(emit, train_config_toml(pi.model, pi.cluster, pi.layout, emit_keys));
   PredictOptions po;
   po.explain = explain || json;
   po.train_tokens = tokens > 0 ? tokens : pi.train_tokens;
+  po.fault = pi.fault;
   Prediction p = predict(pi.model, pi.cluster, pi.layout, po);
   int64_t engine = in.from_atoll.empty() ? -1 : in.engine_params();
   if (json) {
@@ -219,13 +226,20 @@ int run_sweep_cmd(int argc, char** argv) {
 }
 
 int run_validate(int argc, char** argv) {
-  CLI::App app{"Compare predictions with published measurements (Megatron-LM papers)"};
+  CLI::App app{"Compare predictions with published measurements (the Megatron-LM tables, then the extended set)"};
   std::string data = std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/published.toml";
-  app.add_option("--data", data, "published runs (TOML)")->capture_default_str();
+  std::string extended = std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/extended.toml";
+  app.add_option("--data", data, "the original published runs (TOML)")->capture_default_str();
+  app.add_option("--extended", extended, "the extended set (TOML; empty: skip)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto rows = validate_published(load_published(data));
   std::printf("%s\nmedian |error| %.1f%%, worst %.1f%% over %zu runs\n", format_validation(rows).c_str(),
               100 * median_abs_error(rows), 100 * max_abs_error(rows), rows.size());
+  if (!extended.empty()) {
+    auto ext = validate_published(load_extended(extended));
+    std::printf("\nextended set\n%s\nmedian |error| %.1f%%, worst %.1f%% over %zu runs\n",
+                format_validation(ext).c_str(), 100 * median_abs_error(ext), 100 * max_abs_error(ext), ext.size());
+  }
   return 0;
 }
 

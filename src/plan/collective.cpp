@@ -27,17 +27,18 @@ Span span(const Cluster& c, Group g) {
   return s;
 }
 double lg(int64_t n) { return n > 1 ? std::ceil(std::log2(double(n))) : 0; }
-// One ring phase (reduce-scatter or all-gather) over n ranks of per-rank bandwidth bw.
-double phase(int64_t n, double bytes, const Link& l) {
-  if (n <= 1) return 0;
-  return double(n - 1) / n * bytes / l.bw + lg(n) * l.latency;
-}
+// Bandwidth term of one ring phase (reduce-scatter or all-gather) over n ranks of per-rank
+// bandwidth bw.
+double phase_bw(int64_t n, double bytes, const Link& l) { return n > 1 ? double(n - 1) / n * bytes / l.bw : 0; }
+// One phase of a tree-capable all-reduce: ⌈log₂ n⌉ latencies (NCCL picks a tree for small messages).
+double phase(int64_t n, double bytes, const Link& l) { return n > 1 ? phase_bw(n, bytes, l) + lg(n) * l.latency : 0; }
 // The wide-area link is shared by the whole island: every one of its devices pushes its own
 // share (bytes, already divided by the k_island ranks of its group inside the island) at once.
-double wan_phase(const Cluster& c, const Span& s, double bytes) {
+double wan_phase(const Cluster& c, const Span& s, double bytes, bool ring = false) {
   if (s.n_islands <= 1) return 0;
   double senders = double(c.devices_per_island());
-  return double(s.n_islands - 1) / s.n_islands * bytes * senders / c.wan.bw + lg(s.n_islands) * c.wan.latency;
+  double steps = ring ? double(s.n_islands - 1) : lg(s.n_islands);
+  return double(s.n_islands - 1) / s.n_islands * bytes * senders / c.wan.bw + steps * c.wan.latency;
 }
 }  // namespace
 
@@ -48,17 +49,33 @@ Level group_level(const Cluster& c, Group g) {
   return Level::intra_node;
 }
 
+// Reduce-scatter and all-gather run as one flat ring over all g.size ranks (NCCL has no tree for
+// them): g.size − 1 steps, each waiting for the slowest hop it crosses. A chunk's path around the
+// ring crosses n_nodes − 1 node boundaries per island and stays on NVLink for the other steps, so
+// the latency is (size − n_nodes·n_islands)·α_intra + (n_nodes − 1)·n_islands·α_inter +
+// (n_islands − 1)·α_wan: NCCL's own ring model (baseLat + nInterSteps·interLat + the other steps
+// ·intraLat, src/graph/tuning.cc; restated in torch/_inductor/comm_analysis.py). Bandwidth as in
+// the hierarchical split: each NIC carries its rank's 1/k_node of the inter-node traffic.
 CommCost reduce_scatter(const Cluster& c, Group g, double bytes) {
   CommCost r;
   if (g.size <= 1 || bytes <= 0) return r;
   Span s = span(c, g);
-  r.t[0] = phase(s.k_node, bytes, c.intra);
-  r.t[1] = phase(s.n_nodes, bytes / s.k_node, c.inter);
-  r.t[2] = wan_phase(c, s, bytes / s.k_island);
+  const double nodes = double(s.n_nodes * s.n_islands);
+  r.t[0] = phase_bw(s.k_node, bytes, c.intra) + (double(g.size) - nodes) * c.intra.latency;
+  r.t[1] = phase_bw(s.n_nodes, bytes / s.k_node, c.inter) + double(s.n_nodes - 1) * s.n_islands * c.inter.latency;
+  r.t[2] = wan_phase(c, s, bytes / s.k_island, true);
   return r;
 }
 CommCost all_gather(const Cluster& c, Group g, double bytes) { return reduce_scatter(c, g, bytes); }
-CommCost all_reduce(const Cluster& c, Group g, double bytes) { return reduce_scatter(c, g, bytes).scaled(2.0); }
+CommCost all_reduce(const Cluster& c, Group g, double bytes) {
+  CommCost r;
+  if (g.size <= 1 || bytes <= 0) return r;
+  Span s = span(c, g);
+  r.t[0] = 2 * phase(s.k_node, bytes, c.intra);
+  r.t[1] = 2 * phase(s.n_nodes, bytes / s.k_node, c.inter);
+  r.t[2] = 2 * wan_phase(c, s, bytes / s.k_island);
+  return r;
+}
 
 CommCost all_to_all(const Cluster& c, Group g, double bytes) {
   CommCost r;

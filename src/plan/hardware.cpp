@@ -16,15 +16,25 @@ namespace atl::plan {
 
 static constexpr double T = 1e12, G = 1e9, GiB = 1073741824.0;
 
-// Fitted once for the A100 against Narayanan et al. 2021 Table 1 and shared by every GPU:
-// 85% of peak for large GEMMs, half of that at F_half = 2.5e9·(peak/312 TFLOP/s) FLOPs.
-static constexpr double kGpuEffMax = 0.85;
+// GEMM efficiency curve of a GPU: eff(F) = e_max · F / (F + F½), F½ = 2.5e9 · (peak / 312 TFLOP/s).
+// Where each constant comes from:
+// * e_max is the device's measured "maximum achievable matmul FLOPS" over peak where one is
+//   published: S. Bekman, Machine Learning Engineering, compute/accelerator, MAMF table
+//   (mamf-finder.py, BF16, brute-force shape search): A100 SXM 267.9/312 = 0.859, A100 PCIe
+//   256.4/312 = 0.822, H100 SXM 792.1/989 = 0.801, GH200 821.0/989 = 0.830, MI300X 781.9/1300 =
+//   0.601. Other devices take kGpuEffMaxUnmeasured = 0.80 (judgment: the H100's figure; no
+//   measurement of them is cited), marked in their note.
+// * F½ = 2.5e9 FLOPs at the A100's peak is a judgment (a GEMM of ~1000³ reaches about half of the
+//   best), not a measurement and not fitted per run. It landed in the repository in the same
+//   commit as the Megatron comparison (dc9e442), so the history cannot show it was chosen before
+//   that comparison; no run has its own value.
+static constexpr double kGpuEffMaxUnmeasured = 0.80;
 static constexpr double kGpuHalfFlopsA100 = 2.5e9;
 
-std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16) {
+std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16, double e_max) {
   std::vector<std::pair<double, double>> c;
   double half = kGpuHalfFlopsA100 * peak_bf16 / (312 * T);
-  for (double f = 1e6; f <= 1e16; f *= 10) c.push_back({f, kGpuEffMax * f / (f + half)});
+  for (double f = 1e6; f <= 1e16; f *= 10) c.push_back({f, e_max * f / (f + half)});
   return c;
 }
 
@@ -50,6 +60,12 @@ double Device::gemm_efficiency(double flops) const {
   return gemm_curve.back().second;
 }
 
+double Device::gemm_efficiency(double flops, const std::string& precision) const {
+  double e = gemm_efficiency(flops);
+  if (precision == "fp8" && fp8 > 0 && fp8_eff_max > 0 && gemm_eff_max > 0) e *= fp8_eff_max / gemm_eff_max;
+  return e;
+}
+
 double Device::attention_rate(double f) const {
   if (attention_curve.empty()) return attention_flops;
   if (f <= attention_curve.front().first) return attention_curve.front().second;
@@ -67,14 +83,14 @@ double Device::attention_rate(double f) const {
 double Device::gemm_time(double m, double n, double k, const std::string& precision, double eb) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   double flops = 2 * m * n * k;
-  double compute = flops / (peak(precision) * gemm_efficiency(flops));
+  double compute = flops / (peak(precision) * gemm_efficiency(flops, precision));
   double memory = eb * (m * k + k * n + m * n) / mem_bw;
   return gemm_overlaps_memory ? std::max(compute, memory) : compute + memory;
 }
 
 static Device gpu(const char* name, double fp32, double tf32, double bf16, double fp8, double mem_gb,
                   double bw_gbs, double intra_gbs, double inter_gbs, double host_gbs, double price,
-                  const char* note) {
+                  const char* note, double e_max = kGpuEffMaxUnmeasured) {
   Device d;
   d.name = name, d.note = note;
   d.fp32 = fp32 * T, d.tf32 = tf32 * T, d.bf16 = bf16 * T, d.fp8 = fp8 * T;
@@ -82,17 +98,23 @@ static Device gpu(const char* name, double fp32, double tf32, double bf16, doubl
   d.intra_bw = intra_gbs * G, d.inter_bw = inter_gbs * G, d.host_bw = host_gbs * G;
   d.price_hour = price;
   d.reserved_bytes = 1.0 * GiB;  // CUDA/ROCm context, allocator fragmentation, NCCL buffers
-  d.gemm_curve = default_gemm_curve(d.bf16);
+  d.gemm_curve = default_gemm_curve(d.bf16, e_max);
+  d.gemm_eff_max = e_max;
   return d;
 }
 
 const std::vector<Device>& device_catalog() {
-  static const std::vector<Device> c = {
-      gpu("a100-40gb", 19.5, 156, 312, 0, 40, 1555, 300, 25, 32, 1.3, "NVIDIA A100 SXM4 40GB datasheet"),
-      gpu("a100-80gb", 19.5, 156, 312, 0, 80, 2039, 300, 25, 32, 1.8, "NVIDIA A100 SXM4 80GB datasheet"),
-      gpu("h100-sxm", 67, 494.7, 989.4, 1978.9, 80, 3350, 450, 50, 64, 2.9, "NVIDIA H100 SXM5 datasheet"),
-      gpu("h100-pcie", 51, 378, 756, 1513, 80, 2000, 64, 50, 64, 2.2, "NVIDIA H100 PCIe datasheet"),
-      gpu("h200", 67, 494.7, 989.4, 1978.9, 141, 4800, 450, 50, 64, 3.5, "NVIDIA H200 SXM datasheet"),
+  static const std::vector<Device> c = [] {
+    std::vector<Device> v = {
+      gpu("a100-40gb", 19.5, 156, 312, 0, 40, 1555, 300, 25, 32, 1.3, "NVIDIA A100 SXM4 40GB datasheet; e_max: MAMF A100 SXM", 0.859),
+      gpu("a100-80gb", 19.5, 156, 312, 0, 80, 2039, 300, 25, 32, 1.8, "NVIDIA A100 SXM4 80GB datasheet; e_max: MAMF A100 SXM", 0.859),
+      gpu("h100-sxm", 67, 494.7, 989.4, 1978.9, 80, 3350, 450, 50, 64, 2.9, "NVIDIA H100 SXM5 datasheet; e_max: MAMF H100 SXM", 0.801),
+      gpu("h100-pcie", 51, 378, 756, 1513, 80, 2000, 64, 50, 64, 2.2, "NVIDIA H100 PCIe datasheet; e_max unmeasured (0.80)"),
+      // H800: the H100 SXM with NVLink cut to 160 GB/s and 8×400 Gb/s InfiniBand (50 GB/s) per node
+      // as DeepSeek-AI 2024 (DeepSeek-V3 technical report, §3.2.2) states them.
+      gpu("h800", 67, 494.7, 989.4, 1978.9, 80, 3350, 160, 50, 64, 2.0,
+          "NVIDIA H800 SXM (H100 compute; links from DeepSeek-V3 report §3.2.2); e_max: MAMF H100 SXM", 0.801),
+      gpu("h200", 67, 494.7, 989.4, 1978.9, 141, 4800, 450, 50, 64, 3.5, "NVIDIA H200 SXM datasheet; e_max: MAMF H100 SXM (same GPU die)", 0.801),
       gpu("b200", 80, 1100, 2250, 4500, 180, 8000, 900, 50, 64, 5.0, "NVIDIA DGX B200 per-GPU figures"),
       gpu("b300", 75, 1100, 2250, 4500, 288, 8000, 900, 100, 64, 6.5, "NVIDIA Blackwell Ultra (approx.)"),
       gpu("gb10", 31, 62, 125, 250, 128, 273, 25, 25, 600, 0.3,
@@ -102,9 +124,18 @@ const std::vector<Device>& device_catalog() {
           "NVIDIA RTX 4090 (fp32-accumulate tensor rate)"),
       gpu("rtx3090", 35.6, 35.6, 71, 0, 24, 936, 32, 12.5, 32, 0.25,
           "NVIDIA RTX 3090 (fp32-accumulate tensor rate)"),
-      gpu("mi300x", 163.4, 653.7, 1307.4, 2614.9, 192, 5300, 448, 50, 64, 2.5, "AMD Instinct MI300X datasheet"),
+      gpu("mi300x", 163.4, 653.7, 1307.4, 2614.9, 192, 5300, 448, 50, 64, 2.5, "AMD Instinct MI300X datasheet; e_max: MAMF MI300X (ROCm 6.2)", 0.601),
+      // Huawei Ascend 910B-class NPU (approx.: ~320 TFLOP/s FP16/BF16 cube units, 64 GB HBM2e at
+      // ~1.6 TB/s, HCCS ~56 GB/s per NPU inside an 8-NPU server, 200 Gb/s RoCE per NPU). No fp8.
+      gpu("ascend-910b", 40, 40, 320, 0, 64, 1600, 56, 25, 32, 1.2,
+          "Huawei Ascend 910B-class NPU (approx.; vendor and press figures, not a datasheet); e_max unmeasured (0.80)"),
       gpu("l40s", 91.6, 183, 362, 733, 48, 864, 32, 25, 32, 1.0, "NVIDIA L40S datasheet"),
-  };
+    };
+    for (auto& d : v)
+      if (d.name == "h100-sxm" || d.name == "h100-pcie" || d.name == "h800" || d.name == "h200")
+        d.fp8_eff_max = 0.682, d.attention_eff_max = 0.35;
+    return v;
+  }();
   return c;
 }
 
@@ -190,6 +221,7 @@ void apply_device_overrides(Device& d, Config& cfg, const std::string& s) {
   d.mem_bytes = cfg.get_float(s + ".memory_gb", d.mem_bytes / G, 0.001, 1e9) * G;
   d.mem_bw = cfg.get_float(s + ".memory_bandwidth_gbs", d.mem_bw / G, 0.001, 1e9) * G;
   d.reserved_bytes = cfg.get_float(s + ".reserved_gb", d.reserved_bytes / G, 0, 1e6) * G;
+  d.attention_eff_max = cfg.get_float(s + ".attention_efficiency", d.attention_eff_max, 0.001, 1.0);
   if (cfg.has(s + ".gemm_efficiency")) {
     // A flat efficiency replaces the curve (useful to test what-ifs).
     double e = cfg.get_float(s + ".gemm_efficiency", 0.8, 0.001, 1.0);

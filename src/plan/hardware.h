@@ -47,9 +47,21 @@ struct Device {
   bool gemm_overlaps_memory = true;
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
+  double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
+  // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
+  // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.
+  double fp8_eff_max = 0;
+  // Ceiling of a fused (flash) attention kernel as a fraction of the BF16 peak. FlashAttention-2
+  // reaches up to 73% of an A100 (Dao 2023) but only 35% of an H100 (Shah et al. 2024,
+  // FlashAttention-3, abstract; FlashAttention-3 itself reaches 75%: set
+  // [cluster.device_override] attention_efficiency = 0.75 to model it). Devices without a
+  // published figure take the A100's.
+  double attention_eff_max = 0.73;
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;
+  // The curve at `precision`: FP8 GEMMs scaled to their own measured ceiling where one is known.
+  double gemm_efficiency(double flops, const std::string& precision) const;
   // FLOP/s of a fused attention call of `forward_flops` (attention_curve, else attention_flops).
   double attention_rate(double forward_flops) const;
   // Time of one [m,k]x[k,n] GEMM: the larger of the compute time at the curve's efficiency and
@@ -59,7 +71,8 @@ struct Device {
 
 // The default curve of a GPU: eff(F) = e_max · F / (F + F_half). F_half grows with peak FLOP/s
 // (a bigger device needs a bigger GEMM to fill), see hardware.cpp.
-std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16);
+// e_max: the device's measured best matmul efficiency (hardware.cpp says where each comes from).
+std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16, double e_max);
 
 const std::vector<Device>& device_catalog();
 std::vector<std::string> known_devices();

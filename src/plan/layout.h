@@ -29,6 +29,9 @@ struct Layout {
   std::string offload = "none";    // "none" or "optimizer" (state and step on the host)
   bool overlap_dp = true;          // gradient sync overlaps the backward pass
   bool overlap_tp = false;         // tensor-parallel collectives overlap compute
+  // Expert-parallel all-to-alls overlap another micro-batch's compute (DeepSeek-V3's DualPipe,
+  // §3.2.1); exposed only where they outlast it.
+  bool overlap_ep = false;
   int64_t diloco_h = 0;            // >0: DiLoCo, islands sync every H inner steps
   double diloco_compression = 1.0; // fraction of pseudo-gradient bytes sent (quantized / sparsified)
   int64_t gossip_peers = 0;        // >0: islands gossip with this many peers instead of all-reducing

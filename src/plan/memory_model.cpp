@@ -64,7 +64,15 @@ double zero_model_state_bytes(double psi, int stage, int64_t nd, const StateByte
   return w + g + o;
 }
 
-int64_t layers_per_stage(const ModelSpec& m, const Layout& l) { return (m.layers + l.pp - 1) / l.pp; }
+// With uneven stages the heaviest one sets the pace: ⌈L/p⌉ layers, or with the interleaved
+// schedule v chunks of ⌈L/(p·v)⌉ (at most L/p rounded up to whole chunks).
+int64_t layers_per_stage(const ModelSpec& m, const Layout& l) {
+  if (l.schedule == "interleaved" && l.virtual_stages > 1) {
+    const int64_t chunks = l.pp * l.virtual_stages;
+    return std::min<int64_t>(m.layers, l.virtual_stages * ((m.layers + chunks - 1) / chunks));
+  }
+  return (m.layers + l.pp - 1) / l.pp;
+}
 
 namespace {
 struct StageParams {

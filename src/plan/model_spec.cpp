@@ -164,6 +164,7 @@ static const std::map<std::string, ModelSpec>& presets() {
     ModelSpec d = llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096);
     d.q_lora_rank = 1536, d.kv_lora_rank = 512, d.qk_rope_dim = 64, d.qk_nope_dim = 128, d.v_head_dim = 128;
     d.experts = 256, d.top_k = 8, d.shared_experts = 1, d.expert_ffn = 2048, d.first_dense_layers = 3;
+    d.route_nodes = 4;  // DeepSeek-V3 §2.1.2: each token is sent to at most 4 nodes
     m["deepseek-v3"] = d;
     return m;
   }();
@@ -221,6 +222,7 @@ ModelSpec load_model(Config& cfg, const std::string& s) {
   m.expert_ffn = cfg.get_int(s + ".expert_ffn", m.expert_ffn, 0, big);
   m.first_dense_layers = cfg.get_int(s + ".first_dense_layers", m.first_dense_layers, 0, 100000);
   m.moe_every = cfg.get_int(s + ".moe_every", m.moe_every, 1, 100000);
+  m.route_nodes = cfg.get_int(s + ".route_nodes", m.route_nodes, 0, 1 << 20);
   m.validate();
   return m;
 }

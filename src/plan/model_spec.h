@@ -33,6 +33,9 @@ struct ModelSpec {
   int64_t experts = 0, top_k = 0, shared_experts = 0, expert_ffn = 0;
   int64_t first_dense_layers = 0;  // leading layers with a dense FFN
   int64_t moe_every = 1;           // every n-th layer after those is MoE
+  // Node-limited routing (DeepSeek-V3 §2.1.2): a token's experts lie on at most this many nodes, so
+  // it crosses the network once per node and is forwarded to its experts there over NVLink (0: off).
+  int64_t route_nodes = 0;
 
   bool is_moe() const { return experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }

@@ -20,6 +20,11 @@ PlanInput read_plan_input(Config& cfg, bool finish) {
     in.layout.dp = in.cluster.world() / mp;
   }
   in.train_tokens = cfg.get_float("run.tokens", 1e12, 1, 1e20);
+  in.fault.checkpoint_s = cfg.get_float("run.checkpoint_s", 0, 0, 1e9);
+  in.fault.interval_s = cfg.get_float("run.checkpoint_interval_s", 0, 0, 1e12);
+  in.fault.mtbf_s = 3600 * cfg.get_float("run.mtbf_hours", 0, 0, 1e12);
+  in.fault.device_mtbf_s = 3600 * cfg.get_float("run.device_mtbf_hours", 0, 0, 1e15);
+  in.fault.restart_s = cfg.get_float("run.restart_s", 0, 0, 1e9);
   if (finish) cfg.finish();
   return in;
 }

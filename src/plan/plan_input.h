@@ -7,6 +7,7 @@
 #include "plan/cluster.h"
 #include "plan/layout.h"
 #include "plan/model_spec.h"
+#include "plan/predict.h"
 
 namespace atl {
 class Config;
@@ -19,6 +20,7 @@ struct PlanInput {
   Cluster cluster;
   Layout layout;
   double train_tokens = 1e12;
+  FaultModel fault;  // [run] checkpoint_s, checkpoint_interval_s, mtbf_hours, device_mtbf_hours, restart_s
   bool dp_given = false;
 };
 

@@ -26,6 +26,25 @@ namespace atl::plan {
 static constexpr double kTrafficFactor = 2.0;
 // Host memory bandwidth used for an offloaded optimizer step.
 static constexpr double kHostMemBw = 100e9;
+// A fused attention kernel is capped at Device::attention_eff_max: FlashAttention-2's measured
+// 50-73% of an A100's peak (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
+// and Work Partitioning", abstract), 35% of an H100's (Shah et al. 2024, FlashAttention-3).
+// Backward FLOPs of flash attention over its forward (5 matmuls vs 2: QKᵀ is recomputed).
+static constexpr double kFlashBackwardRatio = 2.5;
+// A causal mask lets the fused kernel skip the tiles above the diagonal.
+static constexpr double kFlashCausalFraction = 0.5;
+// Communication that overlaps compute is not free: its kernels occupy SMs the GEMMs then lack.
+// DeepSeek-V3 dedicates 20 of an H800's 132 SMs to communication, enough to saturate InfiniBand
+// and NVLink (DeepSeek-AI 2024, §3.2.2). While a hidden collective runs, compute proceeds at
+// 1 − f of its speed, so hiding C seconds of communication behind W ≥ C of compute takes W + f·C.
+static constexpr double kCommSmShare = 20.0 / 132.0;
+// Scale of a collective's time that is charged: all of its exposed part, f of its hidden part.
+static double charged(double total, double exposed) {
+  return total > 0 ? (exposed + kCommSmShare * std::max(0.0, total - exposed)) / total : 0.0;
+}
+// PyTorch DDP's default gradient bucket (bucket_cap_mb = 25): buckets are all-reduced as the
+// backward pass fills them.
+static constexpr double kDdpBucketBytes = 25e6;
 
 CommCost Prediction::comm_total() const {
   CommCost c = tp;
@@ -44,7 +63,7 @@ struct Timer {
   void gemm(double m, double n, double k, double times = 1, bool fused = false) {
     if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
     double flops = 2 * m * n * k;
-    double c = flops / (d.peak(prec) * d.gemm_efficiency(flops));
+    double c = flops / (d.peak(prec) * d.gemm_efficiency(flops, prec));
     double mem = eb * (m * k + k * n + (fused ? 0.0 : m * n)) / d.mem_bw;
     if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
     else if (c >= mem) compute += c * times;
@@ -53,8 +72,56 @@ struct Timer {
   // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
   // known (on a CPU GELU's tanh and LayerNorm's reductions keep them below STREAM bandwidth).
   void stream(double bytes) { memory += bytes / (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw); }
+  // One launch that does `flops` of matrix work and moves `bytes` (a strided-batched GEMM over
+  // every head, or one fused attention kernel): its efficiency is that of the whole launch,
+  // capped at what such a kernel has been measured to reach.
+  void launch(double flops, double bytes, double eff_cap, double times = 1) {
+    if (flops <= 0 || times <= 0) return;
+    double c = flops / (d.peak(prec) * std::min(eff_cap, d.gemm_efficiency(flops, prec)));
+    double mem = bytes / d.mem_bw;
+    if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
+    else if (c >= mem) compute += c * times;
+    else memory += mem * times;
+  }
   double total() const { return compute + memory; }
 };
+
+// Attention core of one layer for one micro-batch, forward (backward folded in as documented):
+// every local head of the micro-batch in one launch (cuBLAS strided-batched GEMMs for standard
+// attention, one fused kernel for flash), so the efficiency is that of the whole call, not of one
+// (sequence, head) product.
+// FP8 training keeps attention, the output head and the MoE router in BF16; only the linear
+// layers' GEMMs run in FP8 (DeepSeek-AI 2024, DeepSeek-V3 §3.3; NVIDIA Transformer Engine likewise).
+std::string nonlinear_precision(const std::string& p) { return p == "fp8" ? "bf16" : p; }
+
+void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
+  Timer x{d, nonlinear_precision(l.precision), act_e};
+  const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp;
+  const double heads_local = b * m.heads / t;
+  const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
+  const double s_keys = double(m.seq);
+  if (m.attention == "flash" && (d.attention_flops > 0 || !d.attention_curve.empty())) {
+    // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
+    // call over every local head of the micro-batch.
+    const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
+    x.compute += f / d.attention_rate(f);
+  } else if (m.attention == "flash") {
+    // Causal flash attention skips the blocks above the diagonal (half the score tiles); only
+    // Q, K, V and O touch memory: the s×s scores and probabilities stay on chip in both
+    // products. Its backward recomputes QKᵀ: 5 matmuls against the forward's 2, i.e. 2.5× the
+    // forward instead of the 2× of a GEMM (Dao 2023, FlashAttention-2 §3.1-3.2), folded in here
+    // because the layer's backward is taken as 2× its forward.
+    const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
+    const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
+    x.launch(f, bytes, d.attention_eff_max, (1.0 + kFlashBackwardRatio) / 3.0);
+  } else {
+    // Megatron-style: baddbmm writes the s×s scores (the softmax's traffic is element-wise work),
+    // and bmm reads the probabilities with V.
+    x.launch(heads_local * 2.0 * s * s_keys * dq, act_e * heads_local * (s * dq + s_keys * dq + s * s_keys), 1.0);
+    x.launch(heads_local * 2.0 * s * s_keys * dv, act_e * heads_local * (s * s_keys + s_keys * dv + s * dv), 1.0);
+  }
+  out.compute += x.compute, out.memory += x.memory;
+}
 
 // Forward time of one transformer layer for one micro-batch on one device.
 struct LayerTime {
@@ -87,26 +154,13 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.gemm(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
     g.gemm(T, h, m.value_dim() / t);
   }
-  // Attention core: per head, [s_local × d]·[d × s] scores then [s_local × s]·[s × d_v].
-  const double heads_local = b * m.heads / t;
-  const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
-  const double s_keys = double(m.seq);
-  const bool flash = m.attention == "flash";
-  for (Timer* x : {&g, &lt.core}) {
-    if (flash && (d.attention_flops > 0 || !d.attention_curve.empty())) {
-      // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
-      // call over every local head of the micro-batch.
-      const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
-      x->compute += f / d.attention_rate(f);
-      continue;
-    }
-    x->gemm(s, s_keys, dq, heads_local, flash);
-    x->gemm(s, dv, s_keys, heads_local, flash);
-  }
+  for (Timer* x : {&g, &lt.core}) time_attention_core(*x, m, l, d, act_e);
   // FFN.
   const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
   if (moe) {
-    g.gemm(T, double(m.experts), h);  // router
+    Timer router{d, nonlinear_precision(prec), act_e};
+    router.gemm(T, double(m.experts), h);  // the gating GEMM (BF16 under FP8 training)
+    g.compute += router.compute, g.memory += router.memory;
     const double f = double(m.expert_ffn);
     if (m.shared_experts > 0) {
       g.gemm(T, mult * f * m.shared_experts / t, h);
@@ -130,7 +184,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   lt.grad_zero = act;
   lt.grad_bias = bias_grad_bytes(m, l, T, act_e, moe);
   if (m.attention == "standard") {
-    double core_bytes = b * s * m.heads / t * s_keys * (act_e + (m.dropout ? 1 + act_e : 0));
+    double core_bytes = b * s * m.heads / t * double(m.seq) * (act_e + (m.dropout ? 1 + act_e : 0));
     lt.core.stream(kTrafficFactor * core_bytes);
   }
   return lt;
@@ -139,6 +193,62 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
 std::string fmt_s(double x) { return fmt::format("{:.4g} s", x); }
 
 }  // namespace
+
+// One micro-batch of FSDP / ZeRO-3 over `units` equal units (one per transformer layer): two
+// streams, compute and communication (all-gathers and reduce-scatters share the NIC, so they
+// queue), with one unit prefetched (PyTorch FSDP's forward_prefetch and BACKWARD_PRE with
+// limit_all_gathers: the next unit's all-gather is issued when a unit starts computing). The first
+// unit's gather in each pass and the last unit's reduce-scatter have nothing to hide behind; each
+// backward reduce-scatter runs while the next unit computes, queued after that unit's prefetch.
+// Returns the time the micro-batch takes beyond its compute.
+double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs) {
+  if (units <= 0) return 0;
+  double comp = 0, comm = ag, ready = ag;  // forward: gather unit 0, nothing to overlap yet
+  for (int64_t i = 0; i < units; ++i) {
+    double start = std::max(comp, ready);
+    if (i + 1 < units) comm = std::max(comm, start) + ag, ready = comm;
+    comp = start + fwd;
+  }
+  comm = std::max(comm, comp) + ag, ready = comm;  // backward: the last unit is gathered again
+  for (int64_t i = 0; i < units; ++i) {
+    double start = std::max(comp, ready);
+    if (i + 1 < units) comm = std::max(comm, start) + ag, ready = comm;
+    comp = start + bwd;
+    comm = std::max(comm, comp) + rs;  // this unit's gradients, behind the next unit's compute
+  }
+  return std::max(comp, comm) - double(units) * (fwd + bwd);
+}
+
+// Bucketed gradient synchronisation overlapped with the backward pass (PyTorch DDP, Megatron's
+// overlap_grad_reduce): `n` equal buckets become ready at even intervals over the backward time
+// `window`, bucket j at j·window/n, and each takes `c` on the network; the last is ready only when
+// the backward ends. Exposed time after the backward: max over j of (j·Δ + (n − j + 1)·c) −
+// n·Δ = max(c, n·c − (n − 1)·Δ).
+double job_mtbf(const FaultModel& f, int64_t devices) {
+  return f.mtbf_s > 0 ? f.mtbf_s : f.device_mtbf_s / double(std::max<int64_t>(1, devices));
+}
+double checkpoint_interval(const FaultModel& f, int64_t devices) {
+  if (!f.active()) return 0;
+  return f.interval_s > 0 ? f.interval_s : std::sqrt(2.0 * f.checkpoint_s * job_mtbf(f, devices));
+}
+double fault_overhead(const FaultModel& f, int64_t devices) {
+  if (!f.active()) return 0;
+  const double tau = checkpoint_interval(f, devices), M = job_mtbf(f, devices);
+  return f.checkpoint_s / tau + (tau / 2 + f.restart_s) / M;
+}
+
+double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d) {
+  const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
+  Timer x{d, l.precision, act_e};
+  time_attention_core(x, m, l, d, act_e);
+  return x.total();
+}
+
+double bucketed_exposed(double n, double c, double window) {
+  if (n <= 0 || c <= 0) return 0;
+  double delta = window / n;
+  return std::max(c, n * c - (n - 1) * delta);
+}
 
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& opt) {
   m.validate();
@@ -159,7 +269,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   // The heaviest stage holds as many MoE layers as a stage can.
   const int64_t moe_in_stage = std::min<int64_t>(per_stage, m.moe_layers());
   const double n_dense = double(per_stage - moe_in_stage), n_moe = double(moe_in_stage);
-  Timer head{d, l.precision, act_e};
+  Timer head{d, nonlinear_precision(l.precision), act_e};
   head.gemm(b * s_local, double(m.vocab) / t, h);
   head.stream(3 * 4.0 * b * s_local * m.vocab / t);  // fp32 softmax / cross-entropy passes
   const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
@@ -190,7 +300,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     // Megatron: 2 all-reduces forward, 2 backward per layer; SP turns each into an all-gather
     // plus a reduce-scatter of the same total volume.
     tp_mb = all_reduce(c, {1, l.tp}, layer_io).scaled(n_tp_colls);
-    if (l.overlap_tp) tp_mb = tp_mb.scaled(0.3);  // the part that typically stays exposed
+    if (l.overlap_tp) tp_mb = tp_mb.scaled(charged(1.0, 0.3));  // 30% typically stays exposed
   }
   CommCost cp_mb;
   if (l.cp > 1) {
@@ -200,13 +310,27 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost ring = send_recv(c, {l.tp, l.cp}, kv).scaled(3.0 * (l.cp - 1) * per_stage);
     double hide = 3 * dense.core.total() * per_stage;
     double exposed = std::max(0.0, ring.total() - hide);
-    cp_mb = ring.total() > 0 ? ring.scaled(exposed / ring.total()) : ring;
+    cp_mb = ring.scaled(charged(ring.total(), exposed));
   }
   CommCost ep_mb;
   if (l.ep > 1 && moe_in_stage > 0) {
-    // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens.
-    double bytes = b * s_local * h * act_e * m.top_k;
-    ep_mb = all_to_all(c, {l.tp * l.cp, l.ep}, bytes).scaled(4.0 * moe_in_stage);
+    // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens (top_k copies
+    // of each). With node-limited routing a token crosses the network once per destination node
+    // (at most route_nodes of them) and is copied to its experts inside the node.
+    const Group eg{l.tp * l.cp, l.ep};
+    ep_mb = all_to_all(c, eg, b * s_local * h * act_e * m.top_k);
+    if (m.route_nodes > 0) {
+      CommCost net = all_to_all(c, eg, b * s_local * h * act_e * std::min(m.top_k, m.route_nodes));
+      ep_mb.t[1] = net.t[1], ep_mb.t[2] = net.t[2];
+    }
+    ep_mb = ep_mb.scaled(4.0 * moe_in_stage);
+    if (l.overlap_ep) {
+      // Overlapped with the compute of the micro-batch running beside it (DualPipe pairs a forward
+      // and a backward chunk): only what outlasts that compute stays exposed.
+      const double hide = mb_compute + mb_memory;
+      const double exposed = std::max(0.0, ep_mb.total() - hide);
+      ep_mb = ep_mb.scaled(charged(ep_mb.total(), exposed));
+    }
   }
   const double mb_time = mb_compute + mb_memory + mb_grad + tp_mb.total() + cp_mb.total() + ep_mb.total();
 
@@ -226,7 +350,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.recompute = n_micro * (rc_c + rc_m);
   // Plus zeroing the parameter gradients the device holds, once per step.
   const double param_zero = p.memory.grads / d.mem_bw;
-  p.grad_buffers = n_micro * mb_grad + param_zero;
+  // Gradient accumulation: every micro-batch after the first adds its weight gradients into the
+  // gradient buffer the device holds (PyTorch's AccumulateGrad, Megatron's main_grad.add_): read
+  // the buffer, read the new gradient, write the buffer, 3 × the gradient bytes per parameter. A
+  // GEMM's wgrad does 6 FLOPs per parameter and token, so this costs about a 1/(tokens per
+  // micro-batch) share of the arithmetic intensity: ~5% of the GEMM time at 2048 tokens on an A100.
+  const double accum_bytes = double(std::max<int64_t>(0, n_micro - 1)) * 3.0 * p.memory.grads;
+  const double grad_accum = accum_bytes / d.mem_bw;
+  p.grad_buffers = n_micro * mb_grad + param_zero + grad_accum;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
   p.ep = ep_mb.scaled(double(n_micro));
@@ -237,32 +368,49 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const Group dp_group{l.tp, dp_inner * l.cp};
   const double grad_bytes = params_local * sb.grad, weight_bytes = params_local * sb.weight;
   CommCost dp_cost;
+  // Backward time of one micro-batch on this stage: what the gradient traffic can hide behind.
+  const double mb_fwd = fwd_c + fwd_m + (l.tp > 1 ? tp_mb.total() / n_tp_colls * 2.0 * per_stage : 0.0);
+  const double mb_bwd = std::max(0.0, mb_time - mb_fwd);
+  double n_buckets = 0, fsdp_units = 0;
   if (l.zero >= 3) {
-    // FSDP: gather the weights for forward and backward of every micro-batch, reduce-scatter
-    // the gradients; prefetching hides it behind that micro-batch's compute.
-    Group shard = l.hsdp ? Group{l.tp, l.hsdp} : dp_group;
-    CommCost per_mb = all_gather(c, shard, weight_bytes).scaled(2.0);
-    per_mb += reduce_scatter(c, shard, grad_bytes);
-    double exposed = std::max(0.0, per_mb.total() - (mb_compute + mb_memory));
-    dp_cost = per_mb.total() > 0 ? per_mb.scaled(n_micro * exposed / per_mb.total()) : per_mb;
-    if (l.hsdp && dp_inner / l.hsdp > 1)
-      dp_cost += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
+    // FSDP: every unit (a transformer layer) is all-gathered for its forward and again for its
+    // backward, and its gradients reduce-scattered, in every micro-batch (fsdp_exposed).
+    const Group shard = l.hsdp ? Group{l.tp, l.hsdp} : dp_group;
+    const double units = double(std::max<int64_t>(1, per_stage));
+    fsdp_units = units;
+    CommCost ag = all_gather(c, shard, weight_bytes / units);
+    CommCost rs = reduce_scatter(c, shard, grad_bytes / units);
+    // HSDP: each unit's shard of gradients is all-reduced across the replicas right after its
+    // reduce-scatter, on the same stream.
+    if (l.hsdp && dp_inner * l.cp / l.hsdp > 1)
+      rs += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / units / l.hsdp);
+    CommCost per_mb = ag.scaled(2.0 * units);
+    per_mb += rs.scaled(units);
+    double exposed = fsdp_exposed(int64_t(units), mb_fwd / units, mb_bwd / units, ag.total(), rs.total());
+    // At every instant one of the two streams is busy, so the exposed time never exceeds the
+    // communication's own.
+    dp_cost = per_mb.scaled(n_micro * charged(per_mb.total(), std::min(exposed, per_mb.total())));
   } else {
-    CommCost sync;
+    // Gradients: all-reduced (ZeRO-1/2: reduce-scattered), in buckets as the last micro-batch's
+    // backward fills them when overlap_dp, else in one coalesced buffer after it. ZeRO-1/2 then
+    // all-gather the updated weights after the optimizer step, with nothing left to overlap.
+    CommCost grads, weights;
+    n_buckets = l.overlap_dp ? std::max(1.0, std::ceil(grad_bytes / kDdpBucketBytes)) : 1.0;
+    const double bucket = grad_bytes / n_buckets;
     if (l.hsdp) {
-      sync = reduce_scatter(c, {l.tp, l.hsdp}, grad_bytes);
-      sync += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, grad_bytes / l.hsdp);
-      sync += all_gather(c, {l.tp, l.hsdp}, weight_bytes);
+      grads = reduce_scatter(c, {l.tp, l.hsdp}, bucket);
+      grads += all_reduce(c, {l.tp * l.hsdp, dp_inner * l.cp / l.hsdp}, bucket / l.hsdp);
+      weights = all_gather(c, {l.tp, l.hsdp}, weight_bytes);
     } else if (l.zero >= 1) {
-      sync = reduce_scatter(c, dp_group, grad_bytes);
-      sync += all_gather(c, dp_group, weight_bytes);
+      grads = reduce_scatter(c, dp_group, bucket);
+      weights = all_gather(c, dp_group, weight_bytes);
     } else {
-      sync = all_reduce(c, dp_group, grad_bytes);
+      grads = all_reduce(c, dp_group, bucket);
     }
-    // Overlap with the backward pass of the last micro-batch, whose gradients arrive in buckets.
-    double window = l.overlap_dp ? 2.0 * (fwd_c + fwd_m) : 0.0;
-    double exposed = std::max(0.0, sync.total() - window);
-    dp_cost = sync.total() > 0 ? sync.scaled(exposed / sync.total()) : sync;
+    double exposed = l.overlap_dp ? bucketed_exposed(n_buckets, grads.total(), mb_bwd) : n_buckets * grads.total();
+    CommCost all = grads.scaled(n_buckets);
+    dp_cost = all.scaled(charged(all.total(), exposed));
+    dp_cost += weights;
   }
   p.dp = dp_cost;
 
@@ -323,7 +471,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     p.outer = sync.scaled(1.0 / h_steps);
   }
 
-  p.step = pipe_time + param_zero + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
+  p.step = pipe_time + param_zero + grad_accum + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
 
   // ---- throughput, utilisation, time and cost ----
   p.tokens_per_step = double(l.batch()) * m.seq;
@@ -338,6 +486,15 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.hfu = p.hardware_flops_per_token * p.tokens_per_s_device / peak;
   p.train_tokens = opt.train_tokens;
   p.train_seconds = opt.train_tokens / p.tokens_per_s;
+  if (opt.fault.active()) {
+    p.checkpoint_interval = checkpoint_interval(opt.fault, c.world());
+    p.fault_overhead = fault_overhead(opt.fault, c.world());
+    ATOLL_CHECK(p.fault_overhead < 1,
+                "run: checkpoints of {:.4g} s every {:.4g} s against a job MTBF of {:.4g} s (restart {:.4g} s) lose all "
+                "the wall time ({:.3g}); checkpoint faster or less often", opt.fault.checkpoint_s, p.checkpoint_interval,
+                job_mtbf(opt.fault, c.world()), opt.fault.restart_s, p.fault_overhead);
+    p.train_seconds /= 1.0 - p.fault_overhead;
+  }
   p.price_per_hour = c.price_per_hour();
   p.train_cost = p.train_seconds / 3600.0 * p.price_per_hour;
 
@@ -366,10 +523,24 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured fused-attention rate "
                            "{:.4g} GFLOP/s", f, d.attention_rate(f) / 1e9);
+      } else {
+        double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
+        if (m.attention == "flash") f *= kFlashCausalFraction;
+        attn = fmt::format("; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
+                           m.attention == "flash" ? std::min(d.attention_eff_max, d.gemm_efficiency(f)) : d.gemm_efficiency(f / 2),
+                           m.attention == "flash" ? fmt::format(", flash: causal half, capped at {:g} (measured FlashAttention "
+                                                                "efficiency on this device), Q/K/V/O traffic only, backward "
+                                                                "2.5× forward", d.attention_eff_max)
+                                                  : std::string(", standard: s×s scores written and read"));
       }
-      return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head); each "
-                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}",
-                         n_micro, per_stage, peak / 1e12, d.gemm_efficiency(1e11), attn);
+      std::string stages = l.pp > 1 && m.layers % (l.pp * int64_t(v)) != 0
+                               ? fmt::format(" (uneven stages: the heaviest holds {} of {} layers)", per_stage, m.layers)
+                               : std::string();
+      std::string ceiling = d.gemm_eff_max > 0 ? fmt::format("; curve ceiling e_max={:.3f} ({})", d.gemm_eff_max, d.note)
+                                               : std::string("; calibrated curve");
+      return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head){}; each "
+                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}",
+                         n_micro, per_stage, stages, peak / 1e12, d.gemm_efficiency(1e11, l.precision), ceiling, attn);
     });
     rec.add("time.memory_bound", p.memory_bound, "s", [&] {
       return fmt::format("m × 3 × ({:.1f} × activation bytes of the stage's layers + 12·b·s·V/t softmax/"
@@ -382,9 +553,10 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.grad_buffers", p.grad_buffers, "s", [&] {
       return fmt::format("(m={} × ({:.4g} MB zero-filled activation gradients + {:.4g} MB bias-gradient reads + {:.4g} MB "
-                         "fp32 logits gradient) + {:.4g} MB parameter gradients zeroed) / memory bandwidth {:.4g} GB/s",
+                         "fp32 logits gradient) + {:.4g} MB parameter gradients zeroed + (m−1) × 3 × {:.4g} MB gradient "
+                         "accumulation) / memory bandwidth {:.4g} GB/s",
                          n_micro, mb_grad_bytes_act / 1e6, mb_grad_bytes_bias / 1e6, head_grad_bytes / 1e6,
-                         p.memory.grads / 1e6, d.mem_bw / 1e9);
+                         p.memory.grads / 1e6, p.memory.grads / 1e6, d.mem_bw / 1e9);
     });
     rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
     rec.add("time.tp", p.tp.total(), "s", [&] {
@@ -394,7 +566,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.cp", p.cp.total(), "s", [&] { return "ring attention K/V passes not hidden by the attention core: " + lv(p.cp); });
     rec.add("time.ep", p.ep.total(), "s", [&] {
-      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}: {}", moe_in_stage, l.ep, lv(p.ep));
+      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}{}{}: {}", moe_in_stage, l.ep,
+                         m.route_nodes > 0 ? fmt::format(", across nodes min(top_k, route_nodes={}) copies per token",
+                                                         m.route_nodes) : "",
+                         l.overlap_ep ? ", overlapped with the paired micro-batch's compute (exposed: the excess)" : "",
+                         lv(p.ep));
     });
     rec.add("time.pp_p2p", p.pp_p2p.total(), "s", [&] {
       return fmt::format("2·v·(m+p−1) sends of b·s·h/t = {:.4g} MB: {}", layer_io / t / 1e6, lv(p.pp_p2p));
@@ -403,9 +579,24 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       return fmt::format("(p−1)/v × micro-batch time = ({}−1)/{} × {}", l.pp, v, fmt_s(mb_time));
     });
     rec.add("time.dp", p.dp.total(), "s", [&] {
-      return fmt::format("{} of {:.4g} MB gradients over dp group of {} ({}), exposed after overlap: {}",
-                         l.zero >= 3 ? "ZeRO-3 gathers + reduce-scatter" : l.zero ? "reduce-scatter + all-gather" : "all-reduce",
-                         grad_bytes / 1e6, dp_inner * l.cp, level_name(group_level(c, dp_group)), lv(p.dp));
+      std::string how;
+      if (l.zero >= 3)
+        how = fmt::format("FSDP per unit and micro-batch: {} units × (2 all-gathers of {:.4g} MB + reduce-scatter of "
+                          "{:.4g} MB) per micro-batch, ring latency per step at each level crossed; one unit "
+                          "prefetched, first gathers and last reduce-scatter exposed, each reduce-scatter behind the "
+                          "next unit's compute (backward {} per micro-batch); m={} micro-batches",
+                          fsdp_units, weight_bytes / fsdp_units / 1e6, grad_bytes / fsdp_units / 1e6, fmt_s(mb_bwd),
+                          n_micro);
+      else if (l.overlap_dp)
+        how = fmt::format("{} buckets of {:.4g} MB {} as the last backward ({}) fills them: exposed = max(c, n·c − "
+                          "(n−1)·backward/n){}",
+                          n_buckets, grad_bytes / n_buckets / 1e6, l.zero ? "reduce-scattered" : "all-reduced",
+                          fmt_s(mb_bwd), l.zero ? " + all-gather of the updated weights" : "");
+      else
+        how = fmt::format("one coalesced {} of {:.4g} MB after the backward pass{}", l.zero ? "reduce-scatter" : "all-reduce",
+                          grad_bytes / 1e6, l.zero ? " + all-gather of the updated weights" : "");
+      return fmt::format("{} over dp group of {} ({}): {}", how, dp_inner * l.cp, level_name(group_level(c, dp_group)),
+                         lv(p.dp));
     });
     rec.add("time.optimizer", p.optimizer, "s", [&] {
       return fmt::format("{:.4g} params × {} B (2×{} state read+written, 2×{} gradient read for update and norm, "
@@ -437,7 +628,18 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          p.model_flops_per_token, peak / 1e12);
     });
     rec.add("utilization.hfu", p.hfu, "", [&] { return fmt::format("as MFU with recompute FLOPs ({:.4g}/token)", p.hardware_flops_per_token); });
-    rec.add("train.seconds", p.train_seconds, "s", [&] { return fmt::format("{:.4g} tokens / tokens/s", opt.train_tokens); });
+    rec.add("train.fault_overhead", p.fault_overhead, "", [&] {
+      if (!opt.fault.active()) return std::string("no fault model ([run] checkpoint_s and mtbf_hours / device_mtbf_hours)");
+      return fmt::format("δ/τ + (τ/2 + R)/M = {:.4g}/{:.4g} + ({:.4g}/2 + {:.4g})/{:.4g} (checkpoint δ s, interval τ = {} "
+                         "s, restart R s, job MTBF M s; Young 1974 / Daly 2006)",
+                         opt.fault.checkpoint_s, p.checkpoint_interval, p.checkpoint_interval, opt.fault.restart_s,
+                         job_mtbf(opt.fault, c.world()),
+                         opt.fault.interval_s > 0 ? "given" : "the optimum √(2·δ·M)");
+    });
+    rec.add("train.seconds", p.train_seconds, "s", [&] {
+      return fmt::format("{:.4g} tokens / tokens/s{}", opt.train_tokens,
+                         opt.fault.active() ? fmt::format(" / (1 − fault overhead {:.4g})", p.fault_overhead) : "");
+    });
     rec.add("train.cost", p.train_cost, "USD", [&] {
       return fmt::format("hours × cluster price {:.4g} USD/h ({} devices)", p.price_per_hour, c.world());
     });

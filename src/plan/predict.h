@@ -30,16 +30,44 @@ struct Prediction {
   double model_flops_per_token = 0, hardware_flops_per_token = 0;
   double mfu = 0, hfu = 0, achieved_flops_per_device = 0;  // model FLOP/s per device
   double train_tokens = 0, train_seconds = 0, train_cost = 0, price_per_hour = 0;
+  double fault_overhead = 0, checkpoint_interval = 0;  // fraction of wall time lost to failures; seconds
   std::string bottleneck;
   std::vector<Figure> figures;  // filled when explaining
 
   CommCost comm_total() const;
 };
 
+// Checkpointing against failures (Young 1974, "A first order approximation to the optimum
+// checkpoint interval"; Daly 2006): a blocking checkpoint of `checkpoint_s` every interval τ, a
+// mean time between failures of the job M (given, or a device's divided by the devices), and
+// `restart_s` to restart and reload after each failure. All zero: no fault model.
+struct FaultModel {
+  double checkpoint_s = 0, interval_s = 0;  // interval 0: the optimum √(2·δ·M)
+  double mtbf_s = 0, device_mtbf_s = 0, restart_s = 0;
+  bool active() const { return checkpoint_s > 0 && (mtbf_s > 0 || device_mtbf_s > 0); }
+};
+// The job's MTBF on `devices` devices, the interval used, and the fraction of wall time lost:
+// δ/τ (writing checkpoints) + (τ/2 + R)/M (on average half an interval of work redone, plus the
+// restart, per failure).
+double job_mtbf(const FaultModel& f, int64_t devices);
+double checkpoint_interval(const FaultModel& f, int64_t devices);
+double fault_overhead(const FaultModel& f, int64_t devices);
+
 struct PredictOptions {
   bool explain = false;
   double train_tokens = 1e12;  // tokens to train, for time and cost
+  FaultModel fault;            // checkpoint interval against MTBF (train time and cost only)
 };
+
+// The overlap formulas, exposed for their tests (docs/plan.md, "Communication"):
+// FSDP micro-batch over `units` equal units with per-unit forward/backward compute and per-unit
+// all-gather / reduce-scatter times; returns the time beyond the compute.
+double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs);
+// n equal gradient buckets of network time c each, ready evenly over a backward of `window`.
+double bucketed_exposed(double n, double c, double window);
+// Forward-pass time of one layer's attention core for one micro-batch on device d (flash: with
+// its 2.5× backward folded in as (1 + 2.5)/3, since the layer's backward is taken as 2×).
+double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d);
 
 // Validates the inputs (throws with the failing constraint) and predicts.
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& o = {});

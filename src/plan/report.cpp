@@ -72,6 +72,9 @@ std::string format_prediction(const ModelSpec& m, const Cluster& c, const Layout
                    p.achieved_flops_per_device / 1e12);
   o += fmt::format("training    {} tokens: {}, {:.4g} USD\n", human_count(p.train_tokens), human_seconds(p.train_seconds),
                    p.train_cost);
+  if (p.fault_overhead > 0)
+    o += fmt::format("failures    checkpoint every {}, {:.1f}% of wall time lost to checkpoints and redone work\n",
+                     human_seconds(p.checkpoint_interval), 100 * p.fault_overhead);
   o += fmt::format("bottleneck  {}\n", p.bottleneck);
   return o;
 }
@@ -116,7 +119,8 @@ nlohmann::json prediction_json(const ModelSpec& m, const Cluster& c, const Layou
   j["throughput"] = {{"tokens_per_s", p.tokens_per_s}, {"tokens_per_s_island", p.tokens_per_s_island},
                      {"tokens_per_s_device", p.tokens_per_s_device}, {"tokens_per_step", p.tokens_per_step}};
   j["utilization"] = {{"mfu", p.mfu}, {"hfu", p.hfu}, {"model_flops_per_token", p.model_flops_per_token}};
-  j["training"] = {{"tokens", p.train_tokens}, {"seconds", p.train_seconds}, {"cost_usd", p.train_cost}};
+  j["training"] = {{"tokens", p.train_tokens}, {"seconds", p.train_seconds}, {"cost_usd", p.train_cost},
+                   {"fault_overhead", p.fault_overhead}, {"checkpoint_interval_s", p.checkpoint_interval}};
   j["bottleneck"] = p.bottleneck;
   if (!p.figures.empty()) {
     auto& e = j["explain"] = nlohmann::json::array();
@@ -216,15 +220,15 @@ nlohmann::json sweep_json(const std::vector<SweepPoint>& pts, const SweepOptions
 }
 
 std::string format_validation(const std::vector<ValidationRow>& rows) {
-  std::string o = fmt::format("| {:<26} | {:<18} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<14} | {:>9} | {:>9} | {:>7} |\n",
+  std::string o = fmt::format("| {:<26} | {:<22} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<20} | {:>9} | {:>9} | {:>7} |\n",
                               "run", "source", "GPUs", "tp", "pp", "dp", "batch", "recompute", "metric", "published",
                               "predicted", "error");
-  o += "|" + std::string(28, '-') + "|" + std::string(20, '-') + "|" + std::string(7, '-') + "|" + std::string(5, '-') + "|" +
+  o += "|" + std::string(28, '-') + "|" + std::string(24, '-') + "|" + std::string(7, '-') + "|" + std::string(5, '-') + "|" +
        std::string(5, '-') + "|" + std::string(5, '-') + "|" + std::string(7, '-') + "|" + std::string(14, '-') + "|" +
-       std::string(16, '-') + "|" + std::string(11, '-') + "|" + std::string(11, '-') + "|" + std::string(9, '-') + "|\n";
+       std::string(22, '-') + "|" + std::string(11, '-') + "|" + std::string(11, '-') + "|" + std::string(9, '-') + "|\n";
   for (auto& r : rows) {
     const auto& l = r.run.layout;
-    o += fmt::format("| {:<26} | {:<18} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<14} | {:>9.4g} | {:>9.4g} | {:>+6.1f}% |\n",
+    o += fmt::format("| {:<26} | {:<22} | {:>5} | {:>3} | {:>3} | {:>3} | {:>5} | {:<12} | {:<20} | {:>9.4g} | {:>9.4g} | {:>+6.1f}% |\n",
                      r.run.id, r.run.source, r.run.cluster.world(), l.tp, l.pp, l.dp, l.batch(),
                      l.recompute + (l.sp ? "+sp" : ""), r.run.metric, r.run.published, r.predicted, 100 * r.rel_error);
   }

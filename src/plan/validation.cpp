@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "plan/plan_input.h"
 
 namespace atl::plan {
 
@@ -66,6 +67,35 @@ std::vector<PublishedRun> load_published(const std::string& path) {
   return out;
 }
 
+std::vector<PublishedRun> load_extended(const std::string& path) {
+  Config cfg = Config::load(path);
+  std::vector<std::string> ids;
+  for (auto& k : cfg.keys_under("runs")) {
+    auto rest = k.substr(5);
+    auto id = rest.substr(0, rest.find('.'));
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  std::vector<PublishedRun> out;
+  for (auto& id : ids) {
+    const std::string s = "runs." + id;
+    PublishedRun r;
+    r.id = id;
+    r.source = cfg.get_string(s + ".source", "");
+    ATOLL_CHECK(!r.source.empty(), "published run '{}' ({}): every figure needs its source", id, path);
+    r.metric = cfg.get_string(s + ".metric", "", {"tflops_per_gpu", "iteration_s", "mfu", "tokens_per_s_per_gpu"});
+    r.published = cfg.get_float(s + ".published", 0, 1e-9);
+    r.assumed = cfg.get_string(s + ".assumed", "");
+    r.model = load_model(cfg, s + ".model");
+    r.cluster = load_cluster(cfg, s + ".cluster");
+    const bool dp_given = cfg.has(s + ".plan.dp");
+    r.layout = load_layout(cfg, s + ".plan");
+    if (!dp_given) r.layout.dp = r.cluster.world() / (r.layout.tp * r.layout.pp * r.layout.cp);
+    out.push_back(r);
+  }
+  cfg.finish();
+  return out;
+}
+
 std::vector<ValidationRow> validate_published(const std::vector<PublishedRun>& runs) {
   std::vector<ValidationRow> rows;
   for (auto& r : runs) {
@@ -73,6 +103,10 @@ std::vector<ValidationRow> validate_published(const std::vector<PublishedRun>& r
     ValidationRow row{r, 0, 0};
     if (r.metric == "tflops_per_gpu")
       row.predicted = p.hardware_flops_per_token * p.tokens_per_s_device / 1e12;  // eq. 3 counts recompute
+    else if (r.metric == "mfu")
+      row.predicted = p.mfu;
+    else if (r.metric == "tokens_per_s_per_gpu")
+      row.predicted = p.tokens_per_s_device;
     else
       row.predicted = p.step;
     row.rel_error = (row.predicted - r.published) / r.published;

@@ -10,7 +10,10 @@
 namespace atl::plan {
 
 struct PublishedRun {
-  std::string id, source, metric;  // metric: "tflops_per_gpu" or "iteration_s"
+  // metric: "tflops_per_gpu" (Megatron eq. 3, recompute included), "iteration_s", "mfu" (model
+  // FLOPs per token × tokens/s per device / peak) or "tokens_per_s_per_gpu".
+  std::string id, source, metric;
+  std::string assumed;  // inputs the source does not state, and the value taken
   ModelSpec model;
   Layout layout;
   Cluster cluster;
@@ -23,7 +26,11 @@ struct ValidationRow {
   double rel_error = 0;  // (predicted - published) / published
 };
 
+// The two Megatron tables (configs/plan/validation/published.toml: GPT shapes on Selene).
 std::vector<PublishedRun> load_published(const std::string& path);
+// The extended set (configs/plan/validation/extended.toml): every run a full planner input under
+// [runs.ID.model], [runs.ID.cluster] and [runs.ID.plan], with source, metric, published, assumed.
+std::vector<PublishedRun> load_extended(const std::string& path);
 std::vector<ValidationRow> validate_published(const std::vector<PublishedRun>& runs);
 double median_abs_error(const std::vector<ValidationRow>& rows);
 double max_abs_error(const std::vector<ValidationRow>& rows);

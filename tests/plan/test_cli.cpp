@@ -182,3 +182,20 @@ TEST(PlanCli, ValidateReproducesTheDocsTable) {
   EXPECT_NE(v.out.find("korthikanti_1t_present"), std::string::npos);
   EXPECT_NE(v.out.find("median |error|"), std::string::npos);
 }
+
+TEST(PlanCli, EmitsATrainConfig) {
+  auto d = tmpdir();
+  auto path = (d / "emitted" / "train.toml").string();
+  CliRun r = run_atoll("plan --model gpt2-124m --device a100-80gb --set plan.dp=8 --set plan.zero=1 --emit-train-config " +
+                       path + " --train-config-keys both");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream f(path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("[parallel]"), std::string::npos) << text;
+  EXPECT_NE(text.find("dp_shard = 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("strategy = \"zero1\""), std::string::npos) << text;
+  CliRun bad = run_atoll("plan --model gpt2-124m --device a100-80gb --set plan.dp=4 --set plan.tp=2 --emit-train-config " +
+                         path + " --train-config-keys legacy");
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_NE(bad.out.find("tp = 2"), std::string::npos) << bad.out;
+}

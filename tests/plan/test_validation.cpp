@@ -49,3 +49,35 @@ TEST(PlanValidation, SelectiveRecomputeSpeedupHasThePublishedSize) {
     EXPECT_NEAR(predicted, published, 0.08) << full.run.id;
   }
 }
+
+// The extended set (configs/plan/validation/extended.toml): ZeRO-3/FSDP at scale, 3D parallelism
+// and context parallelism on H100s (Llama 3), an MoE run (DeepSeek-V3), small-lab runs. Its error
+// is reported separately from the Megatron tables; the issue's target (median ≤ 10%, worst ≤ 25%)
+// is not met yet (docs/plan.md says where and why), so this asserts coverage and guards against
+// regressions at today's level instead of claiming the target.
+TEST(PlanValidation, ExtendedSetCoversTheIssuesCategories) {
+  auto ext = validate_published(load_extended(std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/extended.toml"));
+  ASSERT_GE(ext.size(), 10u);
+  int fsdp = 0, cp = 0, moe = 0, h100_3d = 0, small = 0;
+  for (auto& x : ext) {
+    EXPECT_FALSE(x.run.source.empty()) << x.run.id;
+    EXPECT_GT(x.predicted, 0) << x.run.id;
+    EXPECT_TRUE(std::isfinite(x.rel_error)) << x.run.id;
+    std::printf("  %-28s %-24s published %10.4g predicted %10.4g  %+6.1f%%\n", x.run.id.c_str(), x.run.source.c_str(),
+                x.run.published, x.predicted, 100 * x.rel_error);
+    fsdp += x.run.layout.zero == 3 && x.run.cluster.world() >= 64;
+    cp += x.run.layout.cp > 1;
+    moe += x.run.model.is_moe() && x.run.layout.ep > 1;
+    h100_3d += x.run.cluster.device.name == "h100-sxm" && x.run.layout.tp > 1 && x.run.layout.pp > 1;
+    small += x.run.cluster.world() <= 8;
+  }
+  EXPECT_GE(fsdp, 3);
+  EXPECT_GE(cp, 1);
+  EXPECT_GE(moe, 1);
+  EXPECT_GE(h100_3d, 2);
+  EXPECT_GE(small, 2);
+  const double med = median_abs_error(ext), worst = max_abs_error(ext);
+  std::printf("  extended set: median |error| %.1f%%, worst %.1f%%\n", 100 * med, 100 * worst);
+  EXPECT_LE(med, 0.20) << "regression guard (today's level), not the issue's target";
+  EXPECT_LE(worst, 0.55) << "regression guard (today's level), not the issue's target";
+}
