@@ -14,15 +14,17 @@ struct Row {
   int64_t context() const { return int64_t(seq.size()) - start; }
 };
 
-// Logits of each listed row's whole context, one full forward per row.
+// Logits of each listed row's whole context, one full forward per row (the head only at the last
+// position: the reference should not be slowed by work it does not need).
 void recompute(const GPT& m, std::vector<Row>& rows, const std::vector<int64_t>& which, Tensor& logits) {
-  const int64_t V = m.config().vocab_size;
+  const int64_t V = m.config().vocab_size, C = m.config().n_embd;
   for (int64_t b : which) {
     Row& r = rows[size_t(b)];
     std::vector<int32_t> ctx(r.seq.begin() + r.start, r.seq.end());
-    Tensor lg = m.logits(Tensor::from_vector_i32(ctx, {1, int64_t(ctx.size())}));
-    const float* last = lg.f32() + (int64_t(ctx.size()) - 1) * V;
-    std::copy(last, last + V, logits.f32() + b * V);
+    const int64_t T = int64_t(ctx.size());
+    Tensor hid = m.hidden(Tensor::from_vector_i32(ctx, {1, T}));
+    Tensor lg = ops::linear_t(hid.view({T, C}).slice(0, T - 1, T), m.head_weight()->value);
+    std::copy(lg.f32(), lg.f32() + V, logits.f32() + b * V);
   }
 }
 
