@@ -1,7 +1,8 @@
 // GPT's cached inference forward: the same blocks as GPT::hidden, over only the new tokens of each
 // row, with attention reading the earlier tokens' keys and values from a KVCache. Tokens are packed
 // (padding dropped) so the matmuls see only real rows.
-#include "kernels/cpu/kernels.h"
+#include <algorithm>
+
 #include "nn/gpt.h"
 
 namespace atl::nn {
@@ -62,9 +63,11 @@ Tensor GPT::forward_cached(const Tensor& tokens, KVCache& cache, const std::vect
     Tensor qkv = (*blk.attn->c_attn)((*blk.ln_1)(x));
     if (c_.rope) {
       Tensor r = Tensor::empty({N, S});
-      for (const CachedSpan& s : spans)
-        cpu::rope_forward(r.f32() + s.first * S, qkv.f32() + s.first * S, 1, s.count, H, KV, hd, c_.rope_theta,
-                          s.start);
+      for (const CachedSpan& s : spans) {  // each row's run from its own position
+        Tensor rot = ops::rope(qkv.slice(0, s.first, s.first + s.count).view({1, s.count, S}), H, KV, hd,
+                               c_.rope_theta, s.start);
+        std::copy(rot.f32(), rot.f32() + s.count * S, r.f32() + s.first * S);
+      }
       qkv = r;
     }
     kv_cache_store(cache, l, qkv.f32(), H, spans);

@@ -59,10 +59,8 @@ struct CachedSpan {
 // attention kernel reads them) into layer l of the cache.
 void kv_cache_store(KVCache& cache, int64_t layer, const float* qkv, int64_t H, const std::vector<CachedSpan>& spans);
 
-// Causal attention of the spans' queries over the cache (which already holds their own keys):
-// query at position p reads keys 0..p of its row. out [N, H*hd]. Grouped-query attention: query
-// head h reads kv head h / (H/KV). The softmax uses the same exponential as the training kernel,
-// so cached and recomputed scores differ only by summation order.
+// Causal attention of the spans' queries over the cache, which already holds their own keys
+// (cpu::attention_cached_forward): out [N, H*hd].
 void kv_cache_attention(float* out, const float* qkv, const KVCache& cache, int64_t layer, int64_t H,
                         const std::vector<CachedSpan>& spans);
 
