@@ -1,5 +1,6 @@
 #include "nn/gpt_weights.h"
 
+#include <cstdlib>
 #include <set>
 
 #include "nn/gpt.h"
@@ -40,7 +41,12 @@ GptWeights from_hf(TensorFile& tf, const std::string& what, int64_t n_head) {
   c.block_size = wpe.size(0);
   std::set<int64_t> layers;
   for (auto& [n, t] : by)
-    if (n.rfind("transformer.h.", 0) == 0) layers.insert(std::stoll(n.substr(14)));
+    if (n.rfind("transformer.h.", 0) == 0) {
+      char* end = nullptr;
+      long long i = std::strtoll(n.c_str() + 14, &end, 10);
+      ATOLL_CHECK(end != n.c_str() + 14 && *end == '.' && i >= 0, "{}: tensor '{}' is not named h.N.<...>", what, n);
+      layers.insert(int64_t(i));
+    }
   c.n_layer = int64_t(layers.size());
   ATOLL_CHECK(c.n_layer > 0 && *layers.rbegin() == c.n_layer - 1, "{}: blocks h.N are not numbered 0..{}", what,
               c.n_layer - 1);

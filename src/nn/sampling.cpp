@@ -22,6 +22,17 @@ bool SamplingConfig::is_stop(int32_t t) const {
 int32_t sample_token(const float* logits, int64_t V, const SamplingConfig& s, Rng& rng) {
   ATOLL_CHECK(V > 0, "sampling: empty vocabulary");
   if (s.temperature == 0.0f) return int32_t(std::max_element(logits, logits + V) - logits);  // first maximum
+  if (s.top_k == 0 && s.top_p >= 1.0f) {  // the whole distribution: no order needed, draw in id order
+    float mx = *std::max_element(logits, logits + V);
+    std::vector<double> p(static_cast<size_t>(V));
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += p[size_t(v)] = std::exp(double(logits[v] - mx) / double(s.temperature));
+    const double u = double(rng.uniform()) * z;
+    double acc = 0;
+    for (int64_t v = 0; v < V; ++v)
+      if ((acc += p[size_t(v)]) > u) return int32_t(v);
+    return int32_t(V - 1);
+  }
   // Candidates by decreasing logit, ties by id: the order (and so the pick) is fully determined.
   std::vector<std::pair<float, int32_t>> cand(static_cast<size_t>(V));
   for (int64_t v = 0; v < V; ++v) cand[size_t(v)] = {logits[v] / s.temperature, int32_t(v)};
