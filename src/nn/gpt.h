@@ -4,6 +4,7 @@
 #include <map>
 
 #include "nn/gpt_config.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
 #include "tensor/rng.h"
@@ -88,6 +89,16 @@ class GPT : public Module {
   // Autoregressive sampling (full recompute per token; T limited to block_size).
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, float temperature,
                                 int64_t top_k, Rng& rng) const;
+
+  // ---- cached inference (gpt_cached.cpp) ----
+  // A cache for `batch` rows of up to `capacity` positions (at most block_size).
+  KVCache make_kv_cache(int64_t batch, int64_t capacity) const;
+  // Inference forward over new tokens [B,T] after what `cache` holds: row b's token t sits at
+  // position cache.length(b) + t (learned positions and RoPE alike). Only the first n_new[b]
+  // tokens of row b are real; the rest is right padding and never read. Appends the real tokens'
+  // keys and values to the cache and returns logits [B,V] at each row's last real token (zeros
+  // for a row with none). Records no graph.
+  Tensor forward_cached(const Tensor& tokens, KVCache& cache, const std::vector<int64_t>& n_new) const;
 
   Embedding* wte;
   Embedding* wpe = nullptr;

@@ -136,7 +136,10 @@ struct Trainer::Impl {
     ck.state = {{"step", step},
                 {"sample_rng", std::vector<uint64_t>(rs.begin(), rs.end())},
                 {"train_data", train_data->state().to_json()},
-                {"config", config_text}};
+                {"config", config_text},
+                // What evaluate() scores, so that `atoll eval` can repeat it on this checkpoint.
+                {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
+                          {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
     return ck;
   }
 

@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "core/error.h"
@@ -16,6 +17,15 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   if (M == 0 || N == 0) return;
   ATOLL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
               "gemm: sizes {}x{}x{} exceed the BLAS's 32-bit range", M, N, K);
+  if (M == 1) {
+    // One row (a decoding step): a matrix-vector product. sgemm would first pack all of B, which
+    // for a weight matrix costs more than the product itself. beta = 0 must not read C (it may be
+    // uninitialised), so C is cleared and the product added.
+    if (beta == 0.0f) std::fill(C, C + N, 0.0f);
+    cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, int(tb ? N : K), int(tb ? K : N), alpha, B, int(ldb),
+                A, ta ? int(lda) : 1, beta == 0.0f ? 1.0f : beta, C, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
