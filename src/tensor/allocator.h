@@ -43,6 +43,8 @@ class CachingAllocator final : public Allocator {
   };
   explicit CachingAllocator(Backend b);
   ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   void* allocate(size_t nbytes) override;
   // Never throws (runs in Storage's destructor); the block returns to the cache it came from.
