@@ -1,6 +1,7 @@
 #include "autograd/graph.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace atl {
 namespace {
@@ -82,14 +83,17 @@ void backward(const Tensor& loss, float seed) {
   ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
   ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
   auto& nodes = g_tape.nodes;
-  // A leaf's gradient is final once the node of its first forward use has run backward.
-  std::unordered_map<AutogradMeta*, size_t> first_use;
+  // A leaf's gradient is final once the node of its first forward use has run backward. Leaves
+  // that share that node fire in the order of its inputs: never in an order that depends on
+  // addresses, because DDP issues its collectives from these hooks and every rank must issue
+  // them in the same order.
+  std::unordered_set<AutogradMeta*> seen;
+  std::unordered_map<size_t, std::vector<AutogradMeta*>> fire_at;
   for (size_t i = 0; i < nodes.size(); ++i)
     for (auto& in : nodes[i].inputs)
-      if (in.defined() && in.autograd() && in.autograd()->is_leaf && !in.autograd()->hooks.empty())
-        first_use.emplace(in.autograd().get(), i);
-  std::unordered_map<size_t, std::vector<AutogradMeta*>> fire_at;
-  for (auto& [m, i] : first_use) fire_at[i].push_back(m);
+      if (in.defined() && in.autograd() && in.autograd()->is_leaf && !in.autograd()->hooks.empty() &&
+          seen.insert(in.autograd().get()).second)
+        fire_at[i].push_back(in.autograd().get());
 
   grad_buffer(loss).fill(seed);
   for (size_t i = nodes.size(); i-- > 0;) {

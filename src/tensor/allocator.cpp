@@ -8,81 +8,113 @@
 #include "core/error.h"
 
 namespace atl {
-namespace {
 
-// Size classes: round up to 64 B below 1 MiB, to 1/8 of the power of two above. A request is
-// served from the smallest cached class that fits within 2x, so a big block is not split.
-size_t round_size(size_t n) {
+struct CachingAllocator::Impl {
+  Backend be;
+  mutable std::mutex mu;
+  std::map<int, std::multimap<size_t, void*>> free;  // per pool: size -> cached block
+  struct Block {
+    size_t size;
+    int pool;
+  };
+  std::map<void*, Block> live;
+  AllocatorStats st;
+
+  void release_locked() {
+    for (auto& [pool, fl] : free)
+      for (auto& [sz, p] : fl) be.free(p);
+    free.clear();
+    st.cached_bytes = 0;
+  }
+};
+
+CachingAllocator::CachingAllocator(Backend b) : impl_(new Impl{}) {
+  ATOLL_CHECK(b.alloc && b.free && b.out_of_memory, "CachingAllocator: the backend needs alloc, free and out_of_memory");
+  ATOLL_CHECK(b.granularity > 0 && (b.granularity & (b.granularity - 1)) == 0,
+              "CachingAllocator: granularity {} is not a power of two", b.granularity);
+  impl_->be = b;
+}
+
+CachingAllocator::~CachingAllocator() {
+  release_cache();
+  delete impl_;
+}
+
+size_t CachingAllocator::round_size(size_t n) const {
   if (n == 0) n = 1;
-  if (n < (1u << 20)) return (n + 63) & ~size_t(63);
+  const size_t g = impl_->be.granularity;
+  if (n < (1u << 20)) return (n + g - 1) & ~(g - 1);
   size_t p = 1;
   while (p < n) p <<= 1;
   size_t step = p / 8;
   return (n + step - 1) / step * step;
 }
 
-class CpuCachingAllocator final : public Allocator {
- public:
-  void* allocate(size_t nbytes) override {
-    size_t sz = round_size(nbytes);
-    std::lock_guard<std::mutex> lk(mu_);
-    ++st_.allocations;
-    auto it = free_.lower_bound(sz);
-    void* p = nullptr;
-    if (it != free_.end() && it->first <= 2 * sz) {
-      p = it->second;
-      sz = it->first;
-      st_.cached_bytes -= sz;
-      free_.erase(it);
-      ++st_.cache_hits;
-    } else {
-      p = std::aligned_alloc(64, sz);
-      if (!p) {
-        release_locked();
-        p = std::aligned_alloc(64, sz);
-      }
-      ATOLL_CHECK(p != nullptr, "out of host memory allocating {} bytes", sz);
+void* CachingAllocator::allocate(size_t nbytes) {
+  Impl& m = *impl_;
+  size_t sz = round_size(nbytes);
+  const int pool = m.be.pool ? m.be.pool() : 0;  // outside the lock: it may call the runtime
+  std::lock_guard<std::mutex> lk(m.mu);
+  ++m.st.allocations;
+  auto& fl = m.free[pool];
+  auto it = fl.lower_bound(sz);
+  void* p = nullptr;
+  if (it != fl.end() && it->first <= 2 * sz) {
+    p = it->second;
+    sz = it->first;
+    m.st.cached_bytes -= sz;
+    fl.erase(it);
+    ++m.st.cache_hits;
+  } else {
+    p = m.be.alloc(sz);
+    if (!p) {
+      m.release_locked();  // out of memory: give the cache back and try once more
+      p = m.be.alloc(sz);
     }
-    sizes_[p] = sz;
-    st_.current_bytes += sz;
-    if (st_.current_bytes > st_.peak_bytes) st_.peak_bytes = st_.current_bytes;
-    return p;
+    if (!p) m.be.out_of_memory(sz, pool, m.st.current_bytes);
   }
-  void deallocate(void* p, size_t) override {
-    if (!p) return;
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = sizes_.find(p);
-    if (it == sizes_.end()) return;
-    size_t sz = it->second;
-    sizes_.erase(it);
-    st_.current_bytes -= sz;
-    st_.cached_bytes += sz;
-    free_.emplace(sz, p);
-  }
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lk(mu_);
-    return st_;
-  }
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    st_.peak_bytes = st_.current_bytes;
-  }
-  void release_cache() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    release_locked();
-  }
+  m.live[p] = {sz, pool};
+  m.st.current_bytes += sz;
+  if (m.st.current_bytes > m.st.peak_bytes) m.st.peak_bytes = m.st.current_bytes;
+  return p;
+}
 
- private:
-  void release_locked() {
-    for (auto& [sz, p] : free_) std::free(p);
-    free_.clear();
-    st_.cached_bytes = 0;
-  }
-  mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  std::map<void*, size_t> sizes_;
-  AllocatorStats st_;
-};
+void CachingAllocator::deallocate(void* p, size_t) {
+  if (!p) return;
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.mu);
+  auto it = m.live.find(p);
+  if (it == m.live.end()) return;
+  auto [sz, pool] = it->second;
+  m.live.erase(it);
+  m.st.current_bytes -= sz;
+  m.st.cached_bytes += sz;
+  m.free[pool].emplace(sz, p);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->st;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->st.peak_bytes = impl_->st.current_bytes;
+}
+
+void CachingAllocator::release_cache() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->release_locked();
+}
+
+namespace {
+
+// Host blocks are 64-byte aligned (one cache line, one AVX-512 vector) and rounded to 64 B.
+void* host_alloc(size_t n) { return std::aligned_alloc(64, n); }
+void host_free(void* p) { std::free(p); }
+[[noreturn]] void host_oom(size_t n, int, size_t in_use) {
+  fail("out of host memory allocating {} bytes ({} in use by tensors)", n, in_use);
+}
 
 Allocator* g_allocators[2] = {nullptr, nullptr};
 
@@ -92,7 +124,7 @@ void register_allocator(Device::Kind kind, Allocator* a) { g_allocators[int(kind
 
 Allocator& allocator_for(Device d) {
   // Deliberately never destroyed: tensors held in statics may outlive every other static.
-  static CpuCachingAllocator* cpu = new CpuCachingAllocator();
+  static CachingAllocator* cpu = new CachingAllocator({host_alloc, host_free, nullptr, host_oom, 64});
   if (d.is_cpu()) return g_allocators[0] ? *g_allocators[0] : *cpu;
   ATOLL_CHECK(g_allocators[int(d.kind)] != nullptr, "no allocator registered for device {}", d.str());
   return *g_allocators[int(d.kind)];

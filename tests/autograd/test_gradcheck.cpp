@@ -2,6 +2,9 @@
 // graph mechanics: accumulation across backward calls, no-grad scope, and the gradient-ready hook.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "tensor/rng.h"
@@ -139,4 +142,20 @@ TEST(Graph, HookFiresOnceGradientIsFinal) {
   backward(ops::sum(ops::add(a, b)));
   EXPECT_EQ(fired, 1);
   EXPECT_FLOAT_EQ(seen, grad_of(w).f32()[0]);
+}
+
+TEST(Graph, HooksSharingANodeFireInInputOrder) {
+  // DDP issues collectives from these hooks, so the order must not depend on where the leaves'
+  // records happen to live in memory: leaves first used by one node fire in its input order.
+  for (int rep = 0; rep < 8; ++rep) {
+    std::vector<std::shared_ptr<int>> noise;  // shifts the heap between repetitions
+    for (int i = 0; i < rep * 7; ++i) noise.push_back(std::make_shared<int>(i));
+    Tensor x = leaf({2, 4}, 1), w = leaf({4, 3}, 2), b = leaf({3}, 3);
+    std::vector<char> order;
+    add_grad_hook(x, [&](const Tensor&) { order.push_back('x'); });
+    add_grad_hook(w, [&](const Tensor&) { order.push_back('w'); });
+    add_grad_hook(b, [&](const Tensor&) { order.push_back('b'); });
+    backward(ops::sum(ops::linear(x, w, b)));
+    EXPECT_EQ(std::string(order.begin(), order.end()), "xwb") << "repetition " << rep;
+  }
 }

@@ -1,14 +1,13 @@
 // CUDA device support (CUDA Runtime API: cudaGetDeviceCount, cudaMalloc/cudaFree, cudaMemcpyAsync
 // with unified virtual addressing, cudaMemcpyPeerAsync, cudaStreamCreateWithFlags). The caching
-// allocator follows the CPU one (tensor/allocator.cpp): cudaMalloc and cudaFree synchronize the
-// device, so a training step must not call them once its working set is cached.
+// allocator is the CPU one's core (tensor/allocator.h) over cudaMalloc: cudaMalloc and cudaFree
+// synchronize the device, so a training step must not call them once its working set is cached.
 #include "kernels/cuda/device.h"
 
 #include <cuda_runtime_api.h>
 
 #include <map>
 #include <mutex>
-#include <vector>
 
 #include "core/error.h"
 
@@ -27,99 +26,31 @@ void check(cudaError_t e, const char* what) {
   fail("CUDA {} failed: {}", what, error_string(e));
 }
 
-// Same size classes as the CPU allocator: 512 B granularity below 1 MiB (cudaMalloc aligns to 256
-// anyway), 1/8 of the power of two above; a cached block serves requests down to half its size.
-size_t round_size(size_t n) {
-  if (n == 0) n = 1;
-  if (n < (1u << 20)) return (n + 511) & ~size_t(511);
-  size_t p = 1;
-  while (p < n) p <<= 1;
-  size_t step = p / 8;
-  return (n + step - 1) / step * step;
+// The caching itself is the CPU allocator's (CachingAllocator, tensor/allocator.h); the device
+// supplies cudaMalloc/cudaFree, one cache per device, and 512 B granularity below 1 MiB
+// (cudaMalloc aligns to 256 anyway). Streams are not tracked: a freed block is reused at once, so
+// work still queued that reads it is the caller's business (blocks go to synchronous users only).
+thread_local cudaError_t t_last_malloc_error = cudaSuccess;  // for the out-of-memory message
+
+void* device_alloc(size_t n) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, n);
+  if (e == cudaSuccess) return p;
+  cudaGetLastError();  // clear the error state so that the retry starts clean
+  t_last_malloc_error = e;
+  return nullptr;
+}
+void device_free(void* p) { cudaFree(p); }  // frees on the pointer's own device (UVA)
+int device_pool() { return current_device(); }
+[[noreturn]] void device_oom(size_t n, int dev, size_t in_use) {
+  fail("out of CUDA memory on device {} allocating {} bytes ({} in use by tensors): {}", dev, n,
+       in_use, error_string(t_last_malloc_error));
 }
 
-class CudaCachingAllocator final : public Allocator {
- public:
-  void* allocate(size_t nbytes) override {
-    size_t sz = round_size(nbytes);
-    int dev = current_device();
-    std::lock_guard<std::mutex> lk(mu_);
-    ++st_.allocations;
-    auto& fl = free_[dev];
-    auto it = fl.lower_bound(sz);
-    void* p = nullptr;
-    if (it != fl.end() && it->first <= 2 * sz) {
-      p = it->second;
-      sz = it->first;
-      st_.cached_bytes -= sz;
-      fl.erase(it);
-      ++st_.cache_hits;
-    } else {
-      cudaError_t e = cudaMalloc(&p, sz);
-      if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        release_locked();  // out of memory: give the cache back and try once more
-        e = cudaMalloc(&p, sz);
-      }
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        fail("out of CUDA memory on device {} allocating {} bytes ({} in use by tensors): {}", dev,
-             sz, st_.current_bytes, error_string(e));
-      }
-    }
-    blocks_[p] = {sz, dev};
-    st_.current_bytes += sz;
-    if (st_.current_bytes > st_.peak_bytes) st_.peak_bytes = st_.current_bytes;
-    return p;
-  }
-  // Never throws (runs in Storage's destructor). The block goes back to the cache of the device
-  // it came from; work still queued on a stream that reads it is the caller's business, as with
-  // any caching allocator that does not track streams: we only hand blocks to synchronous users.
-  void deallocate(void* p, size_t) override {
-    if (!p) return;
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = blocks_.find(p);
-    if (it == blocks_.end()) return;
-    auto [sz, dev] = it->second;
-    blocks_.erase(it);
-    st_.current_bytes -= sz;
-    st_.cached_bytes += sz;
-    free_[dev].emplace(sz, p);
-  }
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lk(mu_);
-    return st_;
-  }
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    st_.peak_bytes = st_.current_bytes;
-  }
-  void release_cache() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    release_locked();
-  }
-
- private:
-  struct Block {
-    size_t size;
-    int device;
-  };
-  void release_locked() {
-    for (auto& [dev, fl] : free_)
-      for (auto& [sz, p] : fl) cudaFree(p);  // frees on the pointer's own device (UVA)
-    free_.clear();
-    st_.cached_bytes = 0;
-  }
-  mutable std::mutex mu_;
-  std::map<int, std::multimap<size_t, void*>> free_;  // per device: size -> block
-  std::map<void*, Block> blocks_;                      // live blocks
-  AllocatorStats st_;
-};
-
-CudaCachingAllocator& the_allocator() {
+CachingAllocator& the_allocator() {
   // Never destroyed, like the CPU one: tensors in statics may outlive every other static, and the
   // CUDA runtime may already be torn down at exit, so cached blocks are left to the driver.
-  static auto* a = new CudaCachingAllocator();
+  static auto* a = new CachingAllocator({device_alloc, device_free, device_pool, device_oom, 512});
   return *a;
 }
 
