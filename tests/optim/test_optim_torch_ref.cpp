@@ -133,10 +133,10 @@ TEST(OptimTorchRef, MuonPolarExpressGramRmsScale) {
 
 TEST(OptimTorchRef, PeriodicRowMuonRowsAndCols) {
   for (const char* scale : {"frobenius", "fit"})
-    for (const char* axis : {"rows", "cols"}) {
+    for (const char* axis : {"rows", "cols", "neurons"}) {
       json hp = {{"lr", 0.02}, {"momentum", 0.95}, {"nesterov", true}, {"weight_decay", 0.01},
-                 {"update_scale", "spectral"}, {"layout", "in_out"}, {"period", 3}, {"axis", axis},
-                 {"row_scale", scale}};
+                 {"update_scale", "spectral"}, {"layout", std::string(axis) == "neurons" ? "out_in" : "in_out"},
+                 {"period", 3}, {"axis", axis}, {"row_scale", scale}};
       auto r = run_against_torch("prmuon", hp, {{12, 20}, {24, 8}});
       EXPECT_LT(r.param_rel, kTol) << axis << " " << scale;
       EXPECT_LT(r.delta_rel, 1e-4) << axis << " " << scale;
@@ -163,11 +163,30 @@ TEST(OptimTorchRef, Soap) {
   EXPECT_LT(r.delta_rel, 1e-4);
 }
 
+TEST(OptimTorchRef, SoapSeedStabilizations) {
+  // Per-step power iteration + QR of the bases (F = 1), KL-Shampoo factors, bias-corrected factor
+  // EMAs and the update rescaled to RMS 0.2, each alone and all together.
+  const json base = {{"lr", 0.003}, {"beta1", 0.95}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.01},
+                     {"shampoo_beta", -1.0}, {"precondition_frequency", 1}};
+  std::vector<json> variants;
+  for (json extra : {json{{"factor_update", "kl"}}, json{{"correct_shampoo_bias", true}}, json{{"update_rms", 0.2}},
+                     json{{"factor_update", "kl"}, {"correct_shampoo_bias", true}, {"update_rms", 0.2}}}) {
+    json hp = base;
+    for (auto& [k, v] : extra.items()) hp[k] = v;
+    auto r = run_against_torch("soap", hp, {{6, 6}, {8, 8}});
+    EXPECT_LT(r.param_rel, kTol) << hp.dump();
+    EXPECT_LT(r.delta_rel, 1e-4) << hp.dump();
+  }
+}
+
 TEST(OptimTorchRef, EmberSparseRows) {
-  json hp = {{"lr", 0.001}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
-  auto r = run_against_torch("ember", hp, {{32, 8}, {20, 12}}, 10, 0.5f);
-  EXPECT_LT(r.param_rel, kTol);
-  EXPECT_LT(r.delta_rel, 1e-4);
+  // col_mean "all" is katop1234/ember's statistic; "active" atoll's earlier one.
+  for (const char* col : {"all", "active"}) {
+    json hp = {{"lr", 0.001}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}, {"col_mean", col}};
+    auto r = run_against_torch("ember", hp, {{32, 8}, {20, 12}}, 10, 0.5f);
+    EXPECT_LT(r.param_rel, kTol) << col;
+    EXPECT_LT(r.delta_rel, 1e-4) << col;
+  }
 }
 
 TEST(OptimTorchRef, AdamS) {
