@@ -8,7 +8,7 @@
 # time) and runs/optim_text/loss_curves.svg. Outside CI: hours at full size on one core.
 #
 # usage: tools/optim_quality_text.sh [--short]          (build first: scripts/build.sh)
-#   --short: a pipeline check of a few minutes (2 layers, d = 64, 40 steps, 2 MB of the
+#   --short: a pipeline check of a few minutes (2 layers, d = 64, 150 steps of 512 tokens, 2 MB of the
 #            dictionary); its numbers say nothing about the optimizers.
 # env: SEEDS (2), ONLY="muon soap" (cases to run), THREADS (1), DTYPE (f32 | bf16),
 #      GCIDE_MB (0: the whole dictionary), OUT (runs/optim_text), ATOLL (build/atoll),
@@ -34,7 +34,7 @@ if [ $SHORT = 1 ]; then
   [ "$OUT" = runs/optim_text ] && OUT=runs/optim_text_short
   GCIDE_MB=2; SAMPLE_MB=1
   COMMON+=(--model.n_layer=2 --model.n_embd=64 --model.n_head=2 --model.block_size=64 --train.seq_len=64
-           --train.batch_size=8 --train.steps=40 --train.warmup_steps=4 --eval.every=10 --eval.steps=2)
+           --train.batch_size=8 --train.steps=150 --train.warmup_steps=10 --eval.every=15 --eval.steps=4)
 fi
 mkdir -p "$OUT"
 COMMON+=(--data.dir="$OUT/data" --data.tokenizer="$OUT/bpe4096")
