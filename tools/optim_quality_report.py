@@ -131,6 +131,8 @@ def main():
     p = print
     if a.short == "1":
         p("**SHORT pipeline check (2 layers, d = 64, 150 steps of 512 tokens): these numbers say nothing about the optimizers.**\n")
+    elif a.short == "2":
+        p("**MID size (4 layers, d = 128, 240 steps of 2048 tokens = 0.49M tokens): a small-scale check, not the benchmark.**\n")
     p(f"CPU: {cpu_model()}; load average at the end: {os.getloadavg()[0]:.1f}; "
       f"threads: {os.environ.get('OMP_NUM_THREADS', '?')}\n")
     p("### Sweep (seed 1): final validation loss\n")
@@ -177,7 +179,7 @@ def main():
             series.append((f"{name}", r["val"], True))
     svg = os.path.join(a.out, "loss_curves.svg")
     svg_plot(series, svg, "validation loss, best rate (mean over seeds); variants dashed" +
-             (" — SHORT CHECK" if a.short == "1" else ""))
+             ({"1": " — SHORT CHECK", "2": " — MID SIZE"}.get(a.short, "")))
     p(f"\nPlot: {svg}")
 
 

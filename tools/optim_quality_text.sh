@@ -10,6 +10,8 @@
 # usage: tools/optim_quality_text.sh [--short]          (build first: scripts/build.sh)
 #   --short: a pipeline check of a few minutes (2 layers, d = 64, 150 steps of 512 tokens, 2 MB of the
 #            dictionary); its numbers say nothing about the optimizers.
+#   --mid:   4 layers, d = 128 (1.3M parameters), 240 steps of 2048 tokens (0.49M), the whole corpus:
+#            about an hour on one core; a small-scale check, not the benchmark.
 # env: SEEDS (2), ONLY="muon soap" (cases to run), THREADS (1), DTYPE (f32 | bf16),
 #      GCIDE_MB (0: the whole dictionary), OUT (runs/optim_text), ATOLL (build/atoll),
 #      EXTRA (more overrides for every run).
@@ -22,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHORT=0
 [ "${1:-}" = "--short" ] && SHORT=1
+[ "${1:-}" = "--mid" ] && SHORT=2
 ATOLL=${ATOLL:-build/atoll}
 OUT=${OUT:-runs/optim_text}
 SEEDS=${SEEDS:-2}
@@ -35,6 +38,10 @@ if [ $SHORT = 1 ]; then
   GCIDE_MB=2; SAMPLE_MB=1
   COMMON+=(--model.n_layer=2 --model.n_embd=64 --model.n_head=2 --model.block_size=64 --train.seq_len=64
            --train.batch_size=8 --train.steps=150 --train.warmup_steps=10 --eval.every=15 --eval.steps=4)
+elif [ $SHORT = 2 ]; then  # --mid: the quality table's model size on this corpus, 0.6M tokens
+  [ "$OUT" = runs/optim_text ] && OUT=runs/optim_text_mid
+  COMMON+=(--model.n_layer=4 --model.n_embd=128 --model.n_head=4 --model.block_size=128 --train.seq_len=128
+           --train.batch_size=16 --train.steps=240 --train.warmup_steps=20 --eval.every=30 --eval.steps=8)
 fi
 mkdir -p "$OUT"
 COMMON+=(--data.dir="$OUT/data" --data.tokenizer="$OUT/bpe4096")

@@ -151,6 +151,15 @@ TEST(OptimTorchRef, Dion3NeuronsAndRows) {
     EXPECT_LT(r.param_rel, kTol) << sel;
     EXPECT_LT(r.delta_rel, 1e-4) << sel;
   }
+  // dion's Gram setting: Gram Newton-Schulz (restart at iteration 2) with Polar Express, on the
+  // k x len submatrices (6 x 16 and 3 x 24 here: wide enough for the Gram form), against the
+  // plain iteration of the reference (the same polynomial).
+  json hp = {{"lr", 0.02}, {"fraction", 0.25}, {"mu", 0.95}, {"beta2", 0.95}, {"weight_decay", 0.01},
+             {"select", "neurons"}, {"update_scale", "spectral"}, {"layout", "in_out"},
+             {"ns_schedule", "polar_express"}, {"ns_steps", 5}, {"ns_gram", true}};
+  auto r = run_against_torch("dion3", hp, {{16, 24}, {24, 12}});
+  EXPECT_LT(r.param_rel, kTol) << "gram";
+  EXPECT_LT(r.delta_rel, 1e-4) << "gram";
 }
 
 TEST(OptimTorchRef, Soap) {
