@@ -16,8 +16,15 @@ import sys
 
 
 def read_run(d):
+    """None: diverged or no result; "running": not finished (the report can run mid-benchmark)."""
     recs = []
     p = os.path.join(d, "metrics.jsonl")
+    try:
+        with open(d + ".log") as f:
+            if "done: step" not in f.read():
+                return "running" if os.path.exists(p) else None
+    except OSError:
+        pass  # a run made without the script's log
     if not os.path.exists(p):
         return None
     with open(p) as f:
@@ -123,11 +130,15 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--short", default="0")
     a = ap.parse_args()
-    rows = []
+    rows, running = [], []
     with open(os.path.join(a.out, "manifest.tsv")) as f:
         for line in f:
             g, name, lr, seed, d = line.rstrip("\n").split("\t")
-            rows.append((g, name, lr, int(seed), d, read_run(d)))
+            r = read_run(d)
+            if r == "running":
+                running.append(name)
+                continue
+            rows.append((g, name, lr, int(seed), d, r))
     p = print
     if a.short == "1":
         p("**SHORT pipeline check (2 layers, d = 64, 150 steps of 512 tokens): these numbers say nothing about the optimizers.**\n")
@@ -180,6 +191,8 @@ def main():
     svg = os.path.join(a.out, "loss_curves.svg")
     svg_plot(series, svg, "validation loss, best rate (mean over seeds); variants dashed" +
              ({"1": " — SHORT CHECK", "2": " — MID SIZE"}.get(a.short, "")))
+    if running:
+        p(f"\nStill running, left out: {', '.join(running)}")
     p(f"\nPlot: {svg}")
 
 
