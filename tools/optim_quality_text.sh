@@ -12,7 +12,9 @@
 #            dictionary); its numbers say nothing about the optimizers.
 #   --mid:   4 layers, d = 128 (1.3M parameters), 240 steps of 2048 tokens (0.49M), the whole corpus:
 #            about an hour on one core; a small-scale check, not the benchmark.
-# env: SEEDS (2), ONLY="muon soap" (cases to run), THREADS (1), DTYPE (f32 | bf16),
+# env: SEEDS (2), ONLY="muon soap" (cases to run), ONLY_VARIANTS="prmuon-K2" (variants to run),
+#      MATRIX_RATES, PRMUON_RATES, DION3_RATES, SOAP_RATES (grids: the Muon family's default, PRMuon's,
+#      Dion3's, SOAP's), THREADS (1), DTYPE (f32 | bf16),
 #      GCIDE_MB (0: the whole dictionary), OUT (runs/optim_text), ATOLL (build/atoll),
 #      EXTRA (more overrides for every run).
 #
@@ -60,13 +62,14 @@ mapfile -t FORTUNES < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -na
 
 # ---- the runs
 # name | overrides | key the rate goes to | rates
-MATRIX_RATES="3e-3 1e-2 3e-2"
+MATRIX_RATES=${MATRIX_RATES:-"3e-3 1e-2 3e-2"}
+SOAP_RATES=${SOAP_RATES:-"1e-3 3e-3 1e-2"}
 CASES=(
   "adamw|--optim.type=adamw|optim.adamw.lr|1e-3 3e-3 1e-2"
   "muon|--optim.type=muon --optim.muon.update_scale=rms|optim.muon.lr|$MATRIX_RATES"
-  "prmuon-K4|--optim.type=prmuon --optim.prmuon.period=4 --optim.prmuon.update_scale=rms|optim.prmuon.lr|$MATRIX_RATES"
-  "dion3-a0.25|--optim.type=dion3 --optim.dion3.fraction=0.25 --optim.dion3.update_scale=rms|optim.dion3.lr|$MATRIX_RATES"
-  "soap|--optim.type=soap --optim.soap.precondition_frequency=1 --optim.soap.factor_update=kl --optim.soap.correct_shampoo_bias=true --optim.soap.update_rms=0.2|optim.soap.lr|1e-3 3e-3 1e-2"
+  "prmuon-K4|--optim.type=prmuon --optim.prmuon.period=4 --optim.prmuon.update_scale=rms|optim.prmuon.lr|${PRMUON_RATES:-$MATRIX_RATES}"
+  "dion3-a0.25|--optim.type=dion3 --optim.dion3.fraction=0.25 --optim.dion3.update_scale=rms|optim.dion3.lr|${DION3_RATES:-$MATRIX_RATES}"
+  "soap|--optim.type=soap --optim.soap.precondition_frequency=1 --optim.soap.factor_update=kl --optim.soap.correct_shampoo_bias=true --optim.soap.update_rms=0.2|optim.soap.lr|$SOAP_RATES"
 )
 # variants run at their case's best rate, seed 1: name | case | extra overrides
 VARIANTS=(
@@ -83,7 +86,7 @@ run() {  # group name lr seed key overrides... -> prints the final val loss
   local dir="$OUT/runs/$name-lr$lr-s$seed"
   mkdir -p "$OUT/runs"
   printf "%s\t%s\t%s\t%s\t%s\n" "$group" "$name" "$lr" "$seed" "$dir" >>"$MANIFEST"
-  if [ ! -s "$dir/metrics.jsonl" ] || ! grep -q '"val_loss"' "$dir/metrics.jsonl" || [ -n "${FRESH:-}" ]; then
+  if ! grep -q "done: step" "$dir.log" 2>/dev/null || [ -n "${FRESH:-}" ]; then  # finished runs are kept
     rm -rf "$dir"
     "$ATOLL" train configs/optim_text.toml --run.dir="$dir" --train.seed="$seed" --"$key"="$lr" \
       "${COMMON[@]}" "$@" ${EXTRA:-} >"$dir.log" 2>&1 || { echo "nan"; return; }
@@ -112,6 +115,7 @@ done
 for v in "${VARIANTS[@]}"; do
   IFS='|' read -r name base extra <<<"$v"
   [ -n "${BEST[$base]:-}" ] || continue
+  [ -z "${ONLY_VARIANTS:-}" ] || [[ " $ONLY_VARIANTS " == *" $name "* ]] || continue
   x=$(run variant "$name" "${BEST[$base]}" 1 "${KEY[$base]}" ${OV[$base]} $extra)
   echo "variant $name lr ${BEST[$base]}: $x"
 done
