@@ -76,6 +76,8 @@ VARIANTS=(
   "prmuon-K2|prmuon-K4|--optim.prmuon.period=2"
   "prmuon-K8|prmuon-K4|--optim.prmuon.period=8"
   "prmuon-K4-paper|prmuon-K4|--optim.prmuon.row_scale=frobenius --optim.prmuon.axis=neurons"
+  "prmuon-K4-neurons|prmuon-K4|--optim.prmuon.axis=neurons"
+  "prmuon-K4-frobenius|prmuon-K4|--optim.prmuon.row_scale=frobenius"
   "dion3-a0.125|dion3-a0.25|--optim.dion3.fraction=0.125"
   "dion3-a0.5|dion3-a0.25|--optim.dion3.fraction=0.5"
 )
