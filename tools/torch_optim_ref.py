@@ -117,7 +117,9 @@ class PRMuon(Opt):
         for W, g, st in zip(self.params, grads, self.state):
             u = muon_momentum(st, g, c["momentum"], c["nesterov"])
             m, n = W.shape
-            dim = 1 if c["axis"] == "rows" else 0
+            # "neurons": the output neurons, rows of an out_in weight and columns of an in_out one
+            by_rows = c["axis"] == "rows" or (c["axis"] == "neurons" and c["layout"] == "out_in")
+            dim = 1 if by_rows else 0
             R = u / (u.norm(dim=dim, keepdim=True) + 1e-8)
             if refresh:
                 O = newton_schulz(u, c)
@@ -167,13 +169,32 @@ class Soap(Opt):
         self.t += 1
         t = self.t - 1
         sb = c["shampoo_beta"] if c["shampoo_beta"] >= 0 else c["beta2"]
+        if c.get("correct_shampoo_bias", False):
+            sb = 1 - (1 - sb) / (1 - sb**self.t)
+        kl = c.get("factor_update", "ema") == "kl"
+
+        def factor_increments(st, g, first):
+            if not kl:
+                return g @ g.T, g.T @ g
+            # KL-Shampoo: G C_R G^T / n and G^T C_L G / m, C = Q diag(1 / max(l, eps)) Q^T (I at first)
+            m, n = g.shape
+            if first:
+                CL, CR = torch.eye(m, dtype=DT), torch.eye(n, dtype=DT)
+            else:
+                CL = st["QL"] @ torch.diag(1 / st["lL"].clamp(min=c["eps"])) @ st["QL"].T
+                CR = st["QR"] @ torch.diag(1 / st["lR"].clamp(min=c["eps"])) @ st["QR"].T
+            return g @ CR @ g.T / n, g.T @ CL @ g / m
+
         for W, g, st in zip(self.params, grads, self.state):
             m, n = W.shape
             if t == 0:
-                st["L"] = (1 - sb) * g @ g.T
-                st["R"] = (1 - sb) * g.T @ g
-                st["QL"] = torch.flip(torch.linalg.eigh(st["L"])[1], [1])
-                st["QR"] = torch.flip(torch.linalg.eigh(st["R"])[1], [1])
+                iL, iR = factor_increments(st, g, True)
+                st["L"] = (1 - sb) * iL
+                st["R"] = (1 - sb) * iR
+                for side in ("L", "R"):
+                    w, Q = torch.linalg.eigh(st[side])
+                    st["Q" + side] = torch.flip(Q, [1])
+                    st["l" + side] = torch.flip(w, [0])
                 st["m"] = torch.zeros_like(W)
                 st["v"] = torch.zeros_like(W)
                 continue
@@ -184,15 +205,19 @@ class Soap(Opt):
             mp = QL.T @ st["m"] @ QR
             N = QL @ (mp / (st["v"].sqrt() + c["eps"])) @ QR.T
             step = lr * math.sqrt(1 - c["beta2"] ** t) / (1 - c["beta1"] ** t)
+            if c.get("update_rms", 0.0) > 0:  # the update rescaled to a fixed RMS
+                step = lr * c["update_rms"] / N.pow(2).mean().sqrt().item()
             W.sub_(step * N)
             W.mul_(1 - lr * c["weight_decay"])
-            st["L"] = sb * st["L"] + (1 - sb) * g @ g.T
-            st["R"] = sb * st["R"] + (1 - sb) * g.T @ g
+            iL, iR = factor_increments(st, g, False)
+            st["L"] = sb * st["L"] + (1 - sb) * iL
+            st["R"] = sb * st["R"] + (1 - sb) * iR
             if t % c["precondition_frequency"] == 0:
                 for side in ("L", "R"):
                     F, Q = st[side], st["Q" + side]
                     est = torch.diag(Q.T @ F @ Q)
                     order = torch.argsort(est, descending=True)
+                    st["l" + side] = est[order]
                     Q = Q[:, order]
                     st["v"] = st["v"][order, :] if side == "L" else st["v"][:, order]
                     st["Q" + side] = torch.linalg.qr(F @ Q)[0]
@@ -209,8 +234,12 @@ class Ember(Opt):
             r = st.setdefault("r", torch.zeros(V, dtype=DT))
             col = st.setdefault("c", torch.zeros(D, dtype=DT))
             r.mul_(b2).add_(g.pow(2).mean(dim=1), alpha=1 - b2)
-            n_active = max(int((g.abs().sum(dim=1) > 0).sum()), 1)
-            col.mul_(b2).add_(g.pow(2).sum(dim=0) / n_active, alpha=1 - b2)
+            # col_mean "all" (katop1234/ember's c = sum_i g^2 / n_rows) or "active" (rows with a gradient)
+            if c.get("col_mean", "all") == "active":
+                n_rows = max(int((g.abs().sum(dim=1) > 0).sum()), 1)
+            else:
+                n_rows = V
+            col.mul_(b2).add_(g.pow(2).sum(dim=0) / n_rows, alpha=1 - b2)
             bc = 1 - b2**self.t
             rh, ch = r / bc, col / bc
             denom = (rh.unsqueeze(1) * ch.unsqueeze(0) / rh.mean().clamp(min=1e-30)).sqrt() + c["eps"]

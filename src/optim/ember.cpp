@@ -53,7 +53,7 @@ void Ember::step(const StepContext& ctx) {
 #pragma omp critical
       for (int64_t j = 0; j < D; ++j) colsum[size_t(j)] += local[size_t(j)];
     }
-    const double nact = double(std::max<int64_t>(active, 1));
+    const double nact = cfg_.col_over_active ? double(std::max<int64_t>(active, 1)) : double(V);
     for (int64_t j = 0; j < D; ++j) c[j] = b2 * c[j] + (1.f - b2) * float(colsum[size_t(j)] / nact);
     // v_ij = (r_i / bc)(c_j / bc) / mean(r / bc) = r_i c_j / (bc * mean(r))
     const double rmean = std::max(rsum / double(V) / bc, 1e-30);

@@ -95,7 +95,10 @@ PeriodicRowMuonConfig prmuon_config_from(Config& cfg, const std::string& s) {
   PeriodicRowMuonConfig c;
   c.muon = muon_config_from(cfg, s, 0.02f);
   c.period = int(cfg.get_int(s + ".period", 4, 1, 1 << 20));
-  c.normalize_rows = cfg.get_string(s + ".axis", "rows", {"rows", "cols"}) == "rows";
+  // "neurons": one slice per output neuron, the paper's rows of a torch [out, in] weight (atoll's
+  // [in, out] storage makes them columns).
+  const std::string axis = cfg.get_string(s + ".axis", "rows", {"rows", "cols", "neurons"});
+  c.normalize_rows = axis == "rows" || (axis == "neurons" && c.muon.layout == optim::Layout::out_in);
   c.fit_scale = cfg.get_string(s + ".row_scale", "fit", {"fit", "frobenius"}) == "fit";
   return c;
 }
@@ -133,6 +136,9 @@ std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string&
     c.shampoo_beta = float(cfg.get_float(s + ".shampoo_beta", -1.0, -1.0, 1.0));
     c.precondition_frequency = int(cfg.get_int(s + ".precondition_frequency", 10, 1, 1 << 20));
     c.max_precond_dim = cfg.get_int(s + ".max_precond_dim", 4096, 1);
+    c.kl_factors = cfg.get_string(s + ".factor_update", "ema", {"ema", "kl"}) == "kl";
+    c.correct_shampoo_bias = cfg.get_bool(s + ".correct_shampoo_bias", false);
+    c.update_rms = getf(cfg, s + ".update_rms", 0.0);
     return std::make_unique<Soap>(std::move(params), c);
   }
   if (type == "ember") {
@@ -141,6 +147,7 @@ std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string&
     c.beta2 = getf(cfg, s + ".beta2", 0.999, 0, 1);
     c.eps = getf(cfg, s + ".eps", 1e-8);
     c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
+    c.col_over_active = cfg.get_string(s + ".col_mean", "all", {"all", "active"}) == "active";
     return std::make_unique<Ember>(std::move(params), c);
   }
   if (type == "adams") {

@@ -14,6 +14,7 @@ namespace atl {
 
 Soap::Soap(std::vector<ParamRef> params, SoapConfig cfg) : params_(std::move(params)), cfg_(cfg) {
   ATOLL_CHECK(cfg_.precondition_frequency >= 1, "soap: precondition_frequency must be at least 1");
+  ATOLL_CHECK(cfg_.update_rms >= 0.f, "soap: update_rms must be >= 0 (0: off), got {}", cfg_.update_rms);
   for (auto& p : params_) {
     ATOLL_CHECK(p.value.dim() >= 2, "soap: parameter {} has shape {}; SOAP here takes matrices (route vectors to "
                 "adamw)", p.name, shape_str(p.value.shape()));
@@ -25,10 +26,12 @@ Soap::Soap(std::vector<ParamRef> params, SoapConfig cfg) : params_(std::move(par
     if (d.rows <= cfg_.max_precond_dim) {
       s.L = Tensor::zeros({d.rows, d.rows});
       s.QL = Tensor::zeros({d.rows, d.rows});
+      if (cfg_.kl_factors) s.lL = Tensor::zeros({d.rows});
     }
     if (d.cols <= cfg_.max_precond_dim) {
       s.R = Tensor::zeros({d.cols, d.cols});
       s.QR = Tensor::zeros({d.cols, d.cols});
+      if (cfg_.kl_factors) s.lR = Tensor::zeros({d.cols});
     }
     st_.push_back(std::move(s));
   }
@@ -53,18 +56,56 @@ void Soap::project(size_t i, const float* in, float* out, bool back) {
 void Soap::update_preconditioner(size_t i, const float* g, bool refresh) {
   auto d = optim::mat_dims(params_[i].value);
   auto& s = st_[i];
-  const float sb = cfg_.shampoo_beta < 0 ? cfg_.beta2 : cfg_.shampoo_beta;
+  const int64_t m = d.rows, n = d.cols;
+  float sb = cfg_.shampoo_beta < 0 ? cfg_.beta2 : cfg_.shampoo_beta;
+  if (cfg_.correct_shampoo_bias) sb = float(1.0 - (1.0 - double(sb)) / (1.0 - std::pow(double(sb), double(steps_))));
   const bool first = steps_ == 1;
+  // Both increments from the old bases and eigenvalues, then both factors move.
+  std::vector<float> inc[2];
+  for (int side = 0; side < 2; ++side) {
+    Tensor& F = side == 0 ? s.L : s.R;
+    if (!F.defined()) continue;
+    const int64_t k = side == 0 ? m : n;
+    inc[side].assign(size_t(k * k), 0.f);
+    if (!cfg_.kl_factors) {  // G G^T or G^T G
+      if (side == 0)
+        cpu::gemm(false, true, k, k, n, 1.f, g, n, g, n, 0.f, inc[side].data(), k);
+      else
+        cpu::gemm(true, false, k, k, m, 1.f, g, n, g, n, 0.f, inc[side].data(), k);
+      continue;
+    }
+    // KL-Shampoo: the other side's inverse factor estimate C = Q diag(1/l) Q^T (identity on the first
+    // step, before any basis, or for an unpreconditioned other side), divided by its dimension.
+    const Tensor& Qo = side == 0 ? s.QR : s.QL;
+    const Tensor& lo = side == 0 ? s.lR : s.lL;
+    const int64_t ko = side == 0 ? n : m;
+    std::vector<float> C(size_t(ko * ko), 0.f);
+    if (first || !Qo.defined()) {
+      for (int64_t r = 0; r < ko; ++r) C[size_t(r * ko + r)] = 1.f;
+    } else {
+      std::vector<float> Qs(size_t(ko * ko));
+      const float* q = Qo.f32();
+      for (int64_t r = 0; r < ko; ++r)
+        for (int64_t c = 0; c < ko; ++c) Qs[size_t(r * ko + c)] = q[r * ko + c] / std::max(lo.f32()[c], cfg_.eps);
+      cpu::gemm(false, true, ko, ko, ko, 1.f, Qs.data(), ko, q, ko, 0.f, C.data(), ko);
+    }
+    std::vector<float> T(size_t(m * n));
+    if (side == 0) {  // (G C_R) G^T / n
+      cpu::gemm(false, false, m, n, n, 1.f, g, n, C.data(), n, 0.f, T.data(), n);
+      cpu::gemm(false, true, m, m, n, 1.f / float(n), T.data(), n, g, n, 0.f, inc[side].data(), m);
+    } else {  // G^T (C_L G) / m
+      cpu::gemm(false, false, m, n, m, 1.f, C.data(), m, g, n, 0.f, T.data(), n);
+      cpu::gemm(true, false, n, n, m, 1.f / float(m), g, n, T.data(), n, 0.f, inc[side].data(), n);
+    }
+  }
   for (int side = 0; side < 2; ++side) {
     Tensor& F = side == 0 ? s.L : s.R;
     Tensor& Q = side == 0 ? s.QL : s.QR;
+    Tensor& lam = side == 0 ? s.lL : s.lR;
     if (!F.defined()) continue;
-    const int64_t k = side == 0 ? d.rows : d.cols;
-    // F <- sb F + (1 - sb) * (G G^T or G^T G)
-    if (side == 0)
-      cpu::gemm(false, true, k, k, d.cols, 1.f - sb, g, d.cols, g, d.cols, sb, F.f32(), k);
-    else
-      cpu::gemm(true, false, k, k, d.rows, 1.f - sb, g, d.cols, g, d.cols, sb, F.f32(), k);
+    const int64_t k = side == 0 ? m : n;
+    float* f = F.f32();
+    for (int64_t j = 0; j < k * k; ++j) f[j] = sb * f[j] + (1.f - sb) * inc[side][size_t(j)];
     if (first) {
       std::vector<float> A(F.f32(), F.f32() + k * k), w(static_cast<size_t>(k));
       optim::eigh_sym(A.data(), w.data(), k);
@@ -72,6 +113,8 @@ void Soap::update_preconditioner(size_t i, const float* g, bool refresh) {
       float* q = Q.f32();
       for (int64_t r = 0; r < k; ++r)
         for (int64_t c = 0; c < k; ++c) q[r * k + c] = A[size_t(r * k + (k - 1 - c))];
+      if (lam.defined())
+        for (int64_t c = 0; c < k; ++c) lam.f32()[c] = w[size_t(k - 1 - c)];
     } else if (refresh) {
       // Sort the basis by the estimated eigenvalues diag(Q^T F Q), permuting V to match.
       std::vector<float> FQ(size_t(k * k));
@@ -86,6 +129,8 @@ void Soap::update_preconditioner(size_t i, const float* g, bool refresh) {
       std::vector<float> Qs(size_t(k * k));
       for (int64_t r = 0; r < k; ++r)
         for (int64_t c = 0; c < k; ++c) Qs[size_t(r * k + c)] = q[r * k + order[size_t(c)]];
+      if (lam.defined())
+        for (int64_t c = 0; c < k; ++c) lam.f32()[c] = float(est[size_t(order[size_t(c)])]);
       Tensor vnew = Tensor::empty(s.v.shape());
       const float* vo = s.v.f32();
       float* vn = vnew.f32();
@@ -129,7 +174,11 @@ void Soap::step(const StepContext& ctx) {
     project(i, mp.data(), gp.data(), true);
     const double bc1 = 1.0 - std::pow(double(cfg_.beta1), double(t));
     const double bc2 = 1.0 - std::pow(double(cfg_.beta2), double(t));
-    const float step = float(lr * std::sqrt(bc2) / bc1);
+    float step = float(lr * std::sqrt(bc2) / bc1);
+    if (cfg_.update_rms > 0.f) {  // RMS matching: the bias correction, a scalar, cancels
+      const double rms = std::sqrt(optim::sum_sq(gp.data(), n) / double(n));
+      step = float(double(lr) * double(cfg_.update_rms) / std::max(rms, 1e-30));
+    }
     const float decay = 1.f - lr * cfg_.weight_decay;
     float* w = p.value.f32();
     for (int64_t j = 0; j < n; ++j) w[j] = (w[j] - step * gp[size_t(j)]) * decay;
@@ -147,10 +196,12 @@ void Soap::save_state(std::vector<std::pair<std::string, Tensor>>& out, const st
     if (s.L.defined()) {
       out.emplace_back(b + ".GG_left", s.L);
       out.emplace_back(b + ".Q_left", s.QL);
+      if (s.lL.defined()) out.emplace_back(b + ".eig_left", s.lL);
     }
     if (s.R.defined()) {
       out.emplace_back(b + ".GG_right", s.R);
       out.emplace_back(b + ".Q_right", s.QR);
+      if (s.lR.defined()) out.emplace_back(b + ".eig_right", s.lR);
     }
   }
 }
@@ -165,10 +216,12 @@ void Soap::load_state(const TensorFile& f, const std::string& prefix) {
     if (s.L.defined()) {
       optim::load_checked(s.L, f, b + ".GG_left");
       optim::load_checked(s.QL, f, b + ".Q_left");
+      if (s.lL.defined()) optim::load_checked(s.lL, f, b + ".eig_left");
     }
     if (s.R.defined()) {
       optim::load_checked(s.R, f, b + ".GG_right");
       optim::load_checked(s.QR, f, b + ".Q_right");
+      if (s.lR.defined()) optim::load_checked(s.lR, f, b + ".eig_right");
     }
   }
 }

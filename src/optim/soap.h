@@ -8,6 +8,15 @@
 // reference implementation) and are then refreshed every F steps by one power iteration and a QR
 // decomposition, QL <- qr(L QL), after sorting QL's columns (and V) by the estimated eigenvalues
 // diag(QL^T L QL). A side longer than max_precond_dim keeps the identity basis.
+//
+// Options beyond the original (NVIDIA Emerging-Optimizers' SOAP has the first two):
+//  - precondition_frequency = 1 refreshes the bases by power iteration + QR at every step;
+//  - factor_update = "kl": KL-Shampoo factors (Lin et al., arXiv 2509.03378),
+//      L <- lerp(L, G QR diag(lR)^-1 QR^T G^T / n, 1 - sb), R <- lerp(R, G^T QL diag(lL)^-1 QL^T G / m, ..)
+//    with l = diag(Q^T F Q) from the last basis update, clamped to eps (1 on the first step);
+//  - correct_shampoo_bias: sb_t = 1 - (1 - sb)/(1 - sb^t), so the factors are unbiased EMAs;
+//  - update_rms > 0: the preconditioned update is rescaled to that RMS (bias correction then
+//    cancels), so that one learning rate means the same step size as AdamW's or RMS-scaled Muon's.
 #pragma once
 #include "optim/optimizer.h"
 
@@ -18,6 +27,9 @@ struct SoapConfig {
   float shampoo_beta = -1.f;  // < 0: use beta2
   int precondition_frequency = 10;  // F
   int64_t max_precond_dim = 4096;
+  bool kl_factors = false;             // factor_update = "kl"
+  bool correct_shampoo_bias = false;
+  float update_rms = 0.f;              // 0: off
 };
 
 class Soap : public Optimizer {
@@ -30,7 +42,8 @@ class Soap : public Optimizer {
 
  private:
   struct State {
-    Tensor m, v, L, R, QL, QR;  // L/QL or R/QR undefined for a side without preconditioning
+    Tensor m, v, L, R, QL, QR, lL, lR;  // L/QL/lL or R/QR/lR undefined for a side without preconditioning;
+                                        // lL, lR: eigenvalue estimates (kl_factors only)
   };
   void update_preconditioner(size_t i, const float* g, bool refresh);
   void project(size_t i, const float* in, float* out, bool back);

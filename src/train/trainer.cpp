@@ -385,7 +385,9 @@ TrainResult Trainer::run(bool resume) {
            step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
     }
     float lr_scale = o.schedule.at(step);
+    auto t_opt = Clock::now();
     I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
+    const double opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
     double tps = double(tokens_per_step) / dt;
@@ -395,7 +397,7 @@ TrainResult Trainer::run(bool resume) {
     res.tokens_per_s = tps;
     res.mfu = mfu;
     nlohmann::json rec = {{"step", step + 1}, {"loss", loss},        {"lr_scale", lr_scale}, {"grad_norm", norm},
-                          {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3},
+                          {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,

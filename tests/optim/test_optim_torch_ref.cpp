@@ -133,10 +133,10 @@ TEST(OptimTorchRef, MuonPolarExpressGramRmsScale) {
 
 TEST(OptimTorchRef, PeriodicRowMuonRowsAndCols) {
   for (const char* scale : {"frobenius", "fit"})
-    for (const char* axis : {"rows", "cols"}) {
+    for (const char* axis : {"rows", "cols", "neurons"}) {
       json hp = {{"lr", 0.02}, {"momentum", 0.95}, {"nesterov", true}, {"weight_decay", 0.01},
-                 {"update_scale", "spectral"}, {"layout", "in_out"}, {"period", 3}, {"axis", axis},
-                 {"row_scale", scale}};
+                 {"update_scale", "spectral"}, {"layout", std::string(axis) == "neurons" ? "out_in" : "in_out"},
+                 {"period", 3}, {"axis", axis}, {"row_scale", scale}};
       auto r = run_against_torch("prmuon", hp, {{12, 20}, {24, 8}});
       EXPECT_LT(r.param_rel, kTol) << axis << " " << scale;
       EXPECT_LT(r.delta_rel, 1e-4) << axis << " " << scale;
@@ -151,6 +151,15 @@ TEST(OptimTorchRef, Dion3NeuronsAndRows) {
     EXPECT_LT(r.param_rel, kTol) << sel;
     EXPECT_LT(r.delta_rel, 1e-4) << sel;
   }
+  // dion's Gram setting: Gram Newton-Schulz (restart at iteration 2) with Polar Express, on the
+  // k x len submatrices (6 x 16 and 3 x 24 here: wide enough for the Gram form), against the
+  // plain iteration of the reference (the same polynomial).
+  json hp = {{"lr", 0.02}, {"fraction", 0.25}, {"mu", 0.95}, {"beta2", 0.95}, {"weight_decay", 0.01},
+             {"select", "neurons"}, {"update_scale", "spectral"}, {"layout", "in_out"},
+             {"ns_schedule", "polar_express"}, {"ns_steps", 5}, {"ns_gram", true}};
+  auto r = run_against_torch("dion3", hp, {{16, 24}, {24, 12}});
+  EXPECT_LT(r.param_rel, kTol) << "gram";
+  EXPECT_LT(r.delta_rel, 1e-4) << "gram";
 }
 
 TEST(OptimTorchRef, Soap) {
@@ -163,11 +172,30 @@ TEST(OptimTorchRef, Soap) {
   EXPECT_LT(r.delta_rel, 1e-4);
 }
 
+TEST(OptimTorchRef, SoapSeedStabilizations) {
+  // Per-step power iteration + QR of the bases (F = 1), KL-Shampoo factors, bias-corrected factor
+  // EMAs and the update rescaled to RMS 0.2, each alone and all together.
+  const json base = {{"lr", 0.003}, {"beta1", 0.95}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.01},
+                     {"shampoo_beta", -1.0}, {"precondition_frequency", 1}};
+  std::vector<json> variants;
+  for (json extra : {json{{"factor_update", "kl"}}, json{{"correct_shampoo_bias", true}}, json{{"update_rms", 0.2}},
+                     json{{"factor_update", "kl"}, {"correct_shampoo_bias", true}, {"update_rms", 0.2}}}) {
+    json hp = base;
+    for (auto& [k, v] : extra.items()) hp[k] = v;
+    auto r = run_against_torch("soap", hp, {{6, 6}, {8, 8}});
+    EXPECT_LT(r.param_rel, kTol) << hp.dump();
+    EXPECT_LT(r.delta_rel, 1e-4) << hp.dump();
+  }
+}
+
 TEST(OptimTorchRef, EmberSparseRows) {
-  json hp = {{"lr", 0.001}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
-  auto r = run_against_torch("ember", hp, {{32, 8}, {20, 12}}, 10, 0.5f);
-  EXPECT_LT(r.param_rel, kTol);
-  EXPECT_LT(r.delta_rel, 1e-4);
+  // col_mean "all" is katop1234/ember's statistic; "active" atoll's earlier one.
+  for (const char* col : {"all", "active"}) {
+    json hp = {{"lr", 0.001}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}, {"col_mean", col}};
+    auto r = run_against_torch("ember", hp, {{32, 8}, {20, 12}}, 10, 0.5f);
+    EXPECT_LT(r.param_rel, kTol) << col;
+    EXPECT_LT(r.delta_rel, 1e-4) << col;
+  }
 }
 
 TEST(OptimTorchRef, AdamS) {

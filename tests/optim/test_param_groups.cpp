@@ -93,13 +93,15 @@ TEST(ParamGroups, AdamwTypeTakesEverythingAndBadNamesFail) {
 }
 
 TEST(ParamGroups, SaveLoadContinuesIdentically) {
-  for (const char* variant : {"muon", "prmuon", "prmuon-fit", "dion3", "soap", "adams", "lion"}) {
-    // prmuon-fit: the fitted row scale of step 3 (a refresh) is state that step 4 needs.
-    std::string type = std::string(variant) == "prmuon-fit" ? "prmuon" : variant;
+  for (const char* variant : {"muon", "prmuon", "prmuon-fit", "dion3", "soap", "soap-kl", "adams", "lion"}) {
+    // prmuon-fit: the fitted row scale of step 3 (a refresh) is state that step 4 needs; soap-kl:
+    // the eigenvalue estimates.
+    std::string type = std::string(variant) == "prmuon-fit" ? "prmuon" : std::string(variant) == "soap-kl" ? "soap" : variant;
     std::string text = "[optim]\ntype = \"" + type + "\"\nembed = \"ember\"\n";
     if (type == "prmuon") text += "[optim.prmuon]\nperiod = 2\n";
     if (std::string(variant) == "prmuon-fit") text += "row_scale = \"fit\"\n";
     if (std::string(type) == "soap") text += "[optim.soap]\nprecondition_frequency = 2\n";
+    if (std::string(variant) == "soap-kl") text += "factor_update = \"kl\"\n";
     auto a = tiny_gpt(5);
     Config ca = Config::parse(text, "a.toml");
     auto oa = make_optimizer(ca, a);
