@@ -55,6 +55,7 @@ const Bf16Path kBf16Paths[] = {
     {"portable", Isa::avx2, cpu::gemm_bf16_portable},
     {"avx512_bf16", Isa::avx512_bf16, cpu::gemm_bf16_avx512},
     {"onednn", Isa::avx2, cpu::gemm_bf16_onednn},  // oneDNN runs anywhere; AMX kernels where present
+    {"amx", Isa::amx, cpu::gemm_bf16_amx},
 };
 
 std::vector<bf16> round_bf16(std::vector<float>& v) {  // rounds v in place too

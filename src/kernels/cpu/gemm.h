@@ -36,6 +36,9 @@ void gemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
                       int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm_bf16_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                       int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// atoll's own AMX-BF16 tile kernel (the CPU and OS must allow AMX).
+void gemm_bf16_amx(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                   int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // fp32 through oneDNN's matmul (the alternative to OpenBLAS that `atoll bench gemm` measures).
 void gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
