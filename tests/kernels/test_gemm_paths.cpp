@@ -54,7 +54,8 @@ struct Bf16Path {
 const Bf16Path kBf16Paths[] = {
     {"portable", Isa::avx2, cpu::gemm_bf16_portable},
     {"avx512_bf16", Isa::avx512_bf16, cpu::gemm_bf16_avx512},
-    {"onednn", Isa::avx2, cpu::gemm_bf16_onednn},  // oneDNN runs anywhere; AMX kernels where present
+    // oneDNN runs bf16 anywhere, but below AVX-512 only in its slow reference code: not tested there.
+    {"onednn", Isa::avx512, cpu::gemm_bf16_onednn},
     {"amx", Isa::amx, cpu::gemm_bf16_amx},
 };
 
@@ -74,7 +75,7 @@ TEST(GemmPaths, Bf16EveryPathMatchesFp32OnTrainingShapes) {
     if (cpu::isa_supported(p.needs, &why)) paths.push_back(&p);
     else std::printf("[ SKIPPED  ] bf16 path %s: %s\n", p.name, why.c_str());
   }
-  ASSERT_GE(paths.size(), 2u);  // portable and oneDNN run on every x86-64 machine
+  ASSERT_GE(paths.size(), 1u);  // the portable path runs on every x86-64 machine
   for (const Case& c : kTrainingShapes) {
     const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
     auto A = randn(size_t(c.M * c.K), 1), B = randn(size_t(c.K * c.N), 2);
@@ -228,6 +229,9 @@ TEST(IsaDetection, AgreesWithProcCpuinfo) {
 }
 
 TEST(GemmInt8, EveryPathIsExact) {
+  const auto& f = cpu::cpu_features();
+  const bool onednn = f.avx512_vnni || (f.amx_int8 && f.amx_os);
+  if (!onednn) std::printf("[ SKIPPED  ] int8 oneDNN path: no AVX-512 VNNI or usable AMX-INT8 on this CPU\n");
   const Case shapes[] = {{"odd", 37, 70, 129, false, false}, {"odd tA", 37, 70, 129, true, false},
                          {"odd tB", 37, 70, 129, false, true},
                          // Row slices of the default model's qkv forward and dW (the naive reference is slow).
@@ -245,8 +249,10 @@ TEST(GemmInt8, EveryPathIsExact) {
           s += int64_t(c.ta ? A[k * lda + i] : A[i * lda + k]) * int64_t(c.tb ? B[j * ldb + k] : B[k * ldb + j]);
         ref[i * c.N + j] = int32_t(s);
       }
-    cpu::gemm_s8_onednn(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, one.data(), c.N);
-    EXPECT_EQ(one, ref) << "oneDNN " << c.what;
+    if (onednn) {
+      cpu::gemm_s8_onednn(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, one.data(), c.N);
+      EXPECT_EQ(one, ref) << "oneDNN " << c.what;
+    }
     cpu::gemm_s8(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, dispatched.data(), c.N);
     EXPECT_EQ(dispatched, ref) << cpu::gemm_s8_path() << " " << c.what;
     std::vector<int32_t> loops(ref.size(), -1);
