@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(
   build-essential cmake g++ pkg-config
-  libopenblas-dev libopenblas0-openmp libomp-dev
+  libopenblas-dev libopenblas0-openmp libomp-dev libdnnl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libgloo-dev libopenmpi-dev openmpi-bin

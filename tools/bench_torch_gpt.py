@@ -3,7 +3,10 @@ batch and thread count, timed over the same full step (forward, backward, clip, 
 Prints one JSON line like bench_gpt_step.
 
 usage: /usr/bin/python3 tools/bench_torch_gpt.py PRESET B T THREADS STEPS [n_layer n_embd n_head vocab]
+TORCH_BENCH_AUTOCAST=bf16 runs forward and loss under torch.autocast("cpu", torch.bfloat16)
+(PyTorch's mixed precision: bf16 matmuls on oneDNN, fp32 master weights), the peer of atoll's bf16.
 """
+import contextlib
 import json
 import os
 import resource
@@ -43,12 +46,15 @@ def main():
     opt = torch.optim.AdamW(list(params.values()), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     x = torch.randint(0, V, (B, T), dtype=torch.int32)
     y = torch.randint(0, V, (B, T))
+    bf16 = os.environ.get("TORCH_BENCH_AUTOCAST") == "bf16"
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     times, loss = [], 0.0
     for s in range(steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = forward(params, cfg, x)
-        loss_t = F.cross_entropy(logits.view(-1, V), y.view(-1))
+        with autocast():
+            logits = forward(params, cfg, x)
+            loss_t = F.cross_entropy(logits.view(-1, V), y.view(-1))
         loss_t.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
@@ -57,7 +63,7 @@ def main():
             times.append(time.perf_counter() - t0)
     times.sort()
     med = times[len(times) // 2]
-    print(json.dumps({"impl": "pytorch " + torch.__version__, "step_s": med, "tokens_per_s": B * T / med,
+    print(json.dumps({"impl": "pytorch " + torch.__version__ + (" bf16 autocast" if bf16 else ""), "step_s": med, "tokens_per_s": B * T / med,
                       "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "loss": loss}))
 
 

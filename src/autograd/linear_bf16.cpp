@@ -1,5 +1,8 @@
 // The bf16 forms of ops::linear and ops::linear_t (see precision.h). Forward saves the bf16
-// copies, so backward reads half the bytes and converts nothing but the incoming gradient.
+// copies, so backward reads half the bytes and converts nothing but the incoming gradient. The
+// node does not keep the fp32 input alive: it holds a stand-in that carries the input's autograd
+// record (all backward needs of it: where its gradient accumulates) over the bf16 copy's storage,
+// so an activation that only feeds a linear layer is kept once, in bf16, until backward.
 #include "autograd/linear_bf16.h"
 
 #include "kernels/cpu/gemm.h"
@@ -13,6 +16,13 @@ Tensor to_bf16(const Tensor& t) {
   Tensor b = Tensor::empty(t.shape(), DType::bf16);
   cpu::f32_to_bf16(t.f32(), b.data<bf16>(), t.numel());
   return b;
+}
+
+// A tensor with t's autograd record (and shape) whose storage is the bf16 copy: the node's input.
+Tensor stand_in(const Tensor& t, const Tensor& copy) {
+  Tensor s = copy;
+  s.set_autograd(t.autograd());
+  return s;
 }
 
 // dbias[OC] += column sums of dout[N,OC]
@@ -41,7 +51,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int6
   }
   cpu::gemm_bf16(false, false, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), OC, b.defined() ? 1.f : 0.f, o, OC);
   if (should_record({&x, &w, &b})) {
-    record("linear_bf16", out, {x, w, b}, [N, C, OC, xb, wb](Node& n) {
+    record("linear_bf16", out, {stand_in(x, xb), w, b}, [N, C, OC, xb, wb](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1], &bi = n.inputs[2];
       const Tensor& g = grad_of(n.output);
       Tensor gb = to_bf16(g);
@@ -60,7 +70,7 @@ Tensor linear_t(const Tensor& x, const Tensor& w, int64_t N, int64_t C, int64_t 
   Tensor out = Tensor::empty(out_shape);
   cpu::gemm_bf16(false, true, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.f, out.f32(), OC);
   if (should_record({&x, &w})) {
-    record("linear_t_bf16", out, {x, w}, [N, C, OC, xb, wb](Node& n) {
+    record("linear_t_bf16", out, {stand_in(x, xb), w}, [N, C, OC, xb, wb](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1];
       Tensor gb = to_bf16(grad_of(n.output));
       if (requires_grad(xi))

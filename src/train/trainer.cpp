@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
@@ -258,6 +259,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     opt = make_optimizer(cfg, I.model->param_refs(), distributed);  // reads (and so validates) its keys
   }
   I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
+  // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
+  log::info("{}", cpu::select_isa(cfg.get_string("hardware.isa", "auto", cpu::isa_choices()),
+                                  "hardware.isa (" + cfg.where("hardware.isa") + ")"));
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();

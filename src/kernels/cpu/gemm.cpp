@@ -30,6 +30,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
+const char* gemm_path() { return "openblas"; }
+
 void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                   int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
                   int64_t sc, int64_t batch) {

@@ -1,8 +1,12 @@
-// Dense matrix products on the CPU. fp32 goes through OpenBLAS (cblas_sgemm); bf16 inputs with
-// fp32 accumulation use the AVX-512 BF16 dot-product instructions where the CPU has them.
+// Dense matrix products on the CPU. Each entry point picks its path from the ISA detected at run
+// time (kernels/cpu/isa.h): fp32 through OpenBLAS (cblas_sgemm); bf16 operands with fp32
+// accumulation on AMX tiles (oneDNN), AVX-512 BF16 (atoll's kernel) or widened to fp32; int8 with
+// exact int32 accumulation on AMX-INT8 / AVX-512 VNNI (oneDNN). The path-specific functions are
+// callable directly so that tests cover every path a machine has.
 // All matrices are row-major; ld* are row strides in elements.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "tensor/dtype.h"
 
@@ -26,6 +30,34 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void gemm_bf16_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
                         int64_t ldc);
+
+// The AVX-512 BF16 kernel (the CPU must have it) and oneDNN's matmul (AMX where present).
+void gemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                      int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_bf16_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                      int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// atoll's own AMX-BF16 tile kernel (the CPU and OS must allow AMX).
+void gemm_bf16_amx(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                   int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// fp32 through oneDNN's matmul (the alternative to OpenBLAS that `atoll bench gemm` measures).
+void gemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// C[M,N] = op(A) · op(B) over int8 with exact int32 accumulation (no overflow while
+// K * 127 * 128 < 2^31, i.e. K < 131072). gemm_s8 takes oneDNN (AMX-INT8 or VNNI kernels) where
+// the CPU has either and the plain loops otherwise.
+void gemm_s8(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+             const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc);
+void gemm_s8_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+                    const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc);
+void gemm_s8_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+                       const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc);
+
+// The path each entry point takes under the active ISA, e.g. "onednn-amx", "avx512_bf16", "portable".
+const char* gemm_path();
+const char* gemm_bf16_path();
+const char* gemm_s8_path();
+std::string onednn_version();
 
 bool has_avx512_bf16();
 void f32_to_bf16(const float* in, bf16* out, int64_t n);

@@ -3,13 +3,16 @@
 // micro kernel) built on AVX-512 BF16's VDPBF16PS, which multiplies pairs of bf16 along k and
 // accumulates in fp32; so both operands are packed with consecutive k values interleaved in each
 // 32-bit lane. CPUs without the instruction widen to fp32 and use the BLAS: the same products
-// (bf16 × bf16 is exact in fp32), only the summation order differs.
+// (bf16 × bf16 is exact in fp32), only the summation order differs. AMX machines go through
+// oneDNN instead (gemm_onednn.cpp); gemm_bf16 picks by the run-time ISA (isa.h).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "core/error.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/kernel_util.h"
 
 namespace atl::cpu {
@@ -95,8 +98,13 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t kp, cons
   }
 }
 
+}  // namespace
+
 void gemm_bf16_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                       int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  ATOLL_CHECK(has_avx512_bf16(), "gemm_bf16_avx512: this CPU has no AVX-512 BF16");
+  if (M == 0 || N == 0) return;
+  if (K == 0) return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const int64_t kpmax = (std::min(K, KC) + 1) / 2;
   const int64_t npan = (N + NR - 1) / NR, mpan = (M + MR - 1) / MR;
   const int64_t mblocks = (M + MC - 1) / MC;
@@ -125,12 +133,7 @@ void gemm_bf16_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
   }
 }
 
-}  // namespace
-
-bool has_avx512_bf16() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
+bool has_avx512_bf16() { return cpu_features().avx512_bf16; }
 
 void f32_to_bf16(const float* in, bf16* out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
@@ -170,14 +173,23 @@ void gemm_bf16_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
   gemm(ta, tb, M, N, K, alpha, Af, std::max<int64_t>(acols, 1), Bf, std::max<int64_t>(bcols, 1), beta, C, ldc);
 }
 
+const char* gemm_bf16_path() {
+  switch (active_isa()) {
+    case Isa::amx: return "onednn-amx";
+    case Isa::avx512_bf16: return "avx512_bf16";
+    default: return "portable";
+  }
+}
+
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (K == 0 || !has_avx512_bf16()) {
-    gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
+  if (K == 0) return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  switch (active_isa()) {
+    case Isa::amx: return gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    case Isa::avx512_bf16: return gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    default: return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace atl::cpu

@@ -1,0 +1,157 @@
+// Matrix products through oneDNN's matmul primitive (Debian libdnnl), which picks its own kernel
+// at run time: AMX-BF16/AMX-INT8 tiles on Sapphire Rapids and later, AVX-512 BF16/VNNI or AVX2
+// elsewhere. Transposes and row strides become memory-descriptor strides, so no operand is
+// copied here; alpha is the output scale and beta a sum post-op. Creating a primitive costs far
+// more than running a small one, so primitives are cached by everything that defines them (the
+// training step repeats a few dozen shapes).
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
+
+namespace atl::cpu {
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+struct Key {
+  int kind;  // the dtypes: 0 f32, 1 bf16, 2 s8
+  bool ta, tb;
+  int64_t M, N, K, lda, ldb, ldc;
+  uint32_t alpha, beta;  // bit patterns
+  bool operator==(const Key&) const = default;
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = size_t(k.kind) * 0x9e3779b97f4a7c15ull;
+    for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc, int64_t(k.alpha), int64_t(k.beta),
+                      int64_t(k.ta) * 2 + int64_t(k.tb)})
+      h = (h ^ size_t(v)) * 0x100000001b3ull;
+    return h;
+  }
+};
+
+struct Engine {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::unordered_map<Key, dnnl::matmul, KeyHash> cache;
+};
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+dnnl::matmul& primitive(const Key& k, dt a_dt, dt b_dt, dt c_dt) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto it = e.cache.find(k);
+  if (it != e.cache.end()) return it->second;
+  using dims = dnnl::memory::dims;
+  // op(A)[M,K]: element (m,k) at m*lda + k, or k*lda + m when A is stored transposed.
+  const dnnl::memory::desc a(dims{k.M, k.K}, a_dt, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+  const dnnl::memory::desc b(dims{k.K, k.N}, b_dt, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
+  const dnnl::memory::desc c(dims{k.M, k.N}, c_dt, dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  float alpha, beta;
+  std::memcpy(&alpha, &k.alpha, 4);
+  std::memcpy(&beta, &k.beta, 4);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, e.eng);
+    return e.cache.emplace(k, dnnl::matmul(pd)).first->second;
+  } catch (const dnnl::error& err) {
+    fail("oneDNN matmul {}x{}x{} (ta={}, tb={}): {}", k.M, k.N, k.K, k.ta, k.tb, err.what());
+  }
+}
+
+void run(dnnl::matmul& p, const Key& k, dt a_dt, dt b_dt, dt c_dt, const void* A, const void* B, void* C) {
+  using dims = dnnl::memory::dims;
+  Engine& e = engine();
+  const dnnl::memory::desc ad(dims{k.M, k.K}, a_dt, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
+  const dnnl::memory::desc bd(dims{k.K, k.N}, b_dt, k.tb ? dims{1, k.ldb} : dims{k.ldb, 1});
+  const dnnl::memory::desc cd(dims{k.M, k.N}, c_dt, dims{k.ldc, 1});
+  dnnl::memory am(ad, e.eng, const_cast<void*>(A)), bm(bd, e.eng, const_cast<void*>(B)), cm(cd, e.eng, C);
+  thread_local dnnl::stream s(e.eng);
+  p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  s.wait();
+}
+
+template <typename TA, typename TB, typename TC>
+void matmul(int kind, dt a_dt, dt b_dt, dt c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+            const TA* A, int64_t lda, const TB* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
+  const Key k{kind, ta, tb, M, N, K, lda, ldb, ldc, bits(alpha), bits(beta)};
+  run(primitive(k, a_dt, b_dt, c_dt), k, a_dt, b_dt, c_dt, A, B, C);
+}
+
+}  // namespace
+
+void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta*C
+  matmul(0, dt::f32, dt::f32, dt::f32, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                      const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  matmul(1, dt::bf16, dt::bf16, dt::f32, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_s8_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const int8_t* B,
+                    int64_t ldb, int32_t* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return gemm_s8_reference(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  matmul(2, dt::s8, dt::s8, dt::s32, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = "?";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    default: isa = "other"; break;
+  }
+  return fmt::format("oneDNN {}.{}.{} (up to {})", v->major, v->minor, v->patch, isa);
+}
+
+void onednn_cap_isa(Isa isa) {
+  // Takes effect only before oneDNN's first primitive (later calls fail and are ignored): a path
+  // forced at start-up (ATOLL_ISA, hardware.isa) then also bounds what oneDNN dispatches to.
+  dnnl::cpu_isa cap = dnnl::cpu_isa::all;
+  switch (isa) {
+    case Isa::avx2: cap = dnnl::cpu_isa::avx2; break;
+    case Isa::avx512: cap = dnnl::cpu_isa::avx512_core_vnni; break;
+    case Isa::avx512_bf16: cap = dnnl::cpu_isa::avx512_core_bf16; break;
+    case Isa::amx: cap = dnnl::cpu_isa::all; break;
+  }
+  try {
+    dnnl::set_max_cpu_isa(cap);
+  } catch (const dnnl::error&) {
+  }
+}
+
+}  // namespace atl::cpu

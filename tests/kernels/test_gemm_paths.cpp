@@ -1,0 +1,263 @@
+// Every GEMM path this CPU supports against the fp32 reference (OpenBLAS sgemm) on the real
+// shapes of the default model's training step (d=384, V=8192, B*T=2048: forward x·W, dX = dY·Wᵀ,
+// dW = xᵀ·dY of each linear layer and the tied LM head), the run-time ISA override, and the int8
+// kernel. Paths the CPU lacks are skipped, saying which feature is missing.
+//
+// Tolerances (the same on any x86-64 CPU, since they bound rounding, not a kernel's choices):
+//  - bf16 paths on bf16-rounded inputs: every product of two bf16 is exact in fp32, so the paths
+//    differ from sgemm only in summation order; fp32 accumulation over K <= 8192 terms of
+//    random sign gives a relative L2 error near sqrt(log K)·2^-24 ≈ 1e-7; bound 1e-5.
+//  - bf16 paths on raw fp32 inputs (conversion included): each operand carries a relative
+//    rounding error up to 2^-9 (8-bit significand), independent per element, so the output's
+//    relative L2 error is about 2^-9·sqrt(2/3) ≈ 1.6e-3 with random data; bound 5e-3.
+//  - fp32 oneDNN vs OpenBLAS: both accumulate in fp32 (oneDNN's default strict fp math mode);
+//    bound 1e-5 as above.
+//  - int8: integer sums are exact; every path must equal the reference bit for bit.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+#include "kernel_test_util.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
+
+using namespace atl;
+using namespace atl::test;
+using cpu::Isa;
+
+namespace {
+
+struct Case {
+  const char* what;
+  int64_t M, N, K;
+  bool ta, tb;
+};
+
+// The default model: d=384, 3d=1152, 4d=1536, V=8192, rows = B*T = 8*256.
+const Case kTrainingShapes[] = {
+    {"qkv fwd", 2048, 1152, 384, false, false},    {"qkv dX", 2048, 384, 1152, false, true},
+    {"qkv dW", 384, 1152, 2048, true, false},      {"mlp down fwd", 2048, 384, 1536, false, false},
+    {"mlp down dX", 2048, 1536, 384, false, true}, {"mlp down dW", 1536, 384, 2048, true, false},
+    {"head fwd", 2048, 8192, 384, false, true},    {"head dX", 2048, 384, 8192, false, false},
+    {"head dW", 8192, 384, 2048, true, false},
+};
+
+using Bf16Gemm = std::function<void(bool, bool, int64_t, int64_t, int64_t, float, const bf16*, int64_t,
+                                    const bf16*, int64_t, float, float*, int64_t)>;
+struct Bf16Path {
+  const char* name;
+  Isa needs;
+  Bf16Gemm f;
+};
+const Bf16Path kBf16Paths[] = {
+    {"portable", Isa::avx2, cpu::gemm_bf16_portable},
+    {"avx512_bf16", Isa::avx512_bf16, cpu::gemm_bf16_avx512},
+    // oneDNN runs bf16 anywhere, but below AVX-512 only in its slow reference code: not tested there.
+    {"onednn", Isa::avx512, cpu::gemm_bf16_onednn},
+    {"amx", Isa::amx, cpu::gemm_bf16_amx},
+};
+
+std::vector<bf16> round_bf16(std::vector<float>& v) {  // rounds v in place too
+  std::vector<bf16> h(v.size());
+  cpu::f32_to_bf16(v.data(), h.data(), int64_t(v.size()));
+  cpu::bf16_to_f32(h.data(), v.data(), int64_t(v.size()));
+  return h;
+}
+
+}  // namespace
+
+TEST(GemmPaths, Bf16EveryPathMatchesFp32OnTrainingShapes) {
+  std::vector<const Bf16Path*> paths;
+  for (const Bf16Path& p : kBf16Paths) {
+    std::string why;
+    if (cpu::isa_supported(p.needs, &why)) paths.push_back(&p);
+    else std::printf("[ SKIPPED  ] bf16 path %s: %s\n", p.name, why.c_str());
+  }
+  ASSERT_GE(paths.size(), 1u);  // the portable path runs on every x86-64 machine
+  for (const Case& c : kTrainingShapes) {
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
+    auto A = randn(size_t(c.M * c.K), 1), B = randn(size_t(c.K * c.N), 2);
+    std::vector<float> ref(size_t(c.M * c.N)), raw(ref.size()), out(ref.size());
+    cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, raw.data(), c.N);
+    auto Ah = round_bf16(A), Bh = round_bf16(B);
+    cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, ref.data(), c.N);
+    for (const Bf16Path* p : paths) {
+      std::fill(out.begin(), out.end(), NAN);
+      p->f(c.ta, c.tb, c.M, c.N, c.K, 1.f, Ah.data(), lda, Bh.data(), ldb, 0.f, out.data(), c.N);
+      EXPECT_LT(rel_l2(out, ref), 1e-5) << p->name << " " << c.what;
+      const double e = rel_l2(out, raw);
+      EXPECT_LT(e, 5e-3) << p->name << " " << c.what << " against unrounded fp32";
+      EXPECT_GT(e, 1e-4) << p->name << " " << c.what << ": no bf16 rounding visible, the test is not testing it";
+    }
+  }
+}
+
+TEST(GemmPaths, Bf16PathsHonourAlphaBetaStridesAndOddSizes) {
+  // K = 1601 is odd and spans three of the AVX-512 kernel's k blocks; M, N leave partial tiles.
+  const int64_t M = 37, N = 70, K = 1601, ldc = N + 5;
+  for (const Bf16Path& p : kBf16Paths) {
+    std::string why;
+    if (!cpu::isa_supported(p.needs, &why)) {
+      std::printf("[ SKIPPED  ] bf16 path %s: %s\n", p.name, why.c_str());
+      continue;
+    }
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2;
+      auto A = randn(size_t((ta ? K : M) * lda), 50 + t), B = randn(size_t((tb ? N : K) * ldb), 60 + t);
+      auto Ah = round_bf16(A), Bh = round_bf16(B);
+      const auto C0 = randn(size_t(M * ldc), 70 + t);
+      for (float beta : {0.0f, 1.0f, 0.5f}) {
+        auto C = C0, R = C0;
+        if (beta == 0.0f) std::fill(C.begin(), C.end(), NAN);  // beta 0 must not read C
+        cpu::gemm(ta, tb, M, N, K, 1.25f, A.data(), lda, B.data(), ldb, beta, R.data(), ldc);
+        p.f(ta, tb, M, N, K, 1.25f, Ah.data(), lda, Bh.data(), ldb, beta, C.data(), ldc);
+        std::vector<float> c, r;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            c.push_back(C[i * ldc + j]);
+            r.push_back(R[i * ldc + j]);
+          }
+        EXPECT_LT(rel_l2(c, r), 1e-5) << p.name << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+        for (int64_t i = 0; i < M; ++i)  // columns beyond N untouched
+          for (int64_t j = N; j < ldc; ++j)
+            ASSERT_TRUE(std::isnan(C[i * ldc + j]) || C[i * ldc + j] == C0[i * ldc + j]) << p.name;
+      }
+    }
+  }
+}
+
+TEST(GemmPaths, Fp32OnednnMatchesOpenblasOnTrainingShapes) {
+  for (const Case& c : kTrainingShapes) {
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
+    auto A = randn(size_t(c.M * c.K), 3), B = randn(size_t(c.K * c.N), 4);
+    auto C0 = randn(size_t(c.M * c.N), 5);
+    auto ref = C0, out = C0;
+    cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 1.f, ref.data(), c.N);
+    cpu::gemm_onednn(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 1.f, out.data(), c.N);
+    EXPECT_LT(rel_l2(out, ref), 1e-5) << c.what;
+  }
+}
+
+// The override: each supported path is taken when forced, and dispatching through gemm_bf16
+// then gives that path's result; an unknown or unsupported path is refused with the reason.
+TEST(IsaOverride, ForcesEverySupportedPath) {
+  const Isa saved = cpu::active_isa();
+  const int64_t M = 64, N = 96, K = 384;
+  auto A = randn(size_t(M * K), 7), B = randn(size_t(K * N), 8);
+  auto Ah = round_bf16(A), Bh = round_bf16(B);
+  std::vector<float> ref(size_t(M * N));
+  cpu::gemm(false, false, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, ref.data(), N);
+  int forced = 0;
+  for (Isa i : {Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::amx}) {
+    std::string why;
+    if (!cpu::isa_supported(i, &why)) {
+      std::printf("[ SKIPPED  ] %s: %s\n", cpu::isa_name(i), why.c_str());
+      continue;
+    }
+    cpu::set_isa(i);
+    ++forced;
+    EXPECT_EQ(cpu::active_isa(), i);
+    const std::string path = cpu::gemm_bf16_path();
+    EXPECT_EQ(path, i == Isa::amx ? "onednn-amx" : i == Isa::avx512_bf16 ? "avx512_bf16" : "portable");
+    std::vector<float> out(ref.size(), NAN), direct(ref.size(), NAN);
+    cpu::gemm_bf16(false, false, M, N, K, 1.f, Ah.data(), K, Bh.data(), N, 0.f, out.data(), N);
+    EXPECT_LT(rel_l2(out, ref), 1e-5) << cpu::isa_name(i);
+    // Dispatch really took that path: bit-identical to calling it directly.
+    const Bf16Gemm f = i == Isa::amx           ? Bf16Gemm(cpu::gemm_bf16_onednn)
+                       : i == Isa::avx512_bf16 ? Bf16Gemm(cpu::gemm_bf16_avx512)
+                                               : Bf16Gemm(cpu::gemm_bf16_portable);
+    f(false, false, M, N, K, 1.f, Ah.data(), K, Bh.data(), N, 0.f, direct.data(), N);
+    EXPECT_EQ(out, direct) << cpu::isa_name(i);
+    EXPECT_NE(cpu::isa_summary().find(std::string("kernels: ") + cpu::isa_name(i)), std::string::npos)
+        << cpu::isa_summary();
+  }
+  EXPECT_GE(forced, 1);
+  cpu::set_isa(saved);
+}
+
+TEST(IsaOverride, RefusesAnUnknownNameSayingWhere) {
+  const Isa before = cpu::active_isa();
+  EXPECT_THROW(cpu::select_isa("avx1024", "hardware.isa (test.toml:3)"), Error);
+  try {
+    cpu::select_isa("avx1024", "hardware.isa (test.toml:3)");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("avx512_bf16"), std::string::npos) << "lists the choices: " << e.what();
+  }
+  EXPECT_EQ(cpu::active_isa(), before);
+}
+
+TEST(IsaOverride, RefusesAPathTheCpuLacks) {
+  bool any = false;
+  for (Isa i : {Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::amx}) {
+    std::string why;
+    if (cpu::isa_supported(i, &why)) continue;
+    any = true;
+    const Isa before = cpu::active_isa();
+    try {
+      cpu::set_isa(i);
+      ADD_FAILURE() << "forcing " << cpu::isa_name(i) << " was accepted on a CPU without it";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(cpu::active_isa(), before);  // a refused override changes nothing
+  }
+  if (!any) GTEST_SKIP() << "this CPU (" << cpu::cpu_features().model << ") supports every path: none to refuse";
+}
+
+TEST(IsaDetection, AgreesWithProcCpuinfo) {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string s;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  auto has = [&](const char* flag) { return s.find(std::string(" ") + flag + " ") != std::string::npos ||
+                                            s.find(std::string(" ") + flag + "\n") != std::string::npos; };
+  const auto& c = cpu::cpu_features();
+  EXPECT_EQ(c.avx2, has("avx2"));
+  EXPECT_EQ(c.avx512_bf16, has("avx512_bf16"));
+  EXPECT_EQ(c.amx_tile, has("amx_tile"));
+  EXPECT_EQ(c.amx_bf16, has("amx_bf16"));
+  EXPECT_EQ(c.amx_int8, has("amx_int8"));
+  EXPECT_EQ(cpu::has_avx512_bf16(), has("avx512_bf16"));
+  EXPECT_EQ(cpu::isa_supported(Isa::amx), c.amx_bf16 && c.amx_os && c.avx512_bf16);
+}
+
+TEST(GemmInt8, EveryPathIsExact) {
+  const auto& f = cpu::cpu_features();
+  const bool onednn = f.avx512_vnni || (f.amx_int8 && f.amx_os);
+  if (!onednn) std::printf("[ SKIPPED  ] int8 oneDNN path: no AVX-512 VNNI or usable AMX-INT8 on this CPU\n");
+  const Case shapes[] = {{"odd", 37, 70, 129, false, false}, {"odd tA", 37, 70, 129, true, false},
+                         {"odd tB", 37, 70, 129, false, true},
+                         // Row slices of the default model's qkv forward and dW (the naive reference is slow).
+                         {"qkv fwd rows", 256, 1152, 384, false, false}, {"qkv dW rows", 384, 1152, 256, true, false}};
+  for (const Case& c : shapes) {
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
+    auto ai = randint(size_t(c.M * c.K), -128, 128, 11), bi = randint(size_t(c.K * c.N), -128, 128, 12);
+    std::vector<int8_t> A(ai.begin(), ai.end()), B(bi.begin(), bi.end());
+    std::vector<int32_t> ref(size_t(c.M * c.N)), one(ref.size(), -1), dispatched(ref.size(), -1);
+    // Reference by direct loops in int64 (no shared code with the kernels).
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) {
+        int64_t s = 0;
+        for (int64_t k = 0; k < c.K; ++k)
+          s += int64_t(c.ta ? A[k * lda + i] : A[i * lda + k]) * int64_t(c.tb ? B[j * ldb + k] : B[k * ldb + j]);
+        ref[i * c.N + j] = int32_t(s);
+      }
+    if (onednn) {
+      cpu::gemm_s8_onednn(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, one.data(), c.N);
+      EXPECT_EQ(one, ref) << "oneDNN " << c.what;
+    }
+    cpu::gemm_s8(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, dispatched.data(), c.N);
+    EXPECT_EQ(dispatched, ref) << cpu::gemm_s8_path() << " " << c.what;
+    std::vector<int32_t> loops(ref.size(), -1);
+    cpu::gemm_s8_reference(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, loops.data(), c.N);
+    EXPECT_EQ(loops, ref) << "loops " << c.what;
+  }
+  std::printf("int8 path in use: %s (%s)\n", cpu::gemm_s8_path(), cpu::onednn_version().c_str());
+}
