@@ -4,7 +4,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "train/corpus.h"
+#include "data/corpus.h"
 
 namespace {
 

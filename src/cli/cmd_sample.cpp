@@ -5,7 +5,7 @@
 #include "cli/command.h"
 #include "nn/gpt.h"
 #include "resilience/checkpoint.h"
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace atl::cli {
 namespace {

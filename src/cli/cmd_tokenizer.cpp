@@ -6,10 +6,10 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "train/bpe_train.h"
-#include "train/corpus.h"
-#include "train/tokenizer.h"
-#include "train/tokenizer_gpt2.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace {
 

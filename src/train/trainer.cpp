@@ -24,10 +24,10 @@
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
-#include "train/corpus.h"
-#include "train/data_loader.h"
+#include "data/corpus.h"
+#include "data/data_loader.h"
 #include "train/metrics.h"
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace atl {
 namespace fs = std::filesystem;

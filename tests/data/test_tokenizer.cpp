@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "train/bpe_pretokenize.h"
-#include "train/tokenizer.h"
+#include "data/bpe_pretokenize.h"
+#include "data/tokenizer.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // GPT-2 pre-tokenization by hand (Radford et al. 2019); see bpe_pretokenize.h for the regex it
 // follows and the Unicode approximation.
-#include "train/bpe_pretokenize.h"
+#include "data/bpe_pretokenize.h"
 
 namespace atl {
 

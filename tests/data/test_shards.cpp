@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "train/shards.h"
+#include "data/shards.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace atl {
 

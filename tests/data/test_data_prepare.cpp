@@ -8,12 +8,12 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "train/bpe_train.h"
-#include "train/corpus.h"
-#include "train/data_loader.h"
-#include "train/shards.h"
-#include "train/tokenizer.h"
-#include "train/tokenizer_gpt2.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/data_loader.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "train/tokenizer_gpt2.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace atl {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "train/shards.h"
+#include "data/shards.h"
 
 namespace atl {
 

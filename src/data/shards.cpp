@@ -1,7 +1,7 @@
 // llm.c token shards (Karpathy, llm.c: dev/data/data_common.py write_datafile, llmc/dataloader.h):
 // writer, memory-mapped reader with header validation, and a writer that splits a stream into
 // fixed-size shards.
-#include "train/shards.h"
+#include "data/shards.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -6,7 +6,7 @@
 // pair comes from a max-heap whose stale entries (count changed since they were pushed) are
 // skipped when popped. Cost per merge is proportional to the words it touches, so a few thousand
 // merges over a few MB of text take seconds.
-#include "train/bpe_train.h"
+#include "data/bpe_train.h"
 
 #include <algorithm>
 #include <queue>
@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "train/bpe_pretokenize.h"
+#include "data/bpe_pretokenize.h"
 
 namespace atl {
 

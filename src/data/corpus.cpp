@@ -1,7 +1,7 @@
 // Corpus preparation: files -> documents -> tokens -> llm.c shards + meta.json. Documents are
 // prefixed with the end-of-text id, the GPT-2/llm.c convention (llm.c dev/data/fineweb.py), so a
 // model learns where documents start and the loader may cut windows anywhere.
-#include "train/corpus.h"
+#include "data/corpus.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,8 @@
 #include "core/fileio.h"
 #include "core/log.h"
 #include "tensor/rng.h"
-#include "train/shards.h"
-#include "train/tokenizer.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
 
 namespace atl {
 

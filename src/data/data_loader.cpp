@@ -1,7 +1,7 @@
 // Deterministic, rank-disjoint, resumable batches from llm.c token shards. The window/permutation
 // scheme is described in data_loader.h; it follows llm.c's shuffled loader (llmc/dataloader.h),
 // simplified to one global permutation of fixed windows per epoch.
-#include "train/data_loader.h"
+#include "data/data_loader.h"
 
 #include <glob.h>
 

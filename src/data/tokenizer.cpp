@@ -1,10 +1,10 @@
 // The byte tokenizer and the factory that turns a tokenizer spec into a Tokenizer.
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <filesystem>
 
 #include "core/error.h"
-#include "train/tokenizer_gpt2.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace atl {
 

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/corpus.h"
-#include "train/shards.h"
-#include "train/tokenizer.h"
+#include "data/corpus.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "train/data_loader.h"
-#include "train/shards.h"
+#include "data/data_loader.h"
+#include "data/shards.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // GPT-2 byte-level BPE: file format and encoding (Radford et al. 2019; Sennrich et al. 2016).
 // Facts taken from OpenAI's published encoder.py: the byte-to-unicode table, the merge loop
 // (merge every occurrence of the lowest-ranked adjacent pair until no ranked pair remains).
-#include "train/tokenizer_gpt2.h"
+#include "data/tokenizer_gpt2.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "train/bpe_pretokenize.h"
+#include "data/bpe_pretokenize.h"
 
 namespace atl {
 

@@ -11,10 +11,10 @@
 
 #include "core/error.h"
 #include "tensor/rng.h"
-#include "train/bpe_pretokenize.h"
-#include "train/bpe_train.h"
-#include "train/tokenizer.h"
-#include "train/tokenizer_gpt2.h"
+#include "data/bpe_pretokenize.h"
+#include "data/bpe_train.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace {
 
