@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -84,11 +85,24 @@ Config Config::parse(const std::string& text, const std::string& source_name) {
 }
 
 Config Config::load(const std::string& path) {
+  std::error_code ec;
+  // A directory opens as a stream on Linux and reads as empty: it must not pass for a config.
+  ATOLL_CHECK(!std::filesystem::is_directory(path, ec),
+              "config '{}' is a directory, not a TOML file; give the path of a .toml file (e.g. "
+              "configs/default.toml)",
+              path);
   std::ifstream in(path);
   ATOLL_CHECK(in.good(), "config file '{}' cannot be opened", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path);
+  Config c = parse(ss.str(), path);
+  // An empty file (or one of comments only) would run everything on defaults, for training the
+  // 124M model: a truncated or wrong file is far likelier than that wish.
+  ATOLL_CHECK(!c.impl_->table.empty(),
+              "config '{}' is empty (it sets no key), so every default would apply; give a "
+              "config that sets at least one key (e.g. configs/default.toml)",
+              path);
+  return c;
 }
 
 void Config::set_override(const std::string& assignment) {

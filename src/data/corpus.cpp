@@ -70,6 +70,7 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       continue;
     }
     std::vector<std::string> found;
+    size_t skipped = 0;
     for (auto it = fs::recursive_directory_iterator(p, ec);
          it != fs::recursive_directory_iterator(); it.increment(ec)) {
       ATOLL_CHECK(!ec, "cannot list {}: {}", in, ec.message());
@@ -80,9 +81,13 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
         continue;
       }
       if (e.is_symlink() || !e.is_regular_file()) continue;
-      if (looks_binary(e.path())) continue;
+      if (looks_binary(e.path())) {
+        ++skipped;
+        continue;
+      }
       found.push_back(fs::absolute(e.path()).lexically_normal().string());
     }
+    if (skipped) log::info("data: skipped {} binary file(s) in {}", skipped, in);
     ATOLL_CHECK(!found.empty(), "input directory {} holds no text files", in);
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());
@@ -90,12 +95,66 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
   return files;
 }
 
-std::vector<std::string> read_documents(const std::vector<std::string>& files) {
+std::string repair_utf8(std::string_view text, size_t* replaced, size_t* first_bad) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  size_t bad = 0;
+  if (first_bad) *first_bad = std::string::npos;
+  for (size_t i = 0; i < text.size();) {
+    const uint8_t c = uint8_t(text[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= text.size();
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const uint8_t d = uint8_t(text[i + k]);
+      ok = (d & 0xC0) == 0x80;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are invalid UTF-8 too.
+    if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+               (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF))
+      ok = false;
+    if (ok) {
+      if (bad) out.append(text.substr(i, len));
+      i += len;
+      continue;
+    }
+    if (!bad) out.assign(text.substr(0, i));  // copy only once something needs replacing
+    if (first_bad && *first_bad == std::string::npos) *first_bad = i;
+    ++bad;
+    out += kReplacement;
+    ++i;  // one replacement per invalid byte, then resynchronise
+  }
+  if (replaced) *replaced = bad;
+  return bad ? out : std::string(text);
+}
+
+std::vector<std::string> read_documents(const std::vector<std::string>& files,
+                                        size_t* invalid_utf8) {
   std::vector<std::string> docs;
+  size_t total_bad = 0;
   for (const auto& f : files) {
-    auto d = split_documents(read_file(f));
+    std::string text = read_file(f);
+    // Text never holds NUL; a file that does is an image, an archive, an index... Tokenizing it
+    // would train on noise, so it is refused rather than skipped: the user named it.
+    size_t nul = text.find('\0');
+    ATOLL_CHECK(nul == std::string::npos,
+                "{} is a binary file (a NUL byte at offset {}); data prepare reads UTF-8 text "
+                "only: remove it from --input",
+                f, nul);
+    size_t bad = 0, first = 0;
+    text = repair_utf8(text, &bad, &first);
+    if (bad) {
+      log::warn(
+          "{}: {} byte(s) of invalid UTF-8 (the first at offset {}) replaced by U+FFFD; convert "
+          "the file to UTF-8 first (e.g. `iconv -f latin1 -t utf-8`) to keep those characters",
+          f, bad, first);
+      total_bad += bad;
+    }
+    auto d = split_documents(text);
     for (auto& s : d) docs.push_back(std::move(s));
   }
+  if (invalid_utf8) *invalid_utf8 = total_bad;
   return docs;
 }
 
@@ -167,13 +226,52 @@ bool prepared_data_matches(const PrepareOptions& opt) {
     for (const char* split : {"train", "val"})
       for (const auto& s : m.at("shards").at(split)) {
         fs::path p = fs::path(opt.out_dir) / s.at("file").get<std::string>();
-        size_t want = kShardHeaderBytes + 2 * s.at("tokens").get<size_t>();
+        size_t want = kShardHeaderBytes +
+                      size_t(m.value("token_bytes", 2)) * s.at("tokens").get<size_t>();
         if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) != want) return false;
       }
   } catch (const std::exception&) {
     return false;
   }
   return true;
+}
+
+// The marker that says a directory's shards and meta.json were written by atoll, so that a later
+// prepare may replace them. Shards without it (or meta.json, which older atoll wrote alone) are
+// someone else's: preparing never deletes or overwrites them.
+static const char* kOwnerMarker = ".atoll-data";
+
+static void claim_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  ATOLL_CHECK(!ec, "cannot create {}: {}", dir, ec.message());
+  ATOLL_CHECK(fs::is_directory(dir, ec), "data output {} is not a directory", dir);
+  const fs::path marker = fs::path(dir) / kOwnerMarker, meta = fs::path(dir) / "meta.json";
+  const bool ours = fs::exists(marker, ec) || fs::exists(meta, ec);
+  std::vector<fs::path> shards;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    bool shard_name = n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0;
+    bool bin = e.path().extension() == ".bin" ||
+               (e.path().extension() == ".tmp" && e.path().stem().extension() == ".bin");
+    if (shard_name && bin) shards.push_back(e.path());
+  }
+  std::sort(shards.begin(), shards.end());
+  ATOLL_CHECK(ours || shards.empty(),
+              "{} holds {} token shard file(s) that atoll did not write ({}{}; there is no "
+              "meta.json or {} beside them), and data preparation never deletes or overwrites "
+              "files it did not write: give it another output directory (`atoll data prepare "
+              "--out DIR`, or data.dir when training with data.auto_prepare), or move those "
+              "files away",
+              dir, shards.size(), shards.empty() ? "" : shards.front().filename().string(),
+              shards.size() > 1 ? ", ..." : "", kOwnerMarker);
+  write_file_atomic(marker.string(),
+                    "written by `atoll data prepare`: the next prepare into this directory may "
+                    "replace its meta.json and train_*.bin / val_*.bin shards\n");
+  // Old shards would be picked up by the loader next to new ones: remove them first, and meta.json
+  // before anything so that an interrupted run never looks complete.
+  fs::remove(meta, ec);
+  for (const auto& p : shards) fs::remove(p, ec);
 }
 
 nlohmann::json prepare_data(const PrepareOptions& opt) {
@@ -183,11 +281,10 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
               "validation fraction {} must be in [0, 1)", opt.val_fraction);
   auto t0 = std::chrono::steady_clock::now();
   auto tok = load_tokenizer(opt.tokenizer);
-  ATOLL_CHECK(tok->vocab_size() <= 65536,
-              "tokenizer {} has {} ids, but llm.c shards store uint16 tokens (at most 65536 ids)",
-              tok->name(), tok->vocab_size());
+  const int token_bytes = shard_token_bytes(tok->vocab_size());
   std::vector<std::string> files = list_input_files(opt.inputs);
-  std::vector<std::string> docs = read_documents(files);
+  size_t invalid_utf8 = 0;
+  std::vector<std::string> docs = read_documents(files, &invalid_utf8);
   ATOLL_CHECK(!docs.empty(), "the inputs hold no text");
 
   // Shuffle documents (fortune files are grouped by topic), then hold out the first n_val.
@@ -197,28 +294,24 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
   size_t n_val = 0;
   if (opt.val_fraction > 0) {
+    // Training evaluates on held-out documents, so data without a validation split cannot be
+    // trained on: the way out is more documents, not a zero fraction.
     ATOLL_CHECK(docs.size() >= 2,
-                "a validation split needs at least 2 documents, the inputs "
-                "hold {}; pass --val-fraction 0",
+                "the inputs hold {} document, but a validation split needs at least 2 (training "
+                "evaluates on held-out documents): add text, or split it into documents with "
+                "lines holding only \"%\" (the fortune format)",
                 docs.size());
     n_val = std::clamp<size_t>(size_t(std::llround(opt.val_fraction * double(docs.size()))), 1,
                                docs.size() - 1);
+  } else {
+    log::warn("data: --val-fraction 0 writes no validation shards; `atoll train` needs them");
   }
 
+  claim_output_dir(opt.out_dir);
   std::error_code ec;
-  fs::create_directories(opt.out_dir, ec);
-  ATOLL_CHECK(!ec, "cannot create {}: {}", opt.out_dir, ec.message());
-  // Old shards would be picked up by the loader next to new ones: remove them first, and meta.json
-  // before anything so that an interrupted run never looks complete.
-  fs::remove(fs::path(opt.out_dir) / "meta.json", ec);
-  for (const auto& e : fs::directory_iterator(opt.out_dir)) {
-    std::string n = e.path().filename().string();
-    if ((n.rfind("train_", 0) == 0 || n.rfind("val_", 0) == 0) && e.path().extension() == ".bin")
-      fs::remove(e.path(), ec);
-  }
 
-  ShardSetWriter train(opt.out_dir, "train", size_t(opt.shard_tokens));
-  ShardSetWriter val(opt.out_dir, "val", size_t(opt.shard_tokens));
+  ShardSetWriter train(opt.out_dir, "train", size_t(opt.shard_tokens), token_bytes);
+  ShardSetWriter val(opt.out_dir, "val", size_t(opt.shard_tokens), token_bytes);
   // Documents are encoded in parallel, a block at a time, and written in order: the shards do
   // not depend on the thread count.
   const int32_t eot = tok->eot();
@@ -244,14 +337,19 @@ nlohmann::json prepare_data(const PrepareOptions& opt) {
   };
   nlohmann::json meta = {
       {"version", kMetaVersion},
-      {"format",
-       "llm.c token shards: 256 x int32 header (magic 20240520, version 1), uint16 tokens"},
+      {"format", token_bytes == 2
+                     ? "llm.c token shards: 256 x int32 header (magic 20240520, version 1), "
+                       "uint16 tokens"
+                     : "llm.c token shards: 256 x int32 header (magic 20240801, version 7), "
+                       "uint32 tokens"},
+      {"token_bytes", token_bytes},
       {"tokenizer", canonical_tokenizer_spec(opt.tokenizer)},
       {"tokenizer_name", tok->name()},
       {"tokenizer_fingerprint", tokenizer_fingerprint(opt.tokenizer)},
       {"vocab_size", tok->vocab_size()},
       {"eot", eot},
       {"inputs", inputs_json(files)},
+      {"invalid_utf8_replaced", invalid_utf8},
       {"val_fraction", opt.val_fraction},
       {"shard_tokens", opt.shard_tokens},
       {"seed", opt.seed},

@@ -20,8 +20,16 @@ std::vector<std::string> split_documents(std::string_view text);
 // NUL bytes, such as fortune's *.dat indexes). Fails on a path that does not exist.
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
 
-// All documents of the files, in order.
-std::vector<std::string> read_documents(const std::vector<std::string>& files);
+// All documents of the files, in order. Fails on a file holding a NUL byte (binary, not text),
+// naming it and the offset; invalid UTF-8 is replaced by U+FFFD with a warning per file, and the
+// number of bytes replaced goes to *invalid_utf8.
+std::vector<std::string> read_documents(const std::vector<std::string>& files,
+                                        size_t* invalid_utf8 = nullptr);
+
+// text with each byte that is not part of a valid UTF-8 sequence (overlong forms and surrogates
+// included) replaced by U+FFFD; *replaced counts them, *first_bad is the first one's offset.
+std::string repair_utf8(std::string_view text, size_t* replaced = nullptr,
+                        size_t* first_bad = nullptr);
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories
@@ -35,7 +43,8 @@ struct PrepareOptions {
 // Tokenizes every document (each one preceded by the tokenizer's end-of-text id, as GPT-2 and
 // llm.c do), shuffles the documents with the seed, holds out val_fraction of them, and writes
 // out_dir/train_NNNNNN.bin, out_dir/val_NNNNNN.bin and out_dir/meta.json (written last, so a
-// directory with meta.json is complete). Returns the meta.json contents.
+// directory with meta.json is complete). Shards are uint16 up to 65536 ids and uint32 above.
+// Refuses, touching nothing, an out_dir holding shards atoll did not write. Returns meta.json.
 nlohmann::json prepare_data(const PrepareOptions& opt);
 
 // True when out_dir/meta.json records exactly these options and its shards are present.

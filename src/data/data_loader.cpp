@@ -56,9 +56,12 @@ static std::vector<std::string> resolve_files(const std::string& p, const std::s
         files.push_back(e.path().string());
     }
     ATOLL_CHECK(!files.empty(),
-                "{} holds no {}_*.bin shards; run `atoll data prepare --out {}` "
-                "first{}",
-                p, split, p, split == "val" ? " with a --val-fraction above 0" : "");
+                "{} holds no {}_*.bin shards; run `atoll data prepare --out {}` first{}", p,
+                split, p,
+                split == "val"
+                    ? " (training evaluates on a validation split: prepare with a --val-fraction "
+                      "above 0, from inputs of at least 2 documents)"
+                    : "");
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -107,11 +110,9 @@ void DataLoader::read_window(uint64_t w, int32_t* in, int32_t* tgt) const {
   size_t s = size_t(std::upper_bound(window_start_.begin(), window_start_.end(), w) -
                     window_start_.begin()) -
              1;
-  const uint16_t* src = shards_[s].data() + (w - window_start_[s]) * uint64_t(T_);
-  for (int t = 0; t < T_; ++t) {
-    in[t] = src[t];
-    tgt[t] = src[t + 1];
-  }
+  const size_t first = size_t(w - window_start_[s]) * size_t(T_);
+  shards_[s].read(first, size_t(T_), in);
+  shards_[s].read(first + 1, size_t(T_), tgt);
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
@@ -125,10 +126,12 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   if (vocab_limit_ >= 0) {
     const size_t n = size_t(B_) * size_t(T_);
     for (size_t i = 0; i < n; ++i)
-      ATOLL_CHECK(inputs[i] < vocab_limit_ && targets[i] < vocab_limit_,
+      // Unsigned: a uint32 id of 2^31 or more reads as a negative int32.
+      ATOLL_CHECK(uint32_t(inputs[i]) < uint32_t(vocab_limit_) &&
+                      uint32_t(targets[i]) < uint32_t(vocab_limit_),
                   "token id {} in the data is >= the model's vocab size {}; the data was "
                   "prepared with a larger tokenizer",
-                  std::max(inputs[i], targets[i]), vocab_limit_);
+                  std::max(uint32_t(inputs[i]), uint32_t(targets[i])), vocab_limit_);
   }
 }
 
@@ -164,12 +167,12 @@ void DataLoader::set_state(const DataLoaderState& s) {
 void DataLoader::validate_vocab(int32_t vocab) {
   ATOLL_CHECK(vocab > 0, "vocab size {} must be positive", vocab);
   for (const auto& sh : shards_) {
-    uint16_t m = sh.max_token();
-    ATOLL_CHECK(sh.size() == 0 || int32_t(m) < vocab,
+    const uint32_t m = sh.max_token();
+    ATOLL_CHECK(sh.size() == 0 || int64_t(m) < int64_t(vocab),
                 "{} holds token id {}, but the model's vocab size is {}: the data was prepared "
                 "with a different tokenizer; set the model's vocab_size to at least {} or "
                 "re-prepare the data",
-                sh.path(), m, vocab, int32_t(m) + 1);
+                sh.path(), m, vocab, int64_t(m) + 1);
   }
   vocab_limit_ = vocab;
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "data/bpe_pretokenize.h"
 
 namespace atl {
@@ -98,54 +99,59 @@ BpeVocab read_gpt2_bpe(const std::string& dir_or_file) {
       fail("{}",
            missing_help(fmt::format("tokenizer '{}': {} is missing", dir_or_file, f.string())));
 
+  return parse_gpt2_bpe(read_file(enc.string()), read_file(bpe.string()), enc.string(),
+                        bpe.string());
+}
+
+BpeVocab parse_gpt2_bpe(std::string_view encoder_json, std::string_view vocab_bpe,
+                        const std::string& enc_name, const std::string& bpe_name) {
   BpeVocab v;
   std::unordered_map<std::string, int32_t> id_of;  // raw bytes -> id
   {
-    std::ifstream in(enc);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(encoder_json);
     } catch (const std::exception& e) {
-      fail("{}: not valid JSON ({})", enc.string(), e.what());
+      fail("{}: not valid JSON ({})", enc_name, e.what());
     }
     ATOLL_CHECK(j.is_object() && !j.empty(), "{}: expected a JSON object mapping tokens to ids",
-                enc.string());
+                enc_name);
     int64_t max_id = -1;
     for (auto& [k, val] : j.items()) {
       ATOLL_CHECK(val.is_number_integer(), "{}: the id of token \"{}\" is not an integer",
-                  enc.string(), k);
+                  enc_name, k);
       int64_t id = val.get<int64_t>();
       ATOLL_CHECK(id >= 0 && id < (1 << 24), "{}: token \"{}\" has id {} outside [0, 2^24)",
-                  enc.string(), k, id);
+                  enc_name, k, id);
       max_id = std::max(max_id, id);
     }
     v.tokens.assign(size_t(max_id + 1), std::string());
     std::vector<bool> used(size_t(max_id + 1), false);
     for (auto& [k, val] : j.items()) {
       int32_t id = val.get<int32_t>();
-      ATOLL_CHECK(!used[size_t(id)], "{}: id {} is given to two tokens", enc.string(), id);
+      ATOLL_CHECK(!used[size_t(id)], "{}: id {} is given to two tokens", enc_name, id);
       used[size_t(id)] = true;
       if (k == kEot) {
         v.eot = id;
         continue;
       }
       std::string raw = gpt2_unspell(k);
-      ATOLL_CHECK(!raw.empty(), "{}: empty token", enc.string());
-      ATOLL_CHECK(id_of.emplace(raw, id).second, "{}: token \"{}\" appears twice", enc.string(), k);
+      ATOLL_CHECK(!raw.empty(), "{}: empty token", enc_name);
+      ATOLL_CHECK(id_of.emplace(raw, id).second, "{}: token \"{}\" appears twice", enc_name, k);
       v.tokens[size_t(id)] = std::move(raw);
     }
     ATOLL_CHECK(v.eot >= 0,
                 "{}: has no \"{}\" token; byte-level BPE needs it as the "
                 "end-of-text id",
-                enc.string(), kEot);
+                enc_name, kEot);
     for (int b = 0; b < 256; ++b)
       ATOLL_CHECK(id_of.count(std::string(1, char(b))),
                   "{}: the single byte 0x{:02X} (spelled \"{}\") has no id; a byte-level BPE "
                   "vocabulary must contain all 256 bytes",
-                  enc.string(), b, gpt2_spell(std::string(1, char(b))));
+                  enc_name, b, gpt2_spell(std::string(1, char(b))));
   }
   {
-    std::ifstream in(bpe);
+    std::istringstream in{std::string(vocab_bpe)};
     std::string line;
     int lineno = 0;
     while (std::getline(in, line)) {
@@ -155,13 +161,13 @@ BpeVocab read_gpt2_bpe(const std::string& dir_or_file) {
       size_t sp = line.find(' ');
       ATOLL_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
                       line.find(' ', sp + 1) == std::string::npos,
-                  "{}:{}: expected a merge \"left right\", got \"{}\"", bpe.string(), lineno, line);
+                  "{}:{}: expected a merge \"left right\", got \"{}\"", bpe_name, lineno, line);
       std::string a = gpt2_unspell(line.substr(0, sp)), b = gpt2_unspell(line.substr(sp + 1));
       auto ia = id_of.find(a), ib = id_of.find(b), iab = id_of.find(a + b);
       ATOLL_CHECK(ia != id_of.end() && ib != id_of.end() && iab != id_of.end(),
                   "{}:{}: merge \"{}\" uses or makes a token that encoder.json lacks; the two "
                   "files do not belong together",
-                  bpe.string(), lineno, line);
+                  bpe_name, lineno, line);
       v.merges.emplace_back(ia->second, ib->second);
     }
   }

@@ -34,6 +34,10 @@ struct BpeVocab {
 
 // Reads encoder.json + vocab.bpe; dir_or_file is their directory or the path of either file.
 BpeVocab read_gpt2_bpe(const std::string& dir_or_file);
+// The same from the two files' contents (enc_name and bpe_name name them in errors): the one parser
+// of tokenizer files, which the fuzz target drives.
+BpeVocab parse_gpt2_bpe(std::string_view encoder_json, std::string_view vocab_bpe,
+                        const std::string& enc_name, const std::string& bpe_name);
 // Writes dir/encoder.json and dir/vocab.bpe (creating dir).
 void write_gpt2_bpe(const BpeVocab& v, const std::string& dir);
 

@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -63,4 +67,32 @@ TEST(Config, MalformedFileNamesLine) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.toml:2"), std::string::npos) << e.what();
   }
+}
+
+// An empty file, one of comments only, or a directory given as the config is refused (they used to
+// train the default 124M model), saying which and what to give instead.
+TEST(Config, EmptyFileOrDirectoryIsRefused) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() / ("atoll_config_empty_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "configs");
+  auto message = [](const std::string& path) -> std::string {
+    try {
+      Config::load(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::ofstream(d / "empty.toml").close();
+  std::ofstream(d / "comments.toml") << "# nothing here yet\n\n";
+  std::ofstream(d / "one.toml") << "[train]\nsteps = 3\n";
+  std::string m = message((d / "empty.toml").string());
+  EXPECT_NE(m.find("empty.toml' is empty (it sets no key)"), std::string::npos) << m;
+  m = message((d / "comments.toml").string());
+  EXPECT_NE(m.find("is empty"), std::string::npos) << m;
+  m = message((d / "configs").string());
+  EXPECT_NE(m.find("configs' is a directory, not a TOML file"), std::string::npos) << m;
+  EXPECT_EQ(Config::load((d / "one.toml").string()).get_int("train.steps", 1), 3);
+  fs::remove_all(d);
 }

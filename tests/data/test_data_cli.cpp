@@ -64,9 +64,9 @@ TEST(DataCli, TrainTokenizerThenPrepareData) {
   auto tok = atl::load_tokenizer(d + "/tok");
   auto val = atl::read_shard(d + "/data/val_000000.bin");
   ASSERT_FALSE(val.empty());
-  EXPECT_EQ(val[0], tok->eot());
+  EXPECT_EQ(int32_t(val[0]), tok->eot());
   std::vector<int32_t> first_doc;
-  for (size_t i = 1; i < val.size() && val[i] != tok->eot(); ++i) first_doc.push_back(val[i]);
+  for (size_t i = 1; i < val.size() && int32_t(val[i]) != tok->eot(); ++i) first_doc.push_back(int32_t(val[i]));
   EXPECT_EQ(tok->decode(first_doc).rfind("entry ", 0), 0u);
 
   // A second run is a no-op; errors exit 1 with a message.
@@ -82,6 +82,33 @@ TEST(DataCli, TrainTokenizerThenPrepareData) {
             1)
       << out;
   EXPECT_NE(out.find("atoll tokenizer train"), std::string::npos) << out;
+  fs::remove_all(d);
+}
+
+// Vocabularies of 65536 ids and more are accepted by `tokenizer train` (it used to stop at 65536);
+// a small corpus then supports fewer merges, which it says. `data prepare` refuses a binary input
+// with its name and offset and notes replaced invalid UTF-8.
+TEST(DataCli, LargeVocabulariesBinaryAndInvalidUtf8Input) {
+  const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
+  std::string d = ::testing::TempDir() + "atoll_cli_big_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d + "/corpus.txt") << "some words and more words\n%\nother words\n";
+  std::string out;
+  EXPECT_EQ(run(atoll + " tokenizer train --input " + d + "/corpus.txt --vocab-size 70000 --out " + d +
+                    "/tok",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("instead of 70000"), std::string::npos) << out;
+  std::ofstream(d + "/blob.bin", std::ios::binary) << std::string("GIF89a\0\0", 8);
+  EXPECT_EQ(run(atoll + " data prepare --input " + d + "/blob.bin --out " + d + "/data", &out), 1)
+      << out;
+  EXPECT_NE(out.find("blob.bin is a binary file (a NUL byte at offset 6)"), std::string::npos) << out;
+  std::ofstream(d + "/latin1.txt", std::ios::binary) << "na\xEFve\n%\nsecond\n%\nthird\n";
+  EXPECT_EQ(run(atoll + " data prepare --input " + d + "/latin1.txt --out " + d + "/data", &out), 0)
+      << out;
+  EXPECT_NE(out.find("1 byte(s) of invalid UTF-8"), std::string::npos) << out;
   fs::remove_all(d);
 }
 

@@ -147,6 +147,32 @@ TEST(DataLoader, VocabTooSmallIsAnError) {
   fs::remove_all(d);
 }
 
+// Batches from uint32 shards carry ids past 65535 unchanged, and the vocabulary check still
+// names the shard, the id and the vocab size.
+TEST(DataLoader, ReadsUint32Shards) {
+  std::string d = ::testing::TempDir() + "atoll_loader_u32_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::vector<int32_t> t(200);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(100000 + i);
+  atl::write_shard(d + "/train_000000.bin", t, 4);
+  atl::DataLoader l(d, "train", 1, T, 0, 1, 1);
+  std::vector<int32_t> in(T), tg(T);
+  l.next_batch(in.data(), tg.data());
+  EXPECT_GE(in[0], 100000);
+  for (int i = 0; i < T; ++i) EXPECT_EQ(tg[size_t(i)], in[size_t(i)] + 1);
+  EXPECT_NO_THROW(l.validate_vocab(100200));
+  try {
+    l.validate_vocab(100199);
+    FAIL() << "expected an error";
+  } catch (const atl::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("train_000000.bin holds token id 100199"), std::string::npos) << m;
+    EXPECT_NE(m.find("vocab size is 100199"), std::string::npos) << m;
+  }
+  fs::remove_all(d);
+}
+
 TEST(DataLoader, MissingDataSaysToPrepareIt) {
   try {
     atl::DataLoader l("/nonexistent/atoll-data", "train", B, T);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "data/bpe_train.h"
@@ -36,17 +37,17 @@ TEST(DataPrepare, SplitsFortuneFiles) {
 }
 
 // Splits a token stream at end-of-text ids and decodes each piece.
-std::vector<std::string> decode_docs(const std::vector<uint16_t>& toks, const atl::Tokenizer& tok) {
+std::vector<std::string> decode_docs(const std::vector<uint32_t>& toks, const atl::Tokenizer& tok) {
   std::vector<std::string> out;
   std::vector<int32_t> cur;
   bool started = false;
-  for (uint16_t t : toks) {
-    if (t == tok.eot()) {
+  for (uint32_t t : toks) {
+    if (int32_t(t) == tok.eot()) {
       if (started) out.push_back(tok.decode(cur));
       cur.clear();
       started = true;
     } else {
-      cur.push_back(t);
+      cur.push_back(int32_t(t));
     }
   }
   if (started) out.push_back(tok.decode(cur));
@@ -83,7 +84,7 @@ TEST(DataPrepare, ShardsDecodeBackToTheDocuments) {
   EXPECT_GT(meta["shards"]["train"].size(), 1u);  // 500-token shards
 
   auto tok = atl::load_tokenizer("byte");
-  std::vector<uint16_t> train, val;
+  std::vector<uint32_t> train, val;
   size_t n_train = 0;
   for (const auto& s : meta["shards"]["train"]) {
     auto t = atl::read_shard(opt.out_dir + "/" + s["file"].get<std::string>());
@@ -159,30 +160,159 @@ TEST(DataPrepare, BpeDataTracksTheTokenizerContent) {
   fs::remove_all(d);
 }
 
-TEST(DataPrepare, RefusesVocabulariesTooLargeForUint16Shards) {
+// Vocabularies past 65536 ids (Llama 3's 128256, say) need uint32 shards: prepare writes llm.c's
+// uint32 kind for them, and the ids above 65535 come back intact.
+TEST(DataPrepare, VocabulariesAbove65536GetUint32Shards) {
   std::string d = temp_dir("big");
   nlohmann::json enc = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) enc[atl::gpt2_spell(std::string(1, char(b)))] = b;
   enc["<|endoftext|>"] = 70000;
   std::ofstream(d + "/encoder.json") << enc.dump();
   std::ofstream(d + "/vocab.bpe") << "#version: 0.2\n";
-  std::ofstream(d + "/text") << "hello\n";
+  std::ofstream(d + "/text") << "hello\n%\nworld\n%\nagain\n";
   atl::PrepareOptions opt;
   opt.inputs = {d + "/text"};
   opt.out_dir = d + "/out";
   opt.tokenizer = d;
+  opt.val_fraction = 0.3;
+  nlohmann::json meta = atl::prepare_data(opt);
+  EXPECT_EQ(meta["vocab_size"], 70001);
+  EXPECT_EQ(meta["token_bytes"], 4);
+  atl::ShardReader r(opt.out_dir + "/train_000000.bin");
+  EXPECT_EQ(r.token_bytes(), 4);
+  EXPECT_EQ(r[0], 70000u);  // every document starts with end-of-text
+  EXPECT_EQ(r.max_token(), 70000u);
+  EXPECT_TRUE(atl::prepared_data_matches(opt));
+  atl::DataLoader tl(opt.out_dir, "train", 1, 2, 0, 1, 1);
+  EXPECT_NO_THROW(tl.validate_vocab(70001));
+  EXPECT_THROW(tl.validate_vocab(70000), atl::Error);
+  // The byte tokenizer's 257 ids still get llm.c's uint16 shards.
+  atl::PrepareOptions small = opt;
+  small.tokenizer = "byte";
+  small.out_dir = d + "/small";
+  EXPECT_EQ(atl::prepare_data(small)["token_bytes"], 2);
+  EXPECT_EQ(atl::ShardReader(small.out_dir + "/train_000000.bin").token_bytes(), 2);
+  fs::remove_all(d);
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string error_of(const std::function<void()>& f) {
   try {
-    atl::prepare_data(opt);
-    FAIL() << "expected an error";
+    f();
   } catch (const atl::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("uint16"), std::string::npos) << e.what();
+    return e.what();
   }
-  try {
-    atl::read_data_meta(opt.out_dir);
-    FAIL() << "expected an error";
-  } catch (const atl::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("atoll data prepare"), std::string::npos) << e.what();
-  }
+  return "(no error)";
+}
+
+// A binary file named as input is refused with its name and where the binary part starts, and
+// nothing is written; it used to be tokenized silently.
+TEST(DataPrepare, RefusesBinaryInputNamingTheFileAndOffset) {
+  std::string d = temp_dir("binary");
+  std::ofstream(d + "/img.png", std::ios::binary) << std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16);
+  atl::PrepareOptions opt;
+  opt.inputs = {d + "/img.png"};
+  opt.out_dir = d + "/out";
+  std::string m = error_of([&] { atl::prepare_data(opt); });
+  EXPECT_NE(m.find("img.png is a binary file (a NUL byte at offset 8)"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(d + "/out/meta.json"));
+  // NUL past the first 4 KiB (which a directory listing sniffs) is still caught at reading.
+  fs::create_directories(d + "/dir");
+  std::ofstream(d + "/dir/late.txt", std::ios::binary) << std::string(5000, 'a') + std::string(1, '\0');
+  opt.inputs = {d + "/dir"};
+  m = error_of([&] { atl::prepare_data(opt); });
+  EXPECT_NE(m.find("late.txt is a binary file (a NUL byte at offset 5000)"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// Invalid UTF-8 (Latin-1 text, say) is replaced by U+FFFD and counted, not passed through.
+TEST(DataPrepare, InvalidUtf8IsReplacedAndCounted) {
+  size_t n = 0, first = 0;
+  EXPECT_EQ(atl::repair_utf8("caf\xE9!", &n, &first), "caf\xEF\xBF\xBD!");
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(first, 3u);
+  EXPECT_EQ(atl::repair_utf8("\xC0\xAF", &n), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong '/'
+  EXPECT_EQ(n, 2u);
+  EXPECT_EQ(atl::repair_utf8("\xED\xA0\x80", &n).size(), 9u);  // a UTF-16 surrogate
+  EXPECT_EQ(n, 3u);
+  EXPECT_EQ(atl::repair_utf8("ok \xF0\x9F\x99\x82 \xE2\x82\xAC", &n), "ok \xF0\x9F\x99\x82 \xE2\x82\xAC");
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(atl::repair_utf8("end\xE2\x82", &n), "end\xEF\xBF\xBD\xEF\xBF\xBD");  // truncated
+  EXPECT_EQ(n, 2u);
+
+  std::string d = temp_dir("utf8");
+  std::ofstream(d + "/latin1.txt", std::ios::binary) << "un caf\xE9 cr\xE8me\n%\ndeux\n%\ntrois\n";
+  atl::PrepareOptions opt;
+  opt.inputs = {d + "/latin1.txt"};
+  opt.out_dir = d + "/out";
+  opt.val_fraction = 0.3;
+  nlohmann::json meta = atl::prepare_data(opt);
+  EXPECT_EQ(meta["invalid_utf8_replaced"], 2);
+  std::string all;
+  for (const char* f : {"/out/train_000000.bin", "/out/val_000000.bin"})
+    for (uint32_t t : atl::read_shard(d + f))
+      if (t < 256) all += char(t);
+  EXPECT_EQ(all.find('\xE9'), std::string::npos);
+  EXPECT_NE(all.find("caf\xEF\xBF\xBD cr\xEF\xBF\xBDme"), std::string::npos);
+  fs::remove_all(d);
+}
+
+// One document cannot give a validation split; the message says how to get one and never sends
+// the user to --val-fraction 0 (data without a validation split is refused by training).
+TEST(DataPrepare, OneDocumentSaysHowToGetAValidationSplit) {
+  std::string d = temp_dir("onedoc");
+  std::ofstream(d + "/one.txt") << "a single document without separators\n";
+  atl::PrepareOptions opt;
+  opt.inputs = {d + "/one.txt"};
+  opt.out_dir = d + "/out";
+  std::string m = error_of([&] { atl::prepare_data(opt); });
+  EXPECT_NE(m.find("needs at least 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"%\""), std::string::npos) << m;
+  EXPECT_EQ(m.find("--val-fraction 0"), std::string::npos) << m;
+  // Data prepared without validation: the loader's message asks for a fraction above 0 and
+  // 2 documents, the same way out.
+  opt.val_fraction = 0;
+  atl::prepare_data(opt);
+  m = error_of([&] { atl::DataLoader(opt.out_dir, "val", 1, 4); });
+  EXPECT_NE(m.find("--val-fraction above 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("at least 2 documents"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// Shards atoll did not write (no meta.json, no .atoll-data marker) are never deleted or
+// overwritten; the refusal says what to do. Atoll's own output is replaced as before.
+TEST(DataPrepare, NeverDeletesShardsItDidNotWrite) {
+  std::string d = temp_dir("foreign");
+  fs::create_directories(d + "/mine");
+  atl::write_shard(d + "/mine/train_000000.bin", std::vector<int32_t>{1, 2, 3});
+  atl::write_shard(d + "/mine/val_000000.bin", std::vector<int32_t>{4, 5});
+  const std::string before = slurp(d + "/mine/train_000000.bin");
+  std::ofstream(d + "/text") << "one\n%\ntwo\n%\nthree\n";
+  atl::PrepareOptions opt;
+  opt.inputs = {d + "/text"};
+  opt.out_dir = d + "/mine";
+  opt.val_fraction = 0.3;
+  std::string m = error_of([&] { atl::prepare_data(opt); });
+  EXPECT_NE(m.find("2 token shard file(s) that atoll did not write (train_000000.bin, ...;"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("data.auto_prepare"), std::string::npos) << m;
+  EXPECT_EQ(slurp(d + "/mine/train_000000.bin"), before);
+  EXPECT_TRUE(fs::exists(d + "/mine/val_000000.bin"));
+  EXPECT_FALSE(fs::exists(d + "/mine/meta.json"));
+
+  // Its own output directory atoll prepares again, and again after an interrupted run (shards
+  // and the marker but no meta.json).
+  opt.out_dir = d + "/ours";
+  atl::prepare_data(opt);
+  EXPECT_TRUE(fs::exists(d + "/ours/.atoll-data"));
+  fs::remove(d + "/ours/meta.json");
+  EXPECT_NO_THROW(atl::prepare_data(opt));
+  EXPECT_TRUE(fs::exists(d + "/ours/meta.json"));
   fs::remove_all(d);
 }
 
