@@ -7,8 +7,10 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/error.h"
+#include "core/toml_guard.h"
 
 namespace atl {
 
@@ -75,6 +77,7 @@ Config& Config::operator=(Config&&) noexcept = default;
 Config Config::parse(const std::string& text, const std::string& source_name) {
   Config c;
   c.impl_->source = source_name;
+  if (std::string bad = toml_guard(text); !bad.empty()) fail("config {}:{}", source_name, bad);
   try {
     c.impl_->table = toml::parse(text, source_name);
   } catch (const toml::parse_error& e) {
@@ -112,8 +115,9 @@ void Config::set_override(const std::string& assignment) {
   while (key.rfind("-", 0) == 0) key.erase(0, 1);
   toml::table parsed;
   try {
+    if (!toml_guard("v = " + val).empty()) throw std::invalid_argument("not TOML");
     parsed = toml::parse("v = " + val);
-  } catch (const toml::parse_error&) {
+  } catch (const std::exception&) {  // toml::parse_error, or refused by toml_guard
     parsed = toml::table{{"v", val}};  // bare words are strings
   }
   // Walk/create the parent tables, then set the leaf.

@@ -77,7 +77,8 @@ TensorFile safetensors_decode(const std::string& bytes, const std::string& what)
       }
       continue;
     }
-    auto bad = [&](const char* why) { fail("{}: tensor '{}': {}", what, name, why); };
+    const std::string& tensor = name;  // (a structured binding cannot be captured before C++20's fix)
+    auto bad = [&](const char* why) { fail("{}: tensor '{}': {}", what, tensor, why); };
     if (!v.is_object()) bad("its header entry is not an object");
     auto dtype = v.find("dtype"), shape_it = v.find("shape"), offs = v.find("data_offsets");
     if (dtype == v.end() || !dtype->is_string()) bad("\"dtype\" is missing or not a string");
@@ -95,12 +96,13 @@ TensorFile safetensors_decode(const std::string& bytes, const std::string& what)
     const size_t b = (*offs)[0].get<size_t>(), e = (*offs)[1].get<size_t>();
     ATOLL_CHECK(b <= e && e <= avail, "{}: tensor '{}' lies outside the file (truncated?)", what, name);
     // The element count times the element size must equal e - b <= avail: checked by division,
-    // dimension by dimension, so that no product can overflow.
-    bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    // dimension by dimension, so that no product can overflow. The non-zero dimensions of an
+    // empty tensor are bounded too: strides and partial products of the shape are formed from them.
+    const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    const uint64_t cap = empty ? uint64_t(INT64_MAX) / 8 : (e - b) / dtype_size(dt);
     uint64_t numel = 1;
-    const uint64_t cap = (e - b) / dtype_size(dt);
     for (int64_t d : shape) {
-      if (empty) break;
+      if (d == 0) continue;
       if (uint64_t(d) > cap / numel)
         fail("{}: tensor '{}' has {} bytes, too few for shape {}", what, name, e - b, shape_str(shape));
       numel *= uint64_t(d);

@@ -96,3 +96,33 @@ TEST(Config, EmptyFileOrDirectoryIsRefused) {
   EXPECT_EQ(Config::load((d / "one.toml").string()).get_int("train.steps", 1), 3);
   fs::remove_all(d);
 }
+
+// Found by fuzz/fuzz_config.cpp: Debian's toml++ 3.3.0 reaches __builtin_unreachable() on some
+// non-ASCII characters where it tests for whitespace (toml++ issues #190, #295). toml_guard refuses
+// those inputs before toml++ sees them, naming line and column; non-ASCII text in strings and
+// comments, where TOML allows it, still parses.
+TEST(Config, NonAsciiWhereTomlPlusPlusBreaksIsRefused) {
+  auto message = [](const std::string& text) -> std::string {
+    try {
+      Config::parse(text, "u.toml");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::string m = message("[optim.adamw]\nlr = \xCD\x91-3\n");  // the fuzzer's input, reduced
+  EXPECT_NE(m.find("u.toml:2:6: a non-ASCII character (U+0351) outside a string or comment"),
+            std::string::npos)
+      << m;
+  m = message("s = \"\"\"\\\n\xC2\xA7\"\"\"\n");  // toml++ issue #190's document
+  EXPECT_NE(m.find("u.toml:2:1: U+00A7 right after a line-ending backslash"), std::string::npos) << m;
+  m = message("\xCC\xAA");  // issue #295's input
+  EXPECT_NE(m.find("U+032A"), std::string::npos) << m;
+  Config c = Config::parse("# caf\xC3\xA9 \xE2\x82\xAC\nname = \"na\xC3\xAFve\" # \xC2\xA7\nt = '''\n\xC2\xA7'''\n",
+                           "ok.toml");
+  EXPECT_EQ(c.get_string("name", ""), "na\xC3\xAFve");
+  EXPECT_EQ(c.get_string("t", ""), "\xC2\xA7");
+  // An override's bare non-ASCII word is a string, as any bare word is.
+  c.set_override("name=\xC2\xA7x");
+  EXPECT_EQ(c.get_string("name", ""), "\xC2\xA7x");
+}
