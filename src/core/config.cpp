@@ -78,8 +78,11 @@ Config Config::parse(const std::string& text, const std::string& source_name) {
   Config c;
   c.impl_->source = source_name;
   if (std::string bad = toml_guard(text); !bad.empty()) fail("config {}:{}", source_name, bad);
+  std::string masked = text;
+  if (std::string bad = toml_mask(masked); !bad.empty()) fail("config {}: {}", source_name, bad);
   try {
-    c.impl_->table = toml::parse(text, source_name);
+    c.impl_->table = toml::parse(masked, source_name);
+    toml_unmask(c.impl_->table);
   } catch (const toml::parse_error& e) {
     fail("config {}:{}:{}: {}", source_name, e.source().begin.line, e.source().begin.column,
          std::string(e.description()));
@@ -115,8 +118,10 @@ void Config::set_override(const std::string& assignment) {
   while (key.rfind("-", 0) == 0) key.erase(0, 1);
   toml::table parsed;
   try {
-    if (!toml_guard("v = " + val).empty()) throw std::invalid_argument("not TOML");
-    parsed = toml::parse("v = " + val);
+    std::string text = "v = " + val;
+    if (!toml_guard(text).empty() || !toml_mask(text).empty()) throw std::invalid_argument("not TOML");
+    parsed = toml::parse(text);
+    toml_unmask(parsed);
   } catch (const std::exception&) {  // toml::parse_error, or refused by toml_guard
     parsed = toml::table{{"v", val}};  // bare words are strings
   }

@@ -25,7 +25,7 @@ const Tensor& TensorFile::get(const std::string& name) const {
 
 std::string safetensors_encode(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json h;
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();  // "{}", not "null", when empty
   if (!metadata.empty()) h["__metadata__"] = metadata;
   size_t off = 0;
   for (auto& [name, t] : tensors) {
@@ -64,6 +64,8 @@ TensorFile safetensors_decode(const std::string& bytes, const std::string& what)
   } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed safetensors header: {}", what, e.what());
   }
+  // atoll wrote "null" for a file of no tensors before (an optimizer without state): still read.
+  if (h.is_null()) h = nlohmann::json::object();
   ATOLL_CHECK(h.is_object(), "{}: malformed safetensors header: not a JSON object", what);
   const size_t base = 8 + hl, avail = bytes.size() - base;
   TensorFile tf;
