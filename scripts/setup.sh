@@ -10,6 +10,7 @@ PKGS=(
   libgloo-dev libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy
   fortunes fortunes-min bible-kjv bible-kjv-text dict-gcide
+  clang-14 libclang-rt-14-dev
   iproute2
 )
 missing=()

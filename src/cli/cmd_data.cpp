@@ -4,7 +4,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "train/corpus.h"
+#include "data/corpus.h"
 
 namespace {
 
@@ -46,6 +46,8 @@ int run_prepare(int argc, char** argv) {
       meta["vocab_size"].get<int>(), meta["tokens"]["train"].get<long long>(),
       meta["shards"]["train"].size(), meta["tokens"]["val"].get<long long>(),
       meta["documents"]["train"].get<long long>(), meta["documents"]["val"].get<long long>());
+  if (long long bad = meta.value("invalid_utf8_replaced", 0LL); bad > 0)
+    std::printf("note: %lld byte(s) of invalid UTF-8 in the input were replaced by U+FFFD\n", bad);
   return 0;
 }
 

@@ -13,7 +13,7 @@
 #include "autograd/precision.h"
 #include "cli/command.h"
 #include "cli/model_weights.h"
-#include "train/data_loader.h"
+#include "data/data_loader.h"
 
 namespace atl::cli {
 namespace {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cli/command.h"
+#include "cli/number_checks.h"
 #include "comm/launcher.h"
 #include "core/error.h"
 
@@ -19,15 +20,18 @@ static int run_launch(int argc, char** argv) {
   comm::LaunchOptions o;
   std::string rdzv;
   CLI::App app{"Run a command as the ranks of a distributed job: atoll launch [options] -- CMD ARGS..."};
-  app.add_option("--nproc-per-node", o.nproc_per_node, "ranks on this node")->check(CLI::PositiveNumber);
-  app.add_option("--nnodes", o.nnodes, "number of nodes")->check(CLI::PositiveNumber);
-  app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
+  app.add_option("--nproc-per-node", o.nproc_per_node, "ranks on this node")->check(integer_in(1, 4096));
+  app.add_option("--nnodes", o.nnodes, "number of nodes")->check(integer_in(1, 1 << 20));
+  app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1")->check(integer_in(0, (1 << 20) - 1));
   app.add_option("--rdzv", rdzv, "HOST:PORT of node 0's rendezvous store (multi-node)");
-  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds for every rank (ATOLL_COMM_TIMEOUT)");
+  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds for every rank (ATOLL_COMM_TIMEOUT)")
+      ->check(finite_number(true));
   app.add_option("--connect-timeout", o.connect_timeout_s,
                  "seconds to keep trying to reach the store and the peers at start-up (ATOLL_CONNECT_TIMEOUT; "
-                 "default: the smaller of the collective timeout and 60)");
-  app.add_option("--grace", o.grace_s, "seconds the other ranks get to exit after one fails");
+                 "default: the smaller of the collective timeout and 60)")
+      ->check(finite_number(true));
+  app.add_option("--grace", o.grace_s, "seconds the other ranks get to exit after one fails")
+      ->check(finite_number(true));
   try {
     app.parse(split, argv);
   } catch (const CLI::ParseError& e) {

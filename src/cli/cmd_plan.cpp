@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/number_checks.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -50,9 +51,10 @@ struct InputArgs {
     app.add_option("config", file, "planner TOML ([model], [cluster], [plan], [run]); see docs/plan.md");
     app.add_option("--model", model, "model preset (e.g. llama3-8b); overrides [model] preset");
     app.add_option("--device", device, "device from the catalog (e.g. h100-sxm, cpu-local)");
-    app.add_option("--nodes", nodes, "nodes per island");
-    app.add_option("--islands", islands, "number of islands");
-    app.add_option("--devices-per-node", devices_per_node, "devices per node");
+    // 0 stands for "not given" below, so a 0 on the command line must be refused, not ignored.
+    app.add_option("--nodes", nodes, "nodes per island")->check(cli::integer_in(1, 1 << 20));
+    app.add_option("--islands", islands, "number of islands")->check(cli::integer_in(1, 1 << 20));
+    app.add_option("--devices-per-node", devices_per_node, "devices per node")->check(cli::integer_in(1, 1 << 16));
     app.add_option("--from-atoll", from_atoll, "take [model] (and train.seq_len) from an atoll train config");
     app.add_option("--set", sets, "override any key: --set plan.tp=8 --set cluster.inter_node.bandwidth_gbs=50");
   }
@@ -113,7 +115,7 @@ int run_plan(int argc, char** argv) {
   double tokens = 0;
   app.add_flag("--explain", explain, "print every figure with the formula and inputs that produced it");
   app.add_flag("--json", json, "machine-readable output");
-  app.add_option("--tokens", tokens, "tokens to train (default: [run] tokens or 1e12)");
+  app.add_option("--tokens", tokens, "tokens to train (default: [run] tokens or 1e12)")->check(cli::finite_number(false));
   std::string emit, emit_keys = "mesh";
   app.add_option("--emit-train-config", emit, "write the layout as the [parallel]/[train] tables of an atoll train config");
   app.add_option("--train-config-keys", emit_keys, "mesh (round-2 [parallel] table), legacy (today's trainer) or both")
@@ -152,8 +154,9 @@ int run_search(int argc, char** argv) {
   bool json = false, fixed = false;
   app.add_option("--objective", so.objective, "rank by throughput or cost")
       ->check(CLI::IsMember({"throughput", "cost"}))->capture_default_str();
-  app.add_option("--batch-tokens", so.batch_tokens, "tokens per step (global batch)")->capture_default_str();
-  app.add_option("--top", top, "rows to print")->capture_default_str();
+  app.add_option("--batch-tokens", so.batch_tokens, "tokens per step (global batch)")
+      ->check(cli::finite_number(false))->capture_default_str();
+  app.add_option("--top", top, "rows to print")->check(cli::integer_in(1, 1 << 20))->capture_default_str();
   app.add_option("--out-dir", out_dir, "where pareto.csv and pareto.svg go")->capture_default_str();
   app.add_flag("--fixed-cluster", fixed, "use the whole cluster only (do not try fewer nodes/islands)");
   app.add_flag("--json", json, "machine-readable output");
@@ -205,11 +208,15 @@ int run_sweep_cmd(int argc, char** argv) {
   while (pos <= values.size()) {
     size_t c = values.find(',', pos);
     std::string tok = values.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    size_t used = 0;
+    double v = NAN;
     try {
-      so.values.push_back(std::stod(tok));
+      v = std::stod(tok, &used);
     } catch (const std::exception&) {
-      fail("--values: '{}' is not a number", tok);
     }
+    ATOLL_CHECK(used == tok.size() && std::isfinite(v) && v > 0,
+                "--values: '{}' is not a finite number above 0", tok);
+    so.values.push_back(v);
     if (c == std::string::npos) break;
     pos = c + 1;
   }
@@ -470,7 +477,7 @@ int run_calibrate(int argc, char** argv) {
   double price = 0.05;
   app.add_option("--out", out, "calibration file the cpu-local device reads")->capture_default_str();
   app.add_flag("--quick", quick, "fewer sizes and repetitions (for tests)");
-  app.add_option("--price", price, "price per hour of this machine, USD")->capture_default_str();
+  app.add_option("--price", price, "price per hour of this machine, USD")->check(cli::finite_number(true))->capture_default_str();
   bool no_collectives = false;
   app.add_flag("--no-collectives", no_collectives,
                "skip timing all-reduce between 2 local ranks (keep default link figures)");

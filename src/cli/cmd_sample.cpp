@@ -5,7 +5,7 @@
 #include "cli/command.h"
 #include "cli/model_weights.h"
 #include "nn/generate.h"
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace atl::cli {
 namespace {

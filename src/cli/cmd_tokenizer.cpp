@@ -6,10 +6,10 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "train/bpe_train.h"
-#include "train/corpus.h"
-#include "train/tokenizer.h"
-#include "train/tokenizer_gpt2.h"
+#include "data/bpe_train.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_gpt2.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ int run_train(int argc, char** argv) {
   app.add_option("--input", inputs, "text files or directories (fortune files split at '%' lines)")
       ->required();
   app.add_option("--vocab-size", vocab, "ids in all: 256 bytes + merges + <|endoftext|>")
-      ->check(CLI::Range(257, 65536));
+      ->check(CLI::Range(257, (1 << 24) - 1));
   app.add_option("--out", out, "directory to write encoder.json and vocab.bpe into")->required();
   CLI11_PARSE(app, argc, argv);
   auto t0 = std::chrono::steady_clock::now();

@@ -3,11 +3,14 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/error.h"
+#include "core/toml_guard.h"
 
 namespace atl {
 
@@ -74,8 +77,12 @@ Config& Config::operator=(Config&&) noexcept = default;
 Config Config::parse(const std::string& text, const std::string& source_name) {
   Config c;
   c.impl_->source = source_name;
+  if (std::string bad = toml_guard(text); !bad.empty()) fail("config {}:{}", source_name, bad);
+  std::string masked = text;
+  if (std::string bad = toml_mask(masked); !bad.empty()) fail("config {}: {}", source_name, bad);
   try {
-    c.impl_->table = toml::parse(text, source_name);
+    c.impl_->table = toml::parse(masked, source_name);
+    toml_unmask(c.impl_->table);
   } catch (const toml::parse_error& e) {
     fail("config {}:{}:{}: {}", source_name, e.source().begin.line, e.source().begin.column,
          std::string(e.description()));
@@ -84,11 +91,24 @@ Config Config::parse(const std::string& text, const std::string& source_name) {
 }
 
 Config Config::load(const std::string& path) {
+  std::error_code ec;
+  // A directory opens as a stream on Linux and reads as empty: it must not pass for a config.
+  ATOLL_CHECK(!std::filesystem::is_directory(path, ec),
+              "config '{}' is a directory, not a TOML file; give the path of a .toml file (e.g. "
+              "configs/default.toml)",
+              path);
   std::ifstream in(path);
   ATOLL_CHECK(in.good(), "config file '{}' cannot be opened", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path);
+  Config c = parse(ss.str(), path);
+  // An empty file (or one of comments only) would run everything on defaults, for training the
+  // 124M model: a truncated or wrong file is far likelier than that wish.
+  ATOLL_CHECK(!c.impl_->table.empty(),
+              "config '{}' is empty (it sets no key), so every default would apply; give a "
+              "config that sets at least one key (e.g. configs/default.toml)",
+              path);
+  return c;
 }
 
 void Config::set_override(const std::string& assignment) {
@@ -98,8 +118,11 @@ void Config::set_override(const std::string& assignment) {
   while (key.rfind("-", 0) == 0) key.erase(0, 1);
   toml::table parsed;
   try {
-    parsed = toml::parse("v = " + val);
-  } catch (const toml::parse_error&) {
+    std::string text = "v = " + val;
+    if (!toml_guard(text).empty() || !toml_mask(text).empty()) throw std::invalid_argument("not TOML");
+    parsed = toml::parse(text);
+    toml_unmask(parsed);
+  } catch (const std::exception&) {  // toml::parse_error, or refused by toml_guard
     parsed = toml::table{{"v", val}};  // bare words are strings
   }
   // Walk/create the parent tables, then set the leaf.

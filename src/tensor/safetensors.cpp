@@ -25,7 +25,7 @@ const Tensor& TensorFile::get(const std::string& name) const {
 
 std::string safetensors_encode(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json h;
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();  // "{}", not "null", when empty
   if (!metadata.empty()) h["__metadata__"] = metadata;
   size_t off = 0;
   for (auto& [name, t] : tensors) {
@@ -49,6 +49,10 @@ std::string safetensors_encode(const std::vector<std::pair<std::string, Tensor>>
   return out;
 }
 
+// Every field of the header is checked for its JSON type and range before use: the header is
+// outside input (a Hugging Face download, a damaged checkpoint), and a wrong type must give an
+// error naming the tensor, never a JSON library exception; a shape's element count is bounded by
+// the bytes the file holds before anything is allocated.
 TensorFile safetensors_decode(const std::string& bytes, const std::string& what) {
   ATOLL_CHECK(bytes.size() >= 8, "{}: not a safetensors file (only {} bytes)", what, bytes.size());
   uint64_t hl;
@@ -56,26 +60,60 @@ TensorFile safetensors_decode(const std::string& bytes, const std::string& what)
   ATOLL_CHECK(hl <= bytes.size() - 8, "{}: truncated safetensors header (claims {} bytes)", what, hl);
   nlohmann::json h;
   try {
-    h = nlohmann::json::parse(bytes.substr(8, hl));
-  } catch (const std::exception& e) {
+    h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(hl));
+  } catch (const nlohmann::json::exception& e) {
     fail("{}: malformed safetensors header: {}", what, e.what());
   }
-  size_t base = 8 + hl, avail = bytes.size() - base;
+  // atoll wrote "null" for a file of no tensors before (an optimizer without state): still read.
+  if (h.is_null()) h = nlohmann::json::object();
+  ATOLL_CHECK(h.is_object(), "{}: malformed safetensors header: not a JSON object", what);
+  const size_t base = 8 + hl, avail = bytes.size() - base;
   TensorFile tf;
   std::vector<std::tuple<size_t, std::string, Tensor>> ordered;
   for (auto& [name, v] : h.items()) {
     if (name == "__metadata__") {
-      for (auto& [k, mv] : v.items()) tf.metadata[k] = mv.get<std::string>();
+      ATOLL_CHECK(v.is_object(), "{}: safetensors __metadata__ is not an object", what);
+      for (auto& [k, mv] : v.items()) {
+        ATOLL_CHECK(mv.is_string(), "{}: safetensors metadata '{}' is not a string", what, k);
+        tf.metadata[k] = mv.get<std::string>();
+      }
       continue;
     }
-    DType dt = dtype_from_name(v.at("dtype").get<std::string>());
-    Shape shape = v.at("shape").get<Shape>();
-    size_t b = v.at("data_offsets")[0].get<size_t>(), e = v.at("data_offsets")[1].get<size_t>();
+    const std::string& tensor = name;  // (a structured binding cannot be captured before C++20's fix)
+    auto bad = [&](const char* why) { fail("{}: tensor '{}': {}", what, tensor, why); };
+    if (!v.is_object()) bad("its header entry is not an object");
+    auto dtype = v.find("dtype"), shape_it = v.find("shape"), offs = v.find("data_offsets");
+    if (dtype == v.end() || !dtype->is_string()) bad("\"dtype\" is missing or not a string");
+    if (shape_it == v.end() || !shape_it->is_array()) bad("\"shape\" is missing or not an array");
+    if (offs == v.end() || !offs->is_array() || offs->size() != 2 || !(*offs)[0].is_number_unsigned() ||
+        !(*offs)[1].is_number_unsigned())
+      bad("\"data_offsets\" is not a pair of integers >= 0");
+    DType dt = dtype_from_name(dtype->get<std::string>());
+    Shape shape;
+    for (const auto& d : *shape_it) {
+      if (!d.is_number_unsigned()) bad("\"shape\" holds something other than integers >= 0");
+      if (d.get<uint64_t>() > uint64_t(INT64_MAX)) bad("a dimension is too large");
+      shape.push_back(d.get<int64_t>());
+    }
+    const size_t b = (*offs)[0].get<size_t>(), e = (*offs)[1].get<size_t>();
     ATOLL_CHECK(b <= e && e <= avail, "{}: tensor '{}' lies outside the file (truncated?)", what, name);
-    ATOLL_CHECK(e - b == size_t(shape_numel(shape)) * dtype_size(dt), "{}: tensor '{}' has {} bytes for shape {}",
-                what, name, e - b, shape_str(shape));
+    // The element count times the element size must equal e - b <= avail: checked by division,
+    // dimension by dimension, so that no product can overflow. The non-zero dimensions of an
+    // empty tensor are bounded too: strides and partial products of the shape are formed from them.
+    const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    const uint64_t cap = empty ? uint64_t(INT64_MAX) / 8 : (e - b) / dtype_size(dt);
+    uint64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d == 0) continue;
+      if (uint64_t(d) > cap / numel)
+        fail("{}: tensor '{}' has {} bytes, too few for shape {}", what, name, e - b, shape_str(shape));
+      numel *= uint64_t(d);
+    }
+    if (empty) numel = 0;
+    ATOLL_CHECK(e - b == numel * dtype_size(dt), "{}: tensor '{}' has {} bytes for shape {}", what, name, e - b,
+                shape_str(shape));
     Tensor t = Tensor::empty(shape, dt);
-    std::memcpy(t.raw(), bytes.data() + base + b, e - b);
+    if (e > b) std::memcpy(t.raw(), bytes.data() + base + b, e - b);
     ordered.emplace_back(b, name, std::move(t));
   }
   std::sort(ordered.begin(), ordered.end(), [](auto& a, auto& b) { return std::get<0>(a) < std::get<0>(b); });

@@ -26,13 +26,13 @@
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "resilience/checkpoint.h"
-#include "train/corpus.h"
-#include "train/data_loader.h"
+#include "data/corpus.h"
+#include "data/data_loader.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
 #include "train/stop_signals.h"
-#include "train/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace atl {
 namespace fs = std::filesystem;
@@ -289,7 +289,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // Evaluation is split like training: each rank scores its share of the validation rows.
   I.val_data = std::make_unique<DataLoader>(I.o.data_dir, "val", int(I.o.batch_size), int(I.o.seq_len), I.rank,
                                             I.world, uint64_t(I.o.seed));
+  // Both splits before step 1: a bad id in the validation shards would otherwise surface only at
+  // the first evaluation, after training time is spent.
   I.train_data->validate_vocab(int32_t(I.mc.vocab_size));
+  I.val_data->validate_vocab(int32_t(I.mc.vocab_size));
 
   I.model->init_weights(uint64_t(I.o.seed));
   I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac, std::move(opt), sharded);

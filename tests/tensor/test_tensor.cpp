@@ -88,3 +88,48 @@ TEST(Safetensors, RoundTripAndCorruption) {
   EXPECT_THROW(safetensors_decode(bytes.substr(0, bytes.size() - 4), "truncated"), Error);
   EXPECT_THROW(safetensors_decode("xx", "tiny"), Error);
 }
+
+// Found by fuzz/fuzz_safetensors.cpp: a file of no tensors was written with the header "null",
+// which the safetensors format (a JSON object) and other readers refuse; it is "{}" now, and the
+// old "null" still reads. Malformed headers are refused naming the tensor, never with a JSON
+// library exception, and shapes are checked against the bytes before anything is allocated.
+TEST(Safetensors, EmptyFilesAndMalformedHeaders) {
+  std::string empty = safetensors_encode({});
+  ASSERT_GE(empty.size(), 10u);
+  EXPECT_EQ(empty.substr(8, 2), "{}");
+  EXPECT_TRUE(safetensors_decode(empty, "empty").tensors.empty());
+  std::string old_null = std::string("\x08\0\0\0\0\0\0\0null    ", 16);
+  EXPECT_TRUE(safetensors_decode(old_null, "old").tensors.empty());
+  auto file = [](const std::string& header, size_t data_bytes) {
+    std::string h = header;
+    uint64_t n = h.size();
+    return std::string(reinterpret_cast<const char*>(&n), 8) + h + std::string(data_bytes, '\0');
+  };
+  auto message = [](const std::string& bytes) -> std::string {
+    try {
+      safetensors_decode(bytes, "m.safetensors");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(message(file("[1]", 0)).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(message(file("{\"t\": 5}", 0)).find("tensor 't': its header entry is not an object"), std::string::npos);
+  EXPECT_NE(message(file("{\"t\": {\"dtype\": 1, \"shape\": [], \"data_offsets\": [0, 4]}}", 4)).find("\"dtype\""),
+            std::string::npos);
+  EXPECT_NE(message(file("{\"t\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4)).find("\"shape\""),
+            std::string::npos);
+  EXPECT_NE(message(file("{\"t\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4)).find("data_offsets"),
+            std::string::npos);
+  EXPECT_NE(message(file("{\"__metadata__\": {\"k\": 1}}", 0)).find("metadata 'k' is not a string"), std::string::npos);
+  // 2^32 x 2^32 elements would overflow 64 bits; found before any allocation.
+  EXPECT_NE(message(file("{\"t\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}", 4))
+                .find("too few for shape"),
+            std::string::npos);
+  EXPECT_NE(message(file("{\"t\": {\"dtype\": \"F32\", \"shape\": [0, 9223372036854775807, 4], \"data_offsets\": [0, 0]}}", 0))
+                .find("too few for shape"),
+            std::string::npos);
+  TensorFile ok = safetensors_decode(file("{\"t\": {\"dtype\": \"F32\", \"shape\": [0, 7], \"data_offsets\": [0, 0]}}", 0), "z");
+  ASSERT_EQ(ok.tensors.size(), 1u);
+  EXPECT_EQ(ok.tensors[0].second.numel(), 0);
+}

@@ -12,7 +12,7 @@
 
 #include "core/fileio.h"
 #include "tensor/safetensors.h"
-#include "train/corpus.h"
+#include "data/corpus.h"
 #include "train/trainer.h"
 
 using namespace atl;

@@ -8,7 +8,7 @@
 
 #include "core/fileio.h"
 #include "resilience/checkpoint.h"
-#include "train/corpus.h"
+#include "data/corpus.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "train/corpus.h"
+#include "data/corpus.h"
 #include "train/trainer.h"
 
 namespace atl::test {
