@@ -28,7 +28,7 @@
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/periodic_row_muon.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/dion3_dist.h"
 #include "parallel/sharded_muon.h"

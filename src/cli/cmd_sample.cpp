@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "resilience/checkpoint.h"
 #include "train/tokenizer.h"
 

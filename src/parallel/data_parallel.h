@@ -23,7 +23,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/adamw.h"
 #include "parallel/sharded_optimizer.h"
 

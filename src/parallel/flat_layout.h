@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 namespace atl::parallel {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "core/config.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/optimizer.h"
 #include "train/schedule.h"
 

@@ -3,7 +3,7 @@
 
 #include "autograd/graph.h"
 #include "autograd/precision.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 using namespace atl;
 

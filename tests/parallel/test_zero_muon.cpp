@@ -21,7 +21,7 @@
 #include "core/config.h"
 #include "core/threads.h"
 #include "harness.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
 #include "parallel/data_parallel.h"

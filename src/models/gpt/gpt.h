@@ -3,7 +3,7 @@
 #pragma once
 #include <map>
 
-#include "nn/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
 #include "tensor/rng.h"
