@@ -11,7 +11,7 @@
 
 namespace atl::parallel {
 
-Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
+Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
            const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt)
     : DataParallel(model, comm), stage_(stage) {
   ATOLL_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} does not exist (1, 2 or 3)", stage);
@@ -41,7 +41,7 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     const BucketLayout& L = layout_.buckets[b];
     st_[b].pending = int(L.params.size());
   }
-  tied_ = model.config().tied_head;
+  tied_ = model.head_reads_lower_root();
   if (!block_bucket_.empty())
     for (int b : root_buckets_) (layout_.buckets[size_t(b)].range.lo == 0 ? bottom_ : top_) = b;
   if (stage == 3) {  // give back all but the own shards before the optimizer state is allocated

@@ -28,8 +28,8 @@
 
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
-#include "parallel/sharded_adamw.h"
-#include "parallel/sharded_optimizer.h"
+#include "parallel/optim/sharded_adamw.h"
+#include "parallel/optim/sharded_optimizer.h"
 
 namespace atl::parallel {
 
@@ -38,7 +38,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // hsdp_shard_size > 0: HSDP with groups of that many ranks (stage must be 3).
   // make_opt (optional) builds the rank's sharded optimizer over the layout (sharded_optimizer.h);
   // without it, ShardedAdamW from ac.
-  Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
+  Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
        const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {});
   ~Zero() override;
   std::string name() const override;
