@@ -67,6 +67,9 @@ MeshShape MeshShape::resolve(Config& cfg, int64_t world, const std::string& stra
       if (std::string(a) != "ep") terms += (terms.empty() ? "" : " x ") + fmt::format("{} {}", a, s.at(a));
     return terms;
   };
+  std::string where;
+  for (const auto& a : set) where += fmt::format("{}{} = {}{}", where.empty() ? "" : ", ", key_of(a), m.at(a),
+                                                 cfg.where(key_of(a)).empty() ? "" : " (" + cfg.where(key_of(a)) + ")");
   // The axis the strategy names takes the ranks the others leave.
   if (!rep || !shard) {
     int64_t fixed = m.world() / (rep ? 1 : m.dp_replicate) / (shard ? 1 : m.dp_shard);
@@ -76,15 +79,12 @@ MeshShape MeshShape::resolve(Config& cfg, int64_t world, const std::string& stra
       shard = true;
     }
     ATOLL_CHECK(world % fixed == 0,
-                "parallel: {} = {} ranks does not divide WORLD_SIZE = {}; the data-parallel axis takes the rest",
-                product(m), fixed, world);
+                "parallel: {} = {} ranks does not divide WORLD_SIZE = {} (the data-parallel axis takes the "
+                "rest){}", product(m), fixed, world, where.empty() ? "" : "; set: " + where);
     int64_t rest = world / fixed;
     bool to_shard = rep || (!shard && !strategy.empty() && strategy != "ddp" && strategy != "hsdp");
     (to_shard ? m.dp_shard : m.dp_replicate) = rest;
   }
-  std::string where;
-  for (const auto& a : set) where += fmt::format("{}{} = {}{}", where.empty() ? "" : ", ", key_of(a), m.at(a),
-                                                 cfg.where(key_of(a)).empty() ? "" : " (" + cfg.where(key_of(a)) + ")");
   ATOLL_CHECK(m.world() == world, "parallel: {} = {} ranks, but WORLD_SIZE = {}{}", product(m), m.world(), world,
               where.empty() ? "" : "; set: " + where);
   ATOLL_CHECK((m.dp_shard * m.cp) % m.ep == 0, "parallel.ep = {} must divide dp_shard x cp = {} x {}", m.ep, m.dp_shard,
