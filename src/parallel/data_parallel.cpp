@@ -82,25 +82,25 @@ Registry<StrategyEntry>& strategy_registry() {
   static Registry<StrategyEntry> r = [] {
     Registry<StrategyEntry> g("parallel strategy");
     g.add("ddp", {false, [](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
-                            std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory&) -> std::unique_ptr<DataParallel> {
+                            std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory&, Mesh*) -> std::unique_ptr<DataParallel> {
                     int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
                     return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
                   }});
     for (int stage : {1, 2, 3})
       g.add("zero" + std::to_string(stage),
             {true, [stage](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
-                           std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded) {
+                           std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded, Mesh*) {
                return make_zero(stage, model, comm, pc, ac, sharded);
              }});
     g.add("hsdp", {true, [](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
-                            std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded) -> std::unique_ptr<DataParallel> {
+                            std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded, Mesh* mesh) -> std::unique_ptr<DataParallel> {
                      int world = comm ? comm->size() : 1;
                      int s = pc.hsdp_shard_size > 0 ? pc.hsdp_shard_size
                                                     : comm::DistEnv::from_environment().local_world_size;
                      ATOLL_CHECK(s >= 1 && world % s == 0,
                                  "parallel.hsdp_shard_size = {} must divide the number of ranks ({})", s, world);
                      int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
-                     return std::make_unique<Zero>(model, comm, 3, cap, s, ac, sharded);
+                     return std::make_unique<Zero>(model, comm, 3, cap, s, ac, sharded, mesh);
                    }});
     return g;
   }();
@@ -109,14 +109,15 @@ Registry<StrategyEntry>& strategy_registry() {
 
 std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communicator* comm,
                                                  const ParallelConfig& pc, const AdamWConfig& ac,
-                                                 std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory& sharded) {
+                                                 std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory& sharded,
+                                                 Mesh* mesh) {
   const StrategyEntry& e = strategy_registry().get(pc.strategy, "parallel.strategy");
   ATOLL_CHECK(!e.sharding || !opt,
               "parallel.strategy = '{}' shards its optimizer over the flat buffers and cannot take optimizer '{}' "
               "built for the whole model; use parallel.strategy = 'ddp', or [optim] type = 'muon' or 'prmuon' "
               "with AdamW on embeddings, head and vectors (sharded by ZeRO)",
               pc.strategy, opt ? opt->name() : "");
-  return e.make(model, comm, pc, ac, std::move(opt), sharded);
+  return e.make(model, comm, pc, ac, std::move(opt), sharded, mesh);
 }
 
 }  // namespace atl::parallel

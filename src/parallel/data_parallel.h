@@ -51,7 +51,7 @@ struct StrategyEntry {
   bool sharding = false;
   std::function<std::unique_ptr<DataParallel>(nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc,
                                               const AdamWConfig& ac, std::unique_ptr<Optimizer> opt,
-                                              const ShardedOptimizerFactory& sharded)>
+                                              const ShardedOptimizerFactory& sharded, Mesh* mesh)>
       make;
 };
 Registry<StrategyEntry>& strategy_registry();
@@ -103,10 +103,11 @@ class DataParallel {
 // comm may be null (one process); world 1 with a communicator works too.
 // opt, when given, is the optimizer over the full model (any type, e.g. from make_optimizer), for
 // DDP; ZeRO strategies refuse it. They build their optimizer over the rank's shard: `sharded` when
-// given (e.g. ShardedMuon, sharded_muon.h), else ShardedAdamW from ac.
+// given (e.g. ShardedMuon, sharded_muon.h), else ShardedAdamW from ac. mesh (optional, over
+// comm): the strategy takes its groups from the mesh's axes.
 std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communicator* comm,
                                                  const ParallelConfig& pc, const AdamWConfig& ac,
                                                  std::unique_ptr<Optimizer> opt = nullptr,
-                                                 const ShardedOptimizerFactory& sharded = {});
+                                                 const ShardedOptimizerFactory& sharded = {}, Mesh* mesh = nullptr);
 
 }  // namespace atl::parallel

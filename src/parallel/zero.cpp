@@ -12,8 +12,8 @@
 namespace atl::parallel {
 
 Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt)
-    : DataParallel(model, comm), stage_(stage) {
+           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt, Mesh* mesh)
+    : DataParallel(model, comm), stage_(stage), hsdp_(hsdp_shard_size > 0) {
   ATOLL_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} does not exist (1, 2 or 3)", stage);
   ATOLL_CHECK(hsdp_shard_size == 0 || stage == 3, "HSDP shards parameters: it needs stage 3");
   bool distributed = comm_ && comm_->size() > 1;
@@ -22,11 +22,19 @@ Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket
     if (hsdp_shard_size > 0) {
       ATOLL_CHECK(comm_->size() % hsdp_shard_size == 0, "HSDP shard size {} does not divide {} ranks",
                   hsdp_shard_size, comm_->size());
-      int r = comm_->rank();
-      shard_owned_ = comm_->split(r / hsdp_shard_size, r);
-      replica_ = comm_->split(r % hsdp_shard_size, r);
-      shard_ = shard_owned_.get();
-      if (replica_->size() == 1) replica_.reset();
+      if (mesh) {
+        ATOLL_CHECK(mesh->shape().dp_shard == hsdp_shard_size && mesh->shape().world() == comm_->size(),
+                    "HSDP shard size {} does not match the mesh {}", hsdp_shard_size, mesh->shape().describe());
+        shard_ = mesh->axis("dp_shard");
+        replica_ = mesh->axis("dp_replicate");
+      } else {
+        int r = comm_->rank();
+        shard_owned_ = comm_->split(r / hsdp_shard_size, r);
+        replica_owned_ = comm_->split(r % hsdp_shard_size, r);
+        shard_ = shard_owned_.get();
+        replica_ = replica_owned_.get();
+      }
+      if (replica_->size() == 1) replica_ = nullptr;
     } else {
       shard_ = comm_;
     }
@@ -69,7 +77,7 @@ Zero::~Zero() {
         }
 }
 
-std::string Zero::name() const { return shard_owned_ ? "hsdp" : "zero" + std::to_string(stage_); }
+std::string Zero::name() const { return hsdp_ ? "hsdp" : "zero" + std::to_string(stage_); }
 
 // ---------------------------------------------------------------- gradients
 

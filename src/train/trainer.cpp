@@ -103,6 +103,7 @@ struct Trainer::Impl {
   // communicator; a single process gets none and the data-parallel layer reduces to the plain loop.
   std::unique_ptr<comm::Communicator> comm;
   parallel::ParallelConfig pc;
+  std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
@@ -143,6 +144,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   }
   // The device mesh from [parallel] (mesh.h), checked against the job's size.
   I.pc.resolve_mesh(cfg, I.world, env.local_world_size);
+  I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
@@ -161,7 +163,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
 
   I.model->init_weights(uint64_t(I.o.seed));
   I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
-                                      placement.sharded);
+                                      placement.sharded, I.mesh.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
