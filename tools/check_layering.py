@@ -9,7 +9,12 @@ guide, and prints what each layer includes (what its CMake library must link):
 Besides the order: only cli may include models/ (nothing in optim, parallel, train... names a
 model family), and siblings of one level (lowcomm, resilience, rl) do not include each other.
 
-usage: check_layering.py SRC_DIR [--deps]   exit 0 when clean, 1 listing every violation."""
+With --cmake CMakeLists.txt it also checks the layer libraries (atoll_layer(...) lines): each
+layer's direct links are layers its files include (or, for train, the model families whose
+registrations it must carry), and everything a layer includes is within its link closure.
+
+usage: check_layering.py SRC_DIR [--deps] [--cmake CMAKELISTS]
+exit 0 when clean, 1 listing every violation."""
 import os
 import re
 import sys
@@ -26,6 +31,40 @@ SIDE_USERS = {"data": {"train", "cli"}, "plan": {"cli"}}
 MODEL_USERS = {"models", "cli"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+LAYER_LINE = re.compile(r'^\s*atoll_layer\((\w+)\s+([\w/]+)((?:\s+[^)\s]+)*)\s*\)', re.M)
+# Links a layer needs though it includes nothing of them: train carries the model families'
+# registrations (it names no family).
+REGISTRATION_LINKS = {"train": {"models"}}
+
+
+def check_cmake(path, deps, has_sources):
+    text = open(path, encoding="utf-8").read()
+    links = {}
+    for m in LAYER_LINE.finditer(text):
+        name = m.group(1)
+        links[name] = {t[len("atoll_"):] for t in m.group(3).split() if t.startswith("atoll_")}
+    bad = []
+
+    def closure(layer, seen=None):
+        seen = set() if seen is None else seen
+        for d in links.get(layer, ()):
+            if d not in seen:
+                seen.add(d)
+                closure(d, seen)
+        return seen
+
+    for layer, direct in sorted(links.items()):
+        if layer not in has_sources:
+            continue  # an empty layer (lowcomm today) only forwards its base
+        used = deps.get(layer, set())
+        for d in sorted(direct):
+            # Empty layers (lowcomm today) are placeholders a layer may already link.
+            if d not in used and d not in REGISTRATION_LINKS.get(layer, set()) and d in has_sources:
+                bad.append(f"{path}: atoll_{layer} links atoll_{d}, which no file of src/{layer} includes")
+        missing = used - closure(layer)
+        for d in sorted(missing):
+            bad.append(f"{path}: src/{layer} includes {d}, but atoll_{layer} does not link atoll_{d}")
+    return bad
 
 
 def layer_of(rel):
@@ -51,7 +90,7 @@ def main(argv):
         print(__doc__)
         return 2
     root = argv[1]
-    bad, deps = [], {}
+    bad, deps, has_sources = [], {}, set()
     for d, _, files in os.walk(root):
         for f in sorted(files):
             if not f.endswith((".h", ".cpp", ".cu", ".hpp")):
@@ -59,6 +98,8 @@ def main(argv):
             path = os.path.join(d, f)
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             src = layer_of(rel)
+            if f.endswith(".cpp"):
+                has_sources.add(src)
             with open(path, encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, 1):
                     m = INCLUDE.match(line)
@@ -81,10 +122,12 @@ def main(argv):
     if "--deps" in argv:
         for k in sorted(deps):
             print(f"{k}: {' '.join(sorted(deps[k]))}")
+    if "--cmake" in argv:
+        bad += check_cmake(argv[argv.index("--cmake") + 1], deps, has_sources)
     for b in bad:
         print(b)
     if bad:
-        print(f"{len(bad)} include(s) point up the layer order")
+        print(f"{len(bad)} violation(s) of the layer order")
         return 1
     return 0
 

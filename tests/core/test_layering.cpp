@@ -17,8 +17,9 @@ struct CheckRun {
   int rc;
   std::string out;
 };
-CheckRun check(const fs::path& src) {
-  std::string cmd = std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR + "/tools/check_layering.py " + src.string() + " 2>&1";
+CheckRun check(const fs::path& src, const std::string& cmake = "") {
+  std::string cmd = std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR + "/tools/check_layering.py " + src.string() +
+                    (cmake.empty() ? "" : " --cmake " + cmake) + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   CheckRun r{-1, ""};
   if (!p) return r;
@@ -35,8 +36,9 @@ void write(const fs::path& p, const std::string& text) {
 }
 }  // namespace
 
+// Every include points down, and each layer library links the layers its files include.
 TEST(Layering, SourceTreeIncludesPointDown) {
-  CheckRun r = check(fs::path(ATOLL_SOURCE_DIR) / "src");
+  CheckRun r = check(fs::path(ATOLL_SOURCE_DIR) / "src", std::string(ATOLL_SOURCE_DIR) + "/CMakeLists.txt");
   EXPECT_EQ(r.rc, 0) << r.out;
 }
 
@@ -58,5 +60,28 @@ TEST(Layering, FailsOnAnInjectedUpwardInclude) {
       << bad.out;
   EXPECT_NE(bad.out.find("parallel/ddp.cpp:1: includes \"models/gpt/gpt.h\": only cli may name a model family"),
             std::string::npos) << bad.out;
+  fs::remove_all(root);
+}
+
+// A layer library linking a layer its files do not include, or missing one they do, is refused.
+TEST(Layering, FailsOnALinkTheLayerDoesNotUse) {
+  fs::path root = fs::temp_directory_path() / ("atoll_layering_cmake_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  write(root / "src/core/a.cpp", "#include \"core/a.h\"\n");
+  write(root / "src/core/a.h", "#pragma once\n");
+  write(root / "src/tensor/t.cpp", "#include \"core/a.h\"\n");
+  write(root / "src/nn/n.cpp", "#include \"tensor/t.h\"\n");
+  write(root / "good.txt", "atoll_layer(core core fmt::fmt)\natoll_layer(tensor tensor atoll_core)\n"
+                           "atoll_layer(nn nn atoll_tensor)\n");
+  CheckRun good = check(root / "src", (root / "good.txt").string());
+  EXPECT_EQ(good.rc, 0) << good.out;
+  write(root / "bad.txt", "atoll_layer(core core fmt::fmt)\natoll_layer(tensor tensor atoll_core)\n"
+                          "atoll_layer(nn nn atoll_core atoll_tensor)\natoll_layer(autograd autograd atoll_nn)\n");
+  write(root / "src/autograd/g.cpp", "#include \"tensor/t.h\"\n");
+  write(root / "src/nn/n.cpp", "#include \"core/a.h\"\n");
+  CheckRun bad = check(root / "src", (root / "bad.txt").string());
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_NE(bad.out.find("atoll_nn links atoll_tensor, which no file of src/nn includes"), std::string::npos)
+      << bad.out;
   fs::remove_all(root);
 }
