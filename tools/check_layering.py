@@ -29,6 +29,10 @@ SIDE = {"data": {"core", "tensor"}, "plan": {"core"}}
 # Layers that may include a side layer (data, plan) besides themselves.
 SIDE_USERS = {"data": {"train", "cli"}, "plan": {"cli"}}
 MODEL_USERS = {"models", "cli"}
+# Above models, code sees an nn::Model: no layer but cli names the GPT family or matches its
+# parameter names (roles say what a parameter is). Comments may cite GPT-2.
+NAMES_GPT = re.compile(r'\bGPT(Config)?\b(?!-)|"(lm_head|wte|wpe|transformer\.)')
+NO_FAMILY_NAMES = {"optim", "comm", "parallel", "lowcomm", "resilience", "rl", "train"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 LAYER_LINE = re.compile(r'^\s*atoll_layer\((\w+)\s+([\w/]+)((?:\s+[^)\s]+)*)\s*\)', re.M)
@@ -102,6 +106,10 @@ def main(argv):
                 has_sources.add(src)
             with open(path, encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, 1):
+                    code = line.split("//", 1)[0]
+                    if src in NO_FAMILY_NAMES and NAMES_GPT.search(code):
+                        bad.append(f"{rel}:{n}: names the GPT family ({NAMES_GPT.search(code).group(0)}); "
+                                   "use nn::Model and parameter roles")
                     m = INCLUDE.match(line)
                     if not m:
                         continue

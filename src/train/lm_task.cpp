@@ -13,11 +13,6 @@
 namespace atl {
 namespace fs = std::filesystem;
 
-Registry<TaskFactory>& task_registry() {
-  static Registry<TaskFactory> r("task");
-  return r;
-}
-
 namespace {
 
 class LanguageModelTask final : public Task {

@@ -54,12 +54,15 @@ TEST(Layering, FailsOnAnInjectedUpwardInclude) {
   // nn including train points up; parallel naming a model family is refused too.
   write(root / "src/nn/layers.h", "#pragma once\n#include \"core/a.h\"\n#include \"train/trainer.h\"\n");
   write(root / "src/parallel/ddp.cpp", "#include \"models/gpt/gpt.h\"\n");
+  write(root / "src/optim/groups.cpp", "// GPT-2's recipe (a comment may cite it)\nbool head(const char* n) { return n == \"lm_head\"; }\n");
   CheckRun bad = check(root / "src");
   EXPECT_EQ(bad.rc, 1) << bad.out;
   EXPECT_NE(bad.out.find("nn/layers.h:3: includes \"train/trainer.h\": 'train' is not below 'nn'"), std::string::npos)
       << bad.out;
   EXPECT_NE(bad.out.find("parallel/ddp.cpp:1: includes \"models/gpt/gpt.h\": only cli may name a model family"),
             std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("optim/groups.cpp:2: names the GPT family (\"lm_head)"), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.out.find("optim/groups.cpp:1"), std::string::npos) << "comments may cite GPT-2: " << bad.out;
   fs::remove_all(root);
 }
 
