@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "parallel/ddp.h"
@@ -13,11 +15,31 @@ ParallelConfig ParallelConfig::from_config(Config& cfg) {
   pc.strategy = cfg.get_string("parallel.strategy", pc.strategy, strategy_registry().names());
   pc.bucket_mb = cfg.get_float("parallel.bucket_mb", pc.bucket_mb, 1e-4, 1e5);
   pc.hsdp_shard_size = int(cfg.get_int("parallel.hsdp_shard_size", pc.hsdp_shard_size, 0, 1 << 20));
+  // `atoll plan`'s words for the same thing: zero = 0..3 (0: DDP), hsdp = shard size.
+  if (cfg.has("parallel.zero") || cfg.has("parallel.hsdp")) {
+    int zero = int(cfg.get_int("parallel.zero", 0, 0, 3));
+    int hsdp = int(cfg.get_int("parallel.hsdp", 0, 0, 1 << 20));
+    std::string s = hsdp > 0 ? "hsdp" : zero > 0 ? "zero" + std::to_string(zero) : "ddp";
+    ATOLL_CHECK(!pc.strategy_set || pc.strategy == s, "parallel.strategy = '{}' contradicts parallel.zero = {}{} ({})",
+                pc.strategy, zero, hsdp > 0 ? fmt::format(", parallel.hsdp = {}", hsdp) : "", s);
+    ATOLL_CHECK(hsdp == 0 || zero == 0 || zero == 3, "parallel.hsdp = {} shards parameters: it needs zero = 3, not {}",
+                hsdp, zero);
+    ATOLL_CHECK(hsdp == 0 || pc.hsdp_shard_size == 0 || pc.hsdp_shard_size == hsdp,
+                "parallel.hsdp = {} and parallel.hsdp_shard_size = {} disagree", hsdp, pc.hsdp_shard_size);
+    pc.strategy = s;
+    pc.strategy_set = true;
+    if (hsdp > 0) pc.hsdp_shard_size = hsdp;
+  }
   return pc;
 }
 
 void ParallelConfig::resolve_mesh(Config& cfg, int64_t world, int64_t local_world) {
   mesh = MeshShape::resolve(cfg, world, strategy_set ? strategy : "", hsdp_shard_size, local_world);
+  if (cfg.has("parallel.dp")) {  // `atoll plan`'s data-parallel degree: replicas x shards
+    int64_t dp = cfg.get_int("parallel.dp", 1, 1, 1 << 20);
+    ATOLL_CHECK(mesh.dp() == dp, "parallel.dp = {} ({}), but the mesh has dp_replicate {} x dp_shard {} = {}", dp,
+                cfg.where("parallel.dp"), mesh.dp_replicate, mesh.dp_shard, mesh.dp());
+  }
   if (!strategy_set) strategy = mesh.strategy(3);
   if (strategy == "hsdp") hsdp_shard_size = int(mesh.dp_shard);
 }

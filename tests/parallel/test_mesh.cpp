@@ -68,6 +68,22 @@ TEST(Mesh, AxesNameTheStrategy) {
   EXPECT_EQ(m.describe(), "dp=4 (replicate 2 x shard 2) tp=2 pp=1");
 }
 
+// A layout in `atoll plan`'s words (dp, tp, zero, hsdp) runs as the same mesh.
+TEST(Mesh, PlanVocabularyMapsOntoTheMesh) {
+  EXPECT_EQ(strategy_of("[parallel]\ndp = 4\nzero = 3\n", 4), "zero3/0");
+  EXPECT_EQ(strategy_of("[parallel]\nzero = 1\n", 2), "zero1/0");
+  EXPECT_EQ(strategy_of("[parallel]\ndp = 8\nzero = 3\nhsdp = 2\n", 8), "hsdp/2");
+  EXPECT_EQ(strategy_of("[parallel]\nzero = 0\n", 2), "ddp/0");
+  MeshShape m = resolve("[parallel]\ndp = 4\nzero = 3\nhsdp = 2\n", 4);
+  EXPECT_EQ(m.dp_shard, 2);
+  EXPECT_EQ(m.dp_replicate, 2);
+  std::string e = error_of("[parallel]\ndp = 2\n", 4);
+  EXPECT_NE(e.find("parallel.dp = 2 (mesh.toml:2), but the mesh has dp_replicate 4 x dp_shard 1 = 4"),
+            std::string::npos) << e;
+  e = error_of("[parallel]\nstrategy = \"ddp\"\nzero = 2\n", 2);
+  EXPECT_NE(e.find("parallel.strategy = 'ddp' contradicts parallel.zero = 2"), std::string::npos) << e;
+}
+
 TEST(Mesh, ErrorsSayWhatMultipliesToWhat) {
   std::string e = error_of("[parallel]\ndp_shard = 2\ndp_replicate = 3\n", 4);
   EXPECT_NE(e.find("island 1 x pp 1 x dp_replicate 3 x dp_shard 2 x cp 1 x tp 1 = 6 ranks, but WORLD_SIZE = 4"),
