@@ -28,17 +28,17 @@ OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communic
   if (sharding) {
     // ZeRO shards the optimizer over equal flat chunks: the hidden-matrix optimizer needs a
     // sharded form, AdamW takes everything else.
-    for (auto [g, t] : {std::pair<const char*, const std::string*>{"embed", &route.embed}, {"head", &route.head},
-                        {"vector", &route.vector}})
-      ATOLL_CHECK(*t == "adamw", "optim.{} = '{}' cannot run under parallel.strategy = '{}': ZeRO shards the groups "
-                  "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
-                  g, *t, strategy);
     std::string shardable;
     for (const auto& n : sharded_placements().names()) shardable += (shardable.empty() ? "" : ", ") + n;
     std::string hint = replicated_placements().has(route.hidden) ? replicated_placements().get(route.hidden).describe : "";
     ATOLL_CHECK(sharded_placements().has(route.hidden),
                 "[optim] type = '{}' cannot run under parallel.strategy = '{}': ZeRO shards {} only; use "
                 "parallel.strategy = 'ddp'{}", route.hidden, strategy, shardable, hint.empty() ? "" : " (" + hint + ")");
+    for (auto [g, t] : {std::pair<const char*, const std::string*>{"embed", &route.embed}, {"head", &route.head},
+                        {"vector", &route.vector}})
+      ATOLL_CHECK(*t == "adamw", "optim.{} = '{}' cannot run under parallel.strategy = '{}': ZeRO shards the groups "
+                  "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
+                  g, *t, strategy);
     const ShardedPlacement& p = sharded_placements().get(route.hidden);
     out.sharded = p.make(cfg, out.adamw);
     if (comm && comm->size() > 1) out.note = p.note;
