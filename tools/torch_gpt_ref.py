@@ -2,7 +2,8 @@
 
 Reads weights saved by atoll (safetensors, Hugging Face GPT-2 names and Conv1D [in, out] layout,
 model config in the `atoll_model` metadata) and a batch, and writes the loss, logits, every
-parameter gradient, and the losses and parameters after N AdamW steps (torch.optim.AdamW, weight
+parameter gradient, the parameters after the first AdamW step, and the losses and parameters
+after N AdamW steps (torch.optim.AdamW, weight
 decay on >= 2-D parameters, gradient-norm clipping) for atoll's tests to compare against.
 
 usage: /usr/bin/python3 tools/torch_gpt_ref.py WEIGHTS BATCH OUT [--steps N --lr .. --clip ..]
@@ -125,6 +126,11 @@ def main():
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(list(params.values()), a.clip)
         opt.step()
+        if step == 0:
+            # One step from identical weights: the tight check of the optimizer (later steps
+            # follow chaotically diverging fp32 trajectories).
+            for n, t in params.items():
+                out["step1." + n] = t.detach().clone().float()
     out["losses"] = torch.tensor(losses, dtype=torch.float32)
     for n, t in params.items():
         out["final." + n] = t.detach().clone().float()

@@ -1,9 +1,12 @@
 // The GPT model against PyTorch (tools/torch_gpt_ref.py, Debian's python3-torch) from identical
-// weights: logits, loss, every parameter gradient, and 10 AdamW steps with clipping.
+// weights: logits, loss, every parameter gradient,
+// one AdamW step (the tight optimizer check) and 10 AdamW steps with clipping (losses tight,
+// parameters only loosely: the trajectory is chaotic at fp32's noise floor).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "autograd/graph.h"
 #include "models/gpt/gpt.h"
@@ -79,23 +82,9 @@ void run_parity(const Case& cs) {
   model.load_state_dict(load_safetensors((dir / "init.safetensors").string()).tensors, "init");
   AdamW opt(model.param_refs(), AdamWConfig{lr, 0.9f, 0.95f, 1e-8f, 0.1f});
   Tensor ref_losses = ref.get("losses");
-  for (int s = 0; s < 10; ++s) {
-    model.zero_grad();
-    Tensor l = model.loss(tokens, targets);
-    backward(l);
-    // Step 0 starts from identical weights: 1e-5. Later steps follow diverging fp32 trajectories,
-    // so atoll must stay as close to the fp64 run as PyTorch's fp32 run does.
-    double l64 = ref64.get("losses").f32()[s], l32 = ref_losses.f32()[s];
-    double tol = s == 0 ? 1e-5 * std::abs(l32) : 1.5 * std::abs(l32 - l64) + 1e-5 * std::abs(l64);
-    EXPECT_NEAR(l.item(), s == 0 ? l32 : l64, tol) << "step " << s;
-    opt.step({1.f, clip_coefficient(grad_norm(model.flat_grads()), clip)});
-  }
-  // After 10 steps: atoll must be as close to the float64 trajectory as PyTorch's fp32 is.
-  double worst_excess = 0, worst_torch = 0;
-  worst = 0;
   // The key bias gets an exactly zero gradient (softmax ignores a constant added to a row of
   // scores), so in any fp32 implementation its Adam update is driven by rounding noise alone; it
-  // is left out of the comparison, the query and value biases are kept.
+  // is left out of the parameter comparisons, the query and value biases are kept.
   auto masked = [&](const std::string& name, Tensor t) {
     if (name.find("c_attn.bias") == std::string::npos) return t;
     Tensor c = t.clone();
@@ -103,22 +92,80 @@ void run_parity(const Case& cs) {
     c.slice(0, q, q + k).zero();
     return c;
   };
+  // Step 1 is checked element by element. From identical weights, Adam's first update is
+  // lr * g / (|g| + eps) in exact arithmetic (bias corrections cancel), so atoll's and PyTorch's
+  // parameters may differ only by what their (already checked) gradients' difference makes of that
+  // update, plus a few fp32 ulps of the parameter and of the update. Where |g| >> eps the update
+  // is lr * sign(g) and rounding in g cannot move it; where |g| is near eps it can, which is why a
+  // global relative bound is the wrong tool. This holds on any CPU, whatever its summation order.
+  std::map<std::string, std::vector<float>> grads0;
+  double worst_ratio = 0;
+  int64_t step1_violations = 0;
+  std::string worst_step1_name;
+  for (int s = 0; s < 10; ++s) {
+    model.zero_grad();
+    Tensor l = model.loss(tokens, targets);
+    backward(l);
+    // Step 0 starts from identical weights: 1e-5. Later steps follow diverging fp32 trajectories;
+    // a loss is an average over B*T tokens, so it stays within fp32's relative noise of the
+    // float64 run (1e-5) or of PyTorch fp32's own distance from it, whichever is larger.
+    double l64 = ref64.get("losses").f32()[s], l32 = ref_losses.f32()[s];
+    double tol = s == 0 ? 1e-5 * std::abs(l32) : 1.5 * std::abs(l32 - l64) + 1e-5 * std::abs(l64);
+    EXPECT_NEAR(l.item(), s == 0 ? l32 : l64, tol) << "step " << s;
+    const float coef = clip_coefficient(grad_norm(model.flat_grads()), clip);
+    if (s == 0)
+      for (nn::Parameter* p : model.parameters()) {
+        Tensor g = p->grad.contiguous();
+        grads0[p->name].assign(g.f32(), g.f32() + g.numel());
+      }
+    opt.step({1.f, coef});
+    if (s != 0) continue;
+    double tnorm2 = 0;
+    for (nn::Parameter* p : model.parameters()) {
+      Tensor g = ref.get("grad." + p->name);
+      for (int64_t i = 0; i < g.numel(); ++i) tnorm2 += double(g.f32()[i]) * g.f32()[i];
+    }
+    const double tcoef = std::min(1.0, clip / (std::sqrt(tnorm2) + 1e-6));  // clip_grad_norm_'s
+    const double eps = 1e-8;
+    auto sgn = [&](double g) { return g / (std::abs(g) + eps); };
+    for (nn::Parameter* p : model.parameters()) {
+      Tensor mine = masked(p->name, p->value).contiguous();
+      Tensor theirs = masked(p->name, ref.get("step1." + p->name)).contiguous();
+      Tensor tg = ref.get("grad." + p->name).contiguous();
+      Tensor key_mask = masked(p->name, Tensor::full(p->value.shape(), 1.f)).contiguous();
+      const std::vector<float>& ag = grads0[p->name];
+      for (int64_t i = 0; i < mine.numel(); ++i) {
+        if (key_mask.f32()[i] == 0.f) continue;
+        double explained = lr * std::abs(sgn(double(coef) * ag[size_t(i)]) - sgn(tcoef * tg.f32()[i]));
+        double allowed = explained * 1.001 + 8 * 0x1p-24 * (std::abs(theirs.f32()[i]) + lr);
+        double d = std::abs(double(mine.f32()[i]) - theirs.f32()[i]);
+        if (d > allowed) ++step1_violations;
+        if (d / allowed > worst_ratio) { worst_ratio = d / allowed; worst_step1_name = p->name; }
+      }
+    }
+    EXPECT_EQ(step1_violations, 0) << "after one AdamW step, parameters differ from PyTorch's by more than their "
+                                      "gradients' difference explains; worst " << worst_step1_name << " at "
+                                   << worst_ratio << "x the allowance";
+  }
+  // After 10 steps at lr 1e-2 the two fp32 trajectories have diverged chaotically from 1e-7
+  // rounding differences (PyTorch fp32 itself is 1e-5..1e-4 from its float64 run, depending on
+  // the CPU's summation order), so this is no precision check: it only catches a gross error
+  // that one step cannot show (state carried wrongly between steps, bias correction by the wrong
+  // step count), which moves parameters by >= 1e-2 relative over 10 steps. 1e-3 leaves 10x room
+  // above the chaotic drift seen on AMD EPYC and Intel Xeon.
+  double worst_final = 0, worst_torch = 0;
+  std::string worst_final_name;
   for (nn::Parameter* p : model.parameters()) {
     Tensor r64 = masked(p->name, ref64.get("final." + p->name));
-    Tensor r32 = masked(p->name, ref.get("final." + p->name));
-    Tensor mine = masked(p->name, p->value);
-    double ours = rel_error(mine, r64);
-    double theirs = rel_error(r32, r64);
-    worst = std::max(worst, rel_error(mine, r32));
-    worst_torch = std::max(worst_torch, theirs);
-    if (ours - 1.5 * theirs > worst_excess) {
-      worst_excess = ours - 1.5 * theirs;
-      worst_name = p->name;
-    }
+    double ours = rel_error(masked(p->name, p->value), r64);
+    worst_torch = std::max(worst_torch, rel_error(masked(p->name, ref.get("final." + p->name)), r64));
+    if (ours > worst_final) { worst_final = ours; worst_final_name = p->name; }
   }
-  EXPECT_LT(worst_excess, 1e-5) << "atoll drifts from the float64 reference more than PyTorch fp32 does: " << worst_name;
-  std::printf("[%s] after 10 AdamW steps: atoll vs torch-fp32 worst param rel err %.2e; torch-fp32 vs torch-fp64 %.2e\n",
-              cs.preset, worst, worst_torch);
+  EXPECT_LT(worst_final, 1e-3) << "after 10 AdamW steps, far from the float64 trajectory: " << worst_final_name;
+  std::printf("[%s] after 1 AdamW step: worst parameter difference %.2f of its allowance (%s)\n", cs.preset,
+              worst_ratio, worst_step1_name.c_str());
+  std::printf("[%s] after 10 AdamW steps: atoll vs torch-fp64 worst param rel err %.2e; torch-fp32 vs torch-fp64 %.2e\n",
+              cs.preset, worst_final, worst_torch);
   // ATOLL_KEEP_TMP=1 keeps the weights, batch and references for running tools/torch_gpt_ref.py by hand.
   if (!std::getenv("ATOLL_KEEP_TMP")) fs::remove_all(dir);
 }
