@@ -16,6 +16,7 @@
 #include "autograd/graph.h"
 #include "core/threads.h"
 #include "optim/clip.h"
+#include "models/gpt/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/ddp.h"
 #include "parallel/page_release.h"

@@ -28,12 +28,12 @@
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/periodic_row_muon.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "parallel/data_parallel.h"
-#include "parallel/dion3_dist.h"
-#include "parallel/sharded_muon.h"
-#include "parallel/muon_owner.h"
-#include "parallel/prmuon_sharded.h"
+#include "parallel/optim/dion3_dist.h"
+#include "parallel/optim/sharded_muon.h"
+#include "parallel/optim/muon_owner.h"
+#include "parallel/optim/prmuon_sharded.h"
 #include "tensor/rng.h"
 
 using namespace atl;
@@ -62,10 +62,12 @@ Params gpt2_params(int64_t d, int64_t layers, int64_t vocab = 50257, int64_t ctx
   Rng rng(1);  // same on every rank: replicated parameters and (averaged) gradients
   Params ps;
   for (auto& [n, s] : spec) {
-    ParamRef p{n, Tensor::empty(s), Tensor::empty(s)};
+    // Roles as a GPT declares them: the token and position tables are embeddings.
+    bool table = n.find("wte") != std::string::npos || n.find("wpe") != std::string::npos;
+    ParamRef p{n, Tensor::empty(s), Tensor::empty(s), table ? ParamRole::embedding : ParamRole::automatic};
     rng.fill_normal(p.value, 0.f, 0.02f);
     rng.fill_normal(p.grad, 0.f, 1e-3f);
-    bool hidden = s.size() == 2 && n.find("wte") == std::string::npos && n.find("wpe") == std::string::npos;
+    bool hidden = s.size() == 2 && !table;
     (hidden ? ps.hidden : ps.rest).push_back(p);
   }
   return ps;
@@ -202,7 +204,7 @@ int main(int argc, char** argv) {
         smc.prm.period = period;
         smc.adamw = ac;
         return parallel::ShardedOptimizerFactory(
-            [smc](nn::GPT& m, const parallel::FlatLayout& l, comm::Communicator* grp) {
+            [smc](nn::Model& m, const parallel::FlatLayout& l, comm::Communicator* grp) {
               return std::unique_ptr<parallel::ShardedOptimizer>(std::make_unique<parallel::ShardedMuon>(m, l, grp, smc));
             });
       };

@@ -1,4 +1,4 @@
-// Cached generation (KV cache, nn/generate.h) against full recomputation of the context for every
+// Cached generation (KV cache, models/gpt/generate.h) against full recomputation of the context for every
 // token, on one model: both paths generate the same number of new tokens from the same prompt, a
 // few times each, alternating; prints each time, the medians, the speed-up and whether the tokens
 // agree, then one JSON line. Two recomputations: nn::generate's reference path (the head only at
@@ -21,7 +21,7 @@
 
 #include "core/config.h"
 #include "core/threads.h"
-#include "nn/generate.h"
+#include "models/gpt/generate.h"
 
 using namespace atl;
 

@@ -13,7 +13,7 @@
 #include "autograd/graph.h"
 #include "autograd/precision.h"
 #include "core/threads.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "train/trainer.h"

@@ -49,7 +49,9 @@ std::vector<ParamRef> gpt2_params(int64_t d, int64_t layers, int64_t vocab = 502
   Rng rng(1);
   std::vector<ParamRef> ps;
   for (auto& [n, s] : spec) {
-    ParamRef p{n, Tensor::empty(s), Tensor::empty(s)};
+    // Roles as a GPT declares them: the token and position tables are embeddings.
+    bool table = n.find("wte") != std::string::npos || n.find("wpe") != std::string::npos;
+    ParamRef p{n, Tensor::empty(s), Tensor::empty(s), table ? ParamRole::embedding : ParamRole::automatic};
     rng.fill_normal(p.value, 0.f, 0.02f);
     rng.fill_normal(p.grad, 0.f, 1e-3f);
     ps.push_back(p);

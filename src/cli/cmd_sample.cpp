@@ -1,10 +1,10 @@
 // `atoll sample --weights PATH [--prompt TEXT]... [--tokens N] ...`: text from a trained model,
-// generated with a KV cache (nn/generate.h); several --prompt make one batch.
+// generated with a KV cache (models/gpt/generate.h); several --prompt make one batch.
 #include <CLI/CLI.hpp>
 
 #include "cli/command.h"
 #include "cli/model_weights.h"
-#include "nn/generate.h"
+#include "models/gpt/generate.h"
 #include "data/tokenizer.h"
 
 namespace atl::cli {

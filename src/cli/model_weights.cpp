@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "core/fileio.h"
-#include "nn/gpt_weights.h"
+#include "models/gpt/gpt_weights.h"
 #include "resilience/checkpoint.h"
 
 namespace atl::cli {

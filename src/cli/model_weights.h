@@ -1,12 +1,12 @@
 // Where `atoll sample` and `atoll eval` find a model: a run directory (its latest complete
 // checkpoint), a checkpoint (step) directory, or a safetensors file, atoll's own or a plain
-// Hugging Face GPT-2 file (nn/gpt_weights.h).
+// Hugging Face GPT-2 file (models/gpt/gpt_weights.h).
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 namespace atl::cli {
 

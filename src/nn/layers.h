@@ -7,7 +7,8 @@ namespace atl::nn {
 
 class Linear : public Module {
  public:
-  Linear(std::string prefix, int64_t in, int64_t out, bool bias);
+  // weight_role: matrix for hidden layers; a model's output layer declares head.
+  Linear(std::string prefix, int64_t in, int64_t out, bool bias, ParamRole weight_role = ParamRole::matrix);
   Tensor operator()(const Tensor& x) const { return ops::linear(x, weight->value, bias ? bias->value : Tensor()); }
   Parameter* weight;
   Parameter* bias = nullptr;

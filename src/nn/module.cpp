@@ -1,11 +1,33 @@
 #include "nn/module.h"
 
+namespace atl {
+
+const char* param_role_name(ParamRole r) {
+  switch (r) {
+    case ParamRole::automatic: return "automatic";
+    case ParamRole::matrix: return "matrix";
+    case ParamRole::embedding: return "embedding";
+    case ParamRole::head: return "head";
+    case ParamRole::vector: return "vector";
+    case ParamRole::expert: return "expert";
+  }
+  return "?";
+}
+
+ParamRole resolve_role(ParamRole r, const Shape& shape) {
+  if (r != ParamRole::automatic) return r;
+  return shape.size() < 2 ? ParamRole::vector : ParamRole::matrix;
+}
+
+}  // namespace atl
+
 namespace atl::nn {
 
-Parameter* Module::declare(const std::string& local_name, const Shape& shape) {
+Parameter* Module::declare(const std::string& local_name, const Shape& shape, ParamRole role) {
   auto p = std::make_unique<Parameter>();
   p->name = child_prefix(local_name);
   p->shape = shape;
+  p->role = resolve_role(role, shape);
   params_.push_back(std::move(p));
   return params_.back().get();
 }
@@ -28,6 +50,12 @@ int64_t Module::num_params() {
   int64_t n = 0;
   for (Parameter* p : parameters()) n += shape_numel(p->shape);
   return n;
+}
+
+std::vector<ParamRef> Module::param_refs() {
+  std::vector<ParamRef> out;
+  for (Parameter* p : parameters()) out.push_back({p->name, p->value, p->grad, p->role});
+  return out;
 }
 
 void Module::materialize() {

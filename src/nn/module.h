@@ -12,11 +12,32 @@
 #include "autograd/graph.h"
 #include "tensor/tensor.h"
 
+namespace atl {
+
+// What a parameter is for, declared where the parameter is declared: optimizers route by it (Muon
+// takes the hidden matrices, AdamW or Ember the tables), parallelisms may shard by it. `automatic`
+// (for parameters built outside a model) means: vector when 1-D, matrix otherwise.
+enum class ParamRole { automatic, matrix, embedding, head, vector, expert };
+const char* param_role_name(ParamRole r);
+// automatic resolved by shape.
+ParamRole resolve_role(ParamRole r, const Shape& shape);
+
+// A parameter as the optimizer sees it: contiguous f32 value and gradient of the same shape.
+struct ParamRef {
+  std::string name;  // hierarchical, e.g. "transformer.h.0.attn.c_attn.weight"
+  Tensor value;
+  Tensor grad;
+  ParamRole role = ParamRole::automatic;
+};
+
+}  // namespace atl
+
 namespace atl::nn {
 
 struct Parameter {
   std::string name;  // full hierarchical name
   Shape shape;
+  ParamRole role = ParamRole::automatic;
   Tensor value;  // view into the flat value buffer, requires grad
   Tensor grad;   // view into the flat gradient buffer
 };
@@ -32,10 +53,18 @@ class Module {
   std::vector<Parameter*> parameters();
   Parameter* find(const std::string& full_name);
   int64_t num_params();
+  // This module's prefix ("transformer.h.0"), empty for the root.
+  const std::string& name() const { return prefix_; }
+  // Every parameter as the optimizers see it (name, value, gradient, role).
+  std::vector<ParamRef> param_refs();
+  // The flat buffers all parameters and gradients are views into (set by materialize()).
+  const Tensor& flat_values() const { return flat_values_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  void zero_grad() { flat_grads_.zero(); }
 
  protected:
   explicit Module(std::string prefix) : prefix_(std::move(prefix)) {}
-  Parameter* declare(const std::string& local_name, const Shape& shape);
+  Parameter* declare(const std::string& local_name, const Shape& shape, ParamRole role);
   std::string child_prefix(const std::string& local) const { return prefix_.empty() ? local : prefix_ + "." + local; }
   template <typename M, typename... A>
   M* child(const std::string& local, A&&... args) {

@@ -11,6 +11,53 @@
 
 namespace atl {
 
+namespace dion3 {
+
+bool selects_rows(const Dion3Config& cfg, const optim::MatDims& d) {
+  const auto& s = cfg.select;
+  return s == "rows" || (s == "neurons" && cfg.layout == optim::Layout::out_in) || (s == "shorter" && d.rows <= d.cols);
+}
+
+int64_t count(float fraction, int64_t n) {
+  return n == 0 ? 0 : std::max<int64_t>(1, int64_t(std::ceil(double(fraction) * double(n))));
+}
+
+std::vector<int64_t> top_k(const float* norms, int64_t n, int64_t k) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+    return norms[a] != norms[b] ? norms[a] > norms[b] : a < b;
+  });
+  idx.resize(size_t(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+float normuon_normalize(float* O, int64_t k, int64_t len, const int64_t* slices, float* V, float beta2) {
+  double fro_before = optim::sum_sq(O, k * len);
+  for (int64_t s = 0; s < k; ++s) {
+    float* row = O + s * len;
+    double ms = 0;
+    for (int64_t j = 0; j < len; ++j) ms += double(row[j]) * row[j];
+    float mean_sq = float(ms / double(len));
+    float& v = V[slices[s]];
+    v = v + (1.f - beta2) * (mean_sq - v);
+    float inv = 1.f / (std::sqrt(v) + 1e-8f);
+    for (int64_t j = 0; j < len; ++j) row[j] *= inv;
+  }
+  double fro_after = std::max(std::sqrt(optim::sum_sq(O, k * len)), 1e-8);
+  return float(std::sqrt(fro_before) / fro_after);
+}
+
+void decay(float* W, int64_t n, float lr, float weight_decay) {
+  const float f = 1.f - lr * weight_decay;
+  if (f == 1.f) return;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) W[i] *= f;
+}
+
+}  // namespace dion3
+
 Dion3::Dion3(std::vector<ParamRef> params, Dion3Config cfg) : params_(std::move(params)), cfg_(std::move(cfg)) {
   ATOLL_CHECK(cfg_.fraction > 0.f && cfg_.fraction <= 1.f, "dion3: fraction must be in (0, 1], got {}",
               cfg_.fraction);
@@ -22,8 +69,7 @@ Dion3::Dion3(std::vector<ParamRef> params, Dion3Config cfg) : params_(std::move(
                 shape_str(p.value.shape()));
     optim::check_param(p, "dion3");
     auto d = optim::mat_dims(p.value);
-    bool rows = s == "rows" || (s == "neurons" && cfg_.layout == optim::Layout::out_in) ||
-                (s == "shorter" && d.rows <= d.cols);
+    bool rows = dion3::selects_rows(cfg_, d);
     select_rows_.push_back(rows);
     momentum_.push_back(Tensor::zeros(p.value.shape()));
     variance_.push_back(Tensor::zeros({rows ? d.rows : d.cols}));
@@ -52,15 +98,8 @@ void Dion3::step(const StepContext& ctx) {
     norms.assign(size_t(nslice), 0.f);
     for (int64_t r = 0; r < d.rows; ++r)
       for (int64_t c = 0; c < d.cols; ++c) norms[size_t(by_rows ? r : c)] += std::fabs(M[r * d.cols + c]);
-    const int64_t k = std::max<int64_t>(1, int64_t(std::ceil(double(cfg_.fraction) * double(nslice))));
-    idx.resize(size_t(nslice));
-    std::iota(idx.begin(), idx.end(), 0);
-    // Largest norms first; ties broken by index so the selection is deterministic.
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
-      return norms[size_t(a)] != norms[size_t(b)] ? norms[size_t(a)] > norms[size_t(b)] : a < b;
-    });
-    idx.resize(size_t(k));
-    std::sort(idx.begin(), idx.end());
+    const int64_t k = dion3::count(cfg_.fraction, nslice);
+    idx = dion3::top_k(norms.data(), nslice, k);
 
     // Gather the selected slices as the rows of U [k, len], and decay them in M.
     U.resize(size_t(k * len));
@@ -73,29 +112,11 @@ void Dion3::step(const StepContext& ctx) {
       }
     optim::orthogonalize(U.data(), O.data(), k, len, cfg_.ns);
 
-    // NorMuon normalization of the selected slices.
-    float* V = variance_[pi].f32();
-    double fro_before = optim::sum_sq(O.data(), k * len);
-    for (int64_t s = 0; s < k; ++s) {
-      float* row = O.data() + s * len;
-      double ms = 0;
-      for (int64_t j = 0; j < len; ++j) ms += double(row[j]) * row[j];
-      float mean_sq = float(ms / double(len));
-      float& v = V[idx[size_t(s)]];
-      v = v + (1.f - cfg_.beta2) * (mean_sq - v);
-      float inv = 1.f / (std::sqrt(v) + 1e-8f);
-      for (int64_t j = 0; j < len; ++j) row[j] *= inv;
-    }
-    double fro_after = std::max(std::sqrt(optim::sum_sq(O.data(), k * len)), 1e-8);
-    const float renorm = float(std::sqrt(fro_before) / fro_after);
+    const float renorm = dion3::normuon_normalize(O.data(), k, len, idx.data(), variance_[pi].f32(), cfg_.beta2);
 
     // Weight decay on the whole matrix, the update on the selected slices only.
     float* W = p.value.f32();
-    const float decay = 1.f - lr * cfg_.weight_decay;
-    if (decay != 1.f) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) W[i] *= decay;
-    }
+    dion3::decay(W, n, lr, cfg_.weight_decay);
     const float step = lr * optim::update_scale(cfg_.scale, d.rows, d.cols, cfg_.layout) * renorm;
     for (int64_t s = 0; s < k; ++s)
       for (int64_t j = 0; j < len; ++j) W[at(idx[size_t(s)], j)] -= step * O[size_t(s * len + j)];

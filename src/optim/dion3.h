@@ -28,6 +28,22 @@ struct Dion3Config {
   optim::NsOptions ns;
 };
 
+// Dion3's maths, shared with its distributed placement (parallel/optim/dion3_dist.cpp).
+namespace dion3 {
+// Whether a parameter of these dims selects along rows (else columns), by cfg.select.
+bool selects_rows(const Dion3Config& cfg, const optim::MatDims& d);
+// The number of slices selected out of n: ceil(fraction * n), at least 1 (0 when n is 0).
+int64_t count(float fraction, int64_t n);
+// Indices of the k largest norms[0..n) (ties by index, so the choice is deterministic), ascending.
+std::vector<int64_t> top_k(const float* norms, int64_t n, int64_t k);
+// NorMuon normalization of the k orthogonalized slices O [k, len] (slice s is slices[s] of the
+// matrix): V[slices[s]] <- lerp(V, mean_j O_sj^2, 1 - beta2), O_s /= sqrt(V) + 1e-8. Returns the
+// factor that rescales O to its Frobenius norm before the division.
+float normuon_normalize(float* O, int64_t k, int64_t len, const int64_t* slices, float* V, float beta2);
+// W <- W (1 - lr wd) on all n elements.
+void decay(float* W, int64_t n, float lr, float weight_decay);
+}  // namespace dion3
+
 class Dion3 : public Optimizer {
  public:
   Dion3(std::vector<ParamRef> params, Dion3Config cfg);

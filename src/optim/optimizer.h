@@ -6,17 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "nn/module.h"  // ParamRef, ParamRole
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
 namespace atl {
-
-// A parameter as the optimizer sees it: contiguous f32 value and gradient of the same shape.
-struct ParamRef {
-  std::string name;  // hierarchical, e.g. "transformer.h.0.attn.c_attn.weight"
-  Tensor value;
-  Tensor grad;
-};
 
 struct StepContext {
   float lr_scale = 1.f;    // schedule multiplier applied to every group's base learning rate

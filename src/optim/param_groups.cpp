@@ -28,11 +28,15 @@ const char* param_class_name(ParamClass c) {
 }
 
 ParamClass classify_param(const ParamRef& p) {
-  // Name rules first: a [vocab, dim] table is not a hidden matrix even though it is 2-D.
-  if (p.name.find("lm_head") != std::string::npos) return ParamClass::head;
-  if (p.name.find("wte") != std::string::npos || p.name.find("wpe") != std::string::npos)
-    return ParamClass::embedding;
-  if (p.value.dim() < 2) return ParamClass::vector;
+  // By the role the model declared: a [vocab, dim] table is not a hidden matrix though it is 2-D.
+  switch (resolve_role(p.role, p.value.shape())) {
+    case ParamRole::head: return ParamClass::head;
+    case ParamRole::embedding: return ParamClass::embedding;
+    case ParamRole::vector: return ParamClass::vector;
+    case ParamRole::automatic:
+    case ParamRole::matrix:
+    case ParamRole::expert: break;
+  }
   return ParamClass::hidden;
 }
 
@@ -117,82 +121,124 @@ Dion3Config dion3_config_from(Config& cfg, const std::string& s) {
   return c;
 }
 
+AdamWConfig adamw_config_from(Config& cfg, const std::string& s) {
+  AdamWConfig c;
+  c.lr = getf(cfg, s + ".lr", 6e-4, 0.0, 10.0);
+  c.beta1 = getf(cfg, s + ".beta1", 0.9, 0, 1);
+  c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
+  c.eps = getf(cfg, s + ".eps", 1e-8, 0.0, 1.0);
+  c.weight_decay = getf(cfg, s + ".weight_decay", 0.1, 0.0, 10.0);
+  return c;
+}
+
+// Every optimizer atoll has, its name given once: which parameter classes it may take and how
+// it is built from its [optim.<name>] section.
+Registry<OptimizerEntry>& optimizer_registry() {
+  static Registry<OptimizerEntry> r = [] {
+    using C = ParamClass;
+    const std::vector<ParamClass> all = {C::hidden, C::embedding, C::head, C::vector};
+    Registry<OptimizerEntry> g("optimizer");
+    g.add("adamw", {all, true, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<AdamW>(std::move(ps), adamw_config_from(cfg, s));
+          }});
+    g.add("muon", {{C::hidden}, false, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Muon>(std::move(ps), muon_config_from(cfg, s, 0.02f));
+          }});
+    g.add("prmuon", {{C::hidden}, false, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<PeriodicRowMuon>(std::move(ps), prmuon_config_from(cfg, s));
+          }});
+    g.add("dion3", {{C::hidden}, false, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Dion3>(std::move(ps), dion3_config_from(cfg, s));
+          }});
+    g.add("soap", {{C::hidden}, false, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            SoapConfig c;
+            c.lr = getf(cfg, s + ".lr", 3e-3);
+            c.beta1 = getf(cfg, s + ".beta1", 0.95, 0, 1);
+            c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
+            c.eps = getf(cfg, s + ".eps", 1e-8);
+            c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
+            c.shampoo_beta = float(cfg.get_float(s + ".shampoo_beta", -1.0, -1.0, 1.0));
+            c.precondition_frequency = int(cfg.get_int(s + ".precondition_frequency", 10, 1, 1 << 20));
+            c.max_precond_dim = cfg.get_int(s + ".max_precond_dim", 4096, 1);
+            c.kl_factors = cfg.get_string(s + ".factor_update", "ema", {"ema", "kl"}) == "kl";
+            c.correct_shampoo_bias = cfg.get_bool(s + ".correct_shampoo_bias", false);
+            c.update_rms = getf(cfg, s + ".update_rms", 0.0);
+            return std::make_unique<Soap>(std::move(ps), c);
+          }});
+    g.add("ember", {{C::embedding, C::head}, false,
+                    [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+                      EmberConfig c;
+                      c.lr = getf(cfg, s + ".lr", 1e-3);
+                      c.beta2 = getf(cfg, s + ".beta2", 0.999, 0, 1);
+                      c.eps = getf(cfg, s + ".eps", 1e-8);
+                      c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
+                      c.col_over_active = cfg.get_string(s + ".col_mean", "all", {"all", "active"}) == "active";
+                      return std::make_unique<Ember>(std::move(ps), c);
+                    }});
+    g.add("adams", {all, true, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            AdamSConfig c;
+            c.lr = getf(cfg, s + ".lr", 6e-4);
+            c.beta1 = getf(cfg, s + ".beta1", 0.9, 0, 1);
+            c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
+            c.eps = getf(cfg, s + ".eps", 1e-8);
+            c.weight_decay = getf(cfg, s + ".weight_decay", 0.1);
+            return std::make_unique<AdamS>(std::move(ps), c);
+          }});
+    g.add("lion", {all, true, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            LionConfig c;
+            c.lr = getf(cfg, s + ".lr", 1e-4);
+            c.beta1 = getf(cfg, s + ".beta1", 0.9, 0, 1);
+            c.beta2 = getf(cfg, s + ".beta2", 0.99, 0, 1);
+            c.weight_decay = getf(cfg, s + ".weight_decay", 0.1);
+            return std::make_unique<Lion>(std::move(ps), c);
+          }});
+    return g;
+  }();
+  return r;
+}
+
+std::vector<std::string> optimizers_for(ParamClass c) {
+  std::vector<std::string> out;
+  for (const auto& n : optimizer_registry().names()) {
+    const auto& t = optimizer_registry().get(n).takes;
+    if (std::find(t.begin(), t.end(), c) != t.end()) out.push_back(n);
+  }
+  return out;
+}
+
 std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params) {
-  const std::string s = "optim." + type;
-  if (type == "adamw") {
-    return make_adamw(std::move(params), getf(cfg, s + ".lr", 6e-4), getf(cfg, s + ".beta1", 0.9, 0, 1),
-                      getf(cfg, s + ".beta2", 0.95, 0, 1), getf(cfg, s + ".eps", 1e-8), getf(cfg, s + ".weight_decay", 0.1));
+  return optimizer_registry().get(type).make(cfg, "optim." + type, std::move(params));
+}
+
+OptimizerRoute optimizer_route(Config& cfg) {
+  OptimizerRoute r;
+  r.hidden = cfg.get_string("optim.type", "adamw", optimizers_for(ParamClass::hidden));
+  // Element-wise optimizers default to handling everything; matrix ones hand the rest to AdamW.
+  std::string rest = optimizer_registry().get(r.hidden).elementwise ? r.hidden : "adamw";
+  r.embed = cfg.get_string("optim.embed", rest, optimizers_for(ParamClass::embedding));
+  r.head = cfg.get_string("optim.head", rest, optimizers_for(ParamClass::head));
+  r.vector = cfg.get_string("optim.vector", rest, optimizers_for(ParamClass::vector));
+  return r;
+}
+
+const std::string& OptimizerRoute::of(ParamClass c) const {
+  switch (c) {
+    case ParamClass::hidden: return hidden;
+    case ParamClass::embedding: return embed;
+    case ParamClass::head: return head;
+    case ParamClass::vector: break;
   }
-  if (type == "muon") return std::make_unique<Muon>(std::move(params), muon_config_from(cfg, s, 0.02f));
-  if (type == "prmuon") return std::make_unique<PeriodicRowMuon>(std::move(params), prmuon_config_from(cfg, s));
-  if (type == "dion3") return std::make_unique<Dion3>(std::move(params), dion3_config_from(cfg, s));
-  if (type == "soap") {
-    SoapConfig c;
-    c.lr = getf(cfg, s + ".lr", 3e-3);
-    c.beta1 = getf(cfg, s + ".beta1", 0.95, 0, 1);
-    c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
-    c.eps = getf(cfg, s + ".eps", 1e-8);
-    c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
-    c.shampoo_beta = float(cfg.get_float(s + ".shampoo_beta", -1.0, -1.0, 1.0));
-    c.precondition_frequency = int(cfg.get_int(s + ".precondition_frequency", 10, 1, 1 << 20));
-    c.max_precond_dim = cfg.get_int(s + ".max_precond_dim", 4096, 1);
-    c.kl_factors = cfg.get_string(s + ".factor_update", "ema", {"ema", "kl"}) == "kl";
-    c.correct_shampoo_bias = cfg.get_bool(s + ".correct_shampoo_bias", false);
-    c.update_rms = getf(cfg, s + ".update_rms", 0.0);
-    return std::make_unique<Soap>(std::move(params), c);
-  }
-  if (type == "ember") {
-    EmberConfig c;
-    c.lr = getf(cfg, s + ".lr", 1e-3);
-    c.beta2 = getf(cfg, s + ".beta2", 0.999, 0, 1);
-    c.eps = getf(cfg, s + ".eps", 1e-8);
-    c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
-    c.col_over_active = cfg.get_string(s + ".col_mean", "all", {"all", "active"}) == "active";
-    return std::make_unique<Ember>(std::move(params), c);
-  }
-  if (type == "adams") {
-    AdamSConfig c;
-    c.lr = getf(cfg, s + ".lr", 6e-4);
-    c.beta1 = getf(cfg, s + ".beta1", 0.9, 0, 1);
-    c.beta2 = getf(cfg, s + ".beta2", 0.95, 0, 1);
-    c.eps = getf(cfg, s + ".eps", 1e-8);
-    c.weight_decay = getf(cfg, s + ".weight_decay", 0.1);
-    return std::make_unique<AdamS>(std::move(params), c);
-  }
-  if (type == "lion") {
-    LionConfig c;
-    c.lr = getf(cfg, s + ".lr", 1e-4);
-    c.beta1 = getf(cfg, s + ".beta1", 0.9, 0, 1);
-    c.beta2 = getf(cfg, s + ".beta2", 0.99, 0, 1);
-    c.weight_decay = getf(cfg, s + ".weight_decay", 0.1);
-    return std::make_unique<Lion>(std::move(params), c);
-  }
-  fail("unknown optimizer '{}': use adamw, muon, prmuon, dion3, soap, ember, adams or lion", type);
+  return vector;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(Config& cfg, std::vector<ParamRef> params,
                                           const OptimizerOverride& override_type) {
-  const std::vector<std::string> matrix_types = {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion"};
-  const std::vector<std::string> table_types = {"adamw", "ember", "adams", "lion"};
-  const std::vector<std::string> vector_types = {"adamw", "adams", "lion"};
-  std::string hidden = cfg.get_string("optim.type", "adamw", matrix_types);
-  // Element-wise optimizers default to handling everything; matrix ones hand the rest to AdamW.
-  bool elementwise = hidden == "adamw" || hidden == "adams" || hidden == "lion";
-  std::string rest = elementwise ? hidden : "adamw";
-  std::map<ParamClass, std::string> route = {
-      {ParamClass::hidden, hidden},
-      {ParamClass::embedding, cfg.get_string("optim.embed", rest, table_types)},
-      {ParamClass::head, cfg.get_string("optim.head", rest, table_types)},
-      {ParamClass::vector, cfg.get_string("optim.vector", rest, vector_types)},
-  };
+  OptimizerRoute route = optimizer_route(cfg);
   // Groups in order of first appearance; one optimizer instance per type.
   std::vector<std::string> order;
   std::map<std::string, std::vector<ParamRef>> by_type;
   for (auto& p : params) {
-    ParamClass c = classify_param(p);
-    const std::string& t = route[c];
-    if (c == ParamClass::hidden && p.value.dim() > 2 && t == "ember")
-      fail("parameter {} (shape {}) cannot go to ember", p.name, shape_str(p.value.shape()));
+    const std::string& t = route.of(classify_param(p));
     if (!by_type.count(t)) order.push_back(t);
     by_type[t].push_back(p);
   }

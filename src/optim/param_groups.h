@@ -4,9 +4,10 @@
 //
 // Config ([optim] section):
 //   type   = "muon"    optimizer of the hidden matrices: adamw, muon, prmuon, dion3, soap, adams, lion
-//   embed  = "adamw"   embeddings (names containing "wte" or "wpe"): adamw, ember, adams, lion
-//   head   = "adamw"   the LM head ("lm_head"): adamw, ember, adams, lion
-//   vector = "adamw"   gains and biases (1-D): adamw, adams, lion
+//   embed  = "adamw"   embeddings (ParamRole::embedding): adamw, ember, adams, lion
+//   head   = "adamw"   the output head (ParamRole::head): adamw, ember, adams, lion
+//   vector = "adamw"   gains and biases (ParamRole::vector): adamw, adams, lion
+// A parameter's class is the role its model declared (nn/module.h), never its name.
 // and one section per optimizer in use for its hyperparameters, e.g. [optim.muon] lr = 0.02,
 // [optim.adamw] lr = 6e-4. Groups routed to the same optimizer share one instance.
 #pragma once
@@ -15,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
+#include "optim/adamw.h"
 #include "optim/optimizer.h"
 
 namespace atl {
@@ -45,6 +48,28 @@ class GroupedOptimizer : public Optimizer {
  private:
   std::vector<Group> groups_;
 };
+
+// An optimizer type: the parameter classes it may be routed, whether it takes every class by
+// default when it is [optim] type (element-wise ones do; matrix ones leave the rest to AdamW), and
+// how to build it over params from its section ("optim.<name>").
+struct OptimizerEntry {
+  std::vector<ParamClass> takes;
+  bool elementwise = false;
+  std::function<std::unique_ptr<Optimizer>(Config& cfg, const std::string& section, std::vector<ParamRef> params)> make;
+};
+Registry<OptimizerEntry>& optimizer_registry();
+// The registered optimizers that may take class c (sorted).
+std::vector<std::string> optimizers_for(ParamClass c);
+
+// Which optimizer type each class goes to ([optim] type, embed, head, vector).
+struct OptimizerRoute {
+  std::string hidden, embed, head, vector;
+  const std::string& of(ParamClass c) const;
+};
+OptimizerRoute optimizer_route(Config& cfg);
+
+// [optim.adamw] (or another section) as AdamWConfig: the one place AdamW's keys are read.
+AdamWConfig adamw_config_from(Config& cfg, const std::string& section = "optim.adamw");
 
 // Builds one optimizer of `type` over params from the [optim.<type>] section.
 std::unique_ptr<Optimizer> make_single_optimizer(Config& cfg, const std::string& type, std::vector<ParamRef> params);

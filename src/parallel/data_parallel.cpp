@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "parallel/ddp.h"
@@ -9,10 +11,59 @@ namespace atl::parallel {
 
 ParallelConfig ParallelConfig::from_config(Config& cfg) {
   ParallelConfig pc;
-  pc.strategy = cfg.get_string("parallel.strategy", pc.strategy, {"ddp", "zero1", "zero2", "zero3", "hsdp"});
+  pc.strategy_set = cfg.has("parallel.strategy");
+  pc.strategy = cfg.get_string("parallel.strategy", pc.strategy, strategy_registry().names());
   pc.bucket_mb = cfg.get_float("parallel.bucket_mb", pc.bucket_mb, 1e-4, 1e5);
   pc.hsdp_shard_size = int(cfg.get_int("parallel.hsdp_shard_size", pc.hsdp_shard_size, 0, 1 << 20));
+  // `atoll plan`'s words for the same thing: zero = 0..3 (0: DDP), hsdp = shard size.
+  if (cfg.has("parallel.zero") || cfg.has("parallel.hsdp")) {
+    int zero = int(cfg.get_int("parallel.zero", 0, 0, 3));
+    int hsdp = int(cfg.get_int("parallel.hsdp", 0, 0, 1 << 20));
+    std::string s = hsdp > 0 ? "hsdp" : zero > 0 ? "zero" + std::to_string(zero) : "ddp";
+    ATOLL_CHECK(!pc.strategy_set || pc.strategy == s, "parallel.strategy = '{}' contradicts parallel.zero = {}{} ({})",
+                pc.strategy, zero, hsdp > 0 ? fmt::format(", parallel.hsdp = {}", hsdp) : "", s);
+    ATOLL_CHECK(hsdp == 0 || zero == 0 || zero == 3, "parallel.hsdp = {} shards parameters: it needs zero = 3, not {}",
+                hsdp, zero);
+    ATOLL_CHECK(hsdp == 0 || pc.hsdp_shard_size == 0 || pc.hsdp_shard_size == hsdp,
+                "parallel.hsdp = {} and parallel.hsdp_shard_size = {} disagree", hsdp, pc.hsdp_shard_size);
+    pc.strategy = s;
+    pc.strategy_set = true;
+    if (hsdp > 0) pc.hsdp_shard_size = hsdp;
+  }
   return pc;
+}
+
+void ParallelConfig::resolve_mesh(Config& cfg, int64_t world, int64_t local_world) {
+  mesh = MeshShape::resolve(cfg, world, strategy_set ? strategy : "", hsdp_shard_size, local_world);
+  if (cfg.has("parallel.dp")) {  // `atoll plan`'s data-parallel degree: replicas x shards
+    int64_t dp = cfg.get_int("parallel.dp", 1, 1, 1 << 20);
+    ATOLL_CHECK(mesh.dp() == dp, "parallel.dp = {} ({}), but the mesh has dp_replicate {} x dp_shard {} = {}", dp,
+                cfg.where("parallel.dp"), mesh.dp_replicate, mesh.dp_shard, mesh.dp());
+  }
+  if (!strategy_set) strategy = mesh.strategy(3);
+  if (strategy == "hsdp") hsdp_shard_size = int(mesh.dp_shard);
+}
+
+void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
+  nn::ParallelPlan plan = model.parallelize();
+  struct Need {
+    const char* axis;
+    int64_t size;
+    nn::ParallelStyle style;
+    const char* what;
+  };
+  for (const Need& n : {Need{"tp", m.tp, nn::ParallelStyle::colwise, "tensor parallelism"},
+                        Need{"ep", m.ep, nn::ParallelStyle::expert, "expert parallelism"},
+                        Need{"cp", m.cp, nn::ParallelStyle::sequence, "context parallelism"}}) {
+    if (n.size == 1) continue;
+    ATOLL_CHECK(plan.covers(n.style), "parallel.{} = {}: model family '{}' plans no {} (its parallelize() has no {} "
+                "modules)", n.axis, n.size, model.family(), n.what, nn::parallel_style_name(n.style));
+    fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",
+         n.axis, n.size, n.what, model.family());
+  }
+  ATOLL_CHECK(m.pp == 1, "parallel.pp = {}: pipeline parallelism is not implemented by this build yet", m.pp);
+  ATOLL_CHECK(m.island == 1, "parallel.islands = {}: training across islands is not implemented by this build yet",
+              m.island);
 }
 
 DataParallel::~DataParallel() = default;
@@ -41,27 +92,54 @@ float DataParallel::take_grad_divisor() {
   return n > 0 ? 1.f / float(n) : 0.f;
 }
 
-std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
-                                                 const ParallelConfig& pc, const AdamWConfig& ac,
-                                                 std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory& sharded) {
+namespace {
+std::unique_ptr<DataParallel> make_zero(int stage, nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc,
+                                        const AdamWConfig& ac, const ShardedOptimizerFactory& sharded) {
   int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
-  if (pc.strategy == "ddp") return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
-  ATOLL_CHECK(!opt,
+  return std::make_unique<Zero>(model, comm, stage, cap, 0, ac, sharded);
+}
+}  // namespace
+
+Registry<StrategyEntry>& strategy_registry() {
+  static Registry<StrategyEntry> r = [] {
+    Registry<StrategyEntry> g("parallel strategy");
+    g.add("ddp", {false, [](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
+                            std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory&, Mesh*) -> std::unique_ptr<DataParallel> {
+                    int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
+                    return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
+                  }});
+    for (int stage : {1, 2, 3})
+      g.add("zero" + std::to_string(stage),
+            {true, [stage](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
+                           std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded, Mesh*) {
+               return make_zero(stage, model, comm, pc, ac, sharded);
+             }});
+    g.add("hsdp", {true, [](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
+                            std::unique_ptr<Optimizer>, const ShardedOptimizerFactory& sharded, Mesh* mesh) -> std::unique_ptr<DataParallel> {
+                     int world = comm ? comm->size() : 1;
+                     int s = pc.hsdp_shard_size > 0 ? pc.hsdp_shard_size
+                                                    : comm::DistEnv::from_environment().local_world_size;
+                     ATOLL_CHECK(s >= 1 && world % s == 0,
+                                 "parallel.hsdp_shard_size = {} must divide the number of ranks ({})", s, world);
+                     int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
+                     return std::make_unique<Zero>(model, comm, 3, cap, s, ac, sharded, mesh);
+                   }});
+    return g;
+  }();
+  return r;
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communicator* comm,
+                                                 const ParallelConfig& pc, const AdamWConfig& ac,
+                                                 std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory& sharded,
+                                                 Mesh* mesh) {
+  const StrategyEntry& e = strategy_registry().get(pc.strategy, "parallel.strategy");
+  ATOLL_CHECK(!e.sharding || !opt,
               "parallel.strategy = '{}' shards its optimizer over the flat buffers and cannot take optimizer '{}' "
               "built for the whole model; use parallel.strategy = 'ddp', or [optim] type = 'muon' or 'prmuon' "
               "with AdamW on embeddings, head and vectors (sharded by ZeRO)",
-              pc.strategy, opt->name());
-  if (pc.strategy == "zero1") return std::make_unique<Zero>(model, comm, 1, cap, 0, ac, sharded);
-  if (pc.strategy == "zero2") return std::make_unique<Zero>(model, comm, 2, cap, 0, ac, sharded);
-  if (pc.strategy == "zero3") return std::make_unique<Zero>(model, comm, 3, cap, 0, ac, sharded);
-  if (pc.strategy == "hsdp") {
-    int world = comm ? comm->size() : 1;
-    int s = pc.hsdp_shard_size > 0 ? pc.hsdp_shard_size : comm::DistEnv::from_environment().local_world_size;
-    ATOLL_CHECK(s >= 1 && world % s == 0,
-                "parallel.hsdp_shard_size = {} must divide the number of ranks ({})", s, world);
-    return std::make_unique<Zero>(model, comm, 3, cap, s, ac, sharded);
-  }
-  fail("unknown parallel.strategy '{}'; use ddp, zero1, zero2, zero3 or hsdp", pc.strategy);
+              pc.strategy, opt ? opt->name() : "");
+  return e.make(model, comm, pc, ac, std::move(opt), sharded, mesh);
 }
 
 }  // namespace atl::parallel

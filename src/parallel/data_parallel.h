@@ -23,19 +23,42 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
-#include "nn/gpt.h"
+#include "core/registry.h"
+#include "nn/model.h"
 #include "optim/adamw.h"
-#include "parallel/sharded_optimizer.h"
+#include "parallel/mesh.h"
+#include "parallel/optim/sharded_optimizer.h"
 
 namespace atl::parallel {
 
 struct ParallelConfig {
-  std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | hsdp
+  std::string strategy = "ddp";  // a registered strategy: ddp | zero1 | zero2 | zero3 | hsdp
+  bool strategy_set = false;     // named by the config (else derived from the mesh)
   double bucket_mb = 25;         // MiB of f32 gradients per bucket (DDP, ZeRO-1/2)
   int hsdp_shard_size = 0;       // ranks per sharding group (hsdp); 0: the ranks of one node
+  MeshShape mesh;                // after resolve_mesh
   // [parallel] strategy, bucket_mb, hsdp_shard_size
   static ParallelConfig from_config(Config& cfg);
+  // Reads the mesh axes of [parallel] (mesh.h) for world ranks; a config that names no strategy
+  // gets the one its mesh stands for (dp_shard = 2 on 2 ranks: zero3), and hsdp its shard size.
+  void resolve_mesh(Config& cfg, int64_t world, int64_t local_world);
 };
+
+// A data-parallel strategy, registered by name: whether it shards the optimizer over ZeRO's flat
+// chunks (then it takes a ShardedOptimizerFactory, not a whole-model optimizer), and its maker.
+class DataParallel;
+struct StrategyEntry {
+  bool sharding = false;
+  std::function<std::unique_ptr<DataParallel>(nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc,
+                                              const AdamWConfig& ac, std::unique_ptr<Optimizer> opt,
+                                              const ShardedOptimizerFactory& sharded, Mesh* mesh)>
+      make;
+};
+Registry<StrategyEntry>& strategy_registry();
+
+// Refuses mesh axes this build cannot run yet, or that the model's plan (Model::parallelize)
+// does not cover, naming the key.
+void check_mesh_supported(const MeshShape& mesh, const nn::Model& model);
 
 class DataParallel {
  public:
@@ -66,11 +89,11 @@ class DataParallel {
                                const TensorFile& opt_state, const std::string& what) = 0;
 
  protected:
-  DataParallel(nn::GPT& model, comm::Communicator* comm) : model_(model), comm_(comm) {}
+  DataParallel(nn::Model& model, comm::Communicator* comm) : model_(model), comm_(comm) {}
   // 1 / ranks that contribute gradients this step; resets the join count for the next step.
   float take_grad_divisor();
 
-  nn::GPT& model_;
+  nn::Model& model_;
   comm::Communicator* comm_;  // null: one process
   std::unique_ptr<Optimizer> opt_;
   bool sync_ = true;
@@ -80,10 +103,11 @@ class DataParallel {
 // comm may be null (one process); world 1 with a communicator works too.
 // opt, when given, is the optimizer over the full model (any type, e.g. from make_optimizer), for
 // DDP; ZeRO strategies refuse it. They build their optimizer over the rank's shard: `sharded` when
-// given (e.g. ShardedMuon, sharded_muon.h), else ShardedAdamW from ac.
-std::unique_ptr<DataParallel> make_data_parallel(nn::GPT& model, comm::Communicator* comm,
+// given (e.g. ShardedMuon, sharded_muon.h), else ShardedAdamW from ac. mesh (optional, over
+// comm): the strategy takes its groups from the mesh's axes.
+std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communicator* comm,
                                                  const ParallelConfig& pc, const AdamWConfig& ac,
                                                  std::unique_ptr<Optimizer> opt = nullptr,
-                                                 const ShardedOptimizerFactory& sharded = {});
+                                                 const ShardedOptimizerFactory& sharded = {}, Mesh* mesh = nullptr);
 
 }  // namespace atl::parallel

@@ -12,7 +12,7 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
-DDP::DDP(nn::GPT& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
+DDP::DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
          std::unique_ptr<Optimizer> opt)
     : DataParallel(model, comm) {
   opt_ = opt ? std::move(opt) : std::make_unique<AdamW>(model.param_refs(), ac);

@@ -17,7 +17,7 @@ struct CommTiming {
 class DDP final : public DataParallel {
  public:
   // opt: the optimizer over the model's full parameters; null builds AdamW from ac.
-  DDP(nn::GPT& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
+  DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
       std::unique_ptr<Optimizer> opt = nullptr);
   ~DDP() override;
   std::string name() const override { return "ddp"; }

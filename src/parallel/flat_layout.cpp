@@ -6,7 +6,7 @@
 namespace atl::parallel {
 
 namespace {
-FlatLayout base_layout(nn::GPT& model) {
+FlatLayout base_layout(nn::Model& model) {
   FlatLayout L;
   L.params = model.parameters();
   const float* base = model.flat_values().f32();
@@ -39,7 +39,7 @@ void add_bucket(FlatLayout& L, Span r, int shards, int shard_rank) {
 }
 }  // namespace
 
-FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard_rank) {
+FlatLayout size_buckets(nn::Model& model, int64_t cap_elems, int shards, int shard_rank) {
   FlatLayout L = base_layout(model);
   cap_elems = std::max<int64_t>(cap_elems, 1);
   // Cut points from the bottom up: whole modules (a weight and its bias become final together, so
@@ -74,11 +74,11 @@ FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard
   return L;
 }
 
-FlatLayout unit_buckets(nn::GPT& model, int shards, int shard_rank, std::vector<int>& block_bucket,
+FlatLayout unit_buckets(nn::Model& model, int shards, int shard_rank, std::vector<int>& block_bucket,
                         std::vector<int>& root_buckets) {
   FlatLayout L = base_layout(model);
   std::vector<Span> blocks;
-  for (nn::Block* b : model.h) {
+  for (nn::Module* b : model.blocks()) {
     auto ps = b->parameters();
     const float* base = model.flat_values().f32();
     int64_t lo = ps.front()->value.f32() - base, hi = ps.back()->value.f32() - base + ps.back()->value.numel();

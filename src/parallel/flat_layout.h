@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/model.h"
 
 namespace atl::parallel {
 
@@ -39,11 +39,12 @@ struct FlatLayout {
 // left to the top bucket, which is reduced first), listed in reverse parameter order; with
 // shards > 1 each bucket's size is rounded up to a multiple of shards (so only the bucket at
 // offset 0 needs padding).
-FlatLayout size_buckets(nn::GPT& model, int64_t cap_elems, int shards, int shard_rank);
-// One bucket per FSDP unit: each transformer block, and the parameters outside the blocks
-// (embeddings below them; final norm and untied head above) as up to two "root" buckets.
+FlatLayout size_buckets(nn::Model& model, int64_t cap_elems, int shards, int shard_rank);
+// One bucket per FSDP unit: each of the model's blocks (nn::Model::blocks), and the parameters
+// outside the blocks (embeddings below them; final norm and untied head above) as up to two
+// "root" buckets.
 // Returns the bucket index of each block in block_bucket, the root buckets in root_buckets.
-FlatLayout unit_buckets(nn::GPT& model, int shards, int shard_rank, std::vector<int>& block_bucket,
+FlatLayout unit_buckets(nn::Model& model, int shards, int shard_rank, std::vector<int>& block_bucket,
                         std::vector<int>& root_buckets);
 
 }  // namespace atl::parallel

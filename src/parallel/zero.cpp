@@ -11,9 +11,9 @@
 
 namespace atl::parallel {
 
-Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt)
-    : DataParallel(model, comm), stage_(stage) {
+Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
+           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt, Mesh* mesh)
+    : DataParallel(model, comm), stage_(stage), hsdp_(hsdp_shard_size > 0) {
   ATOLL_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} does not exist (1, 2 or 3)", stage);
   ATOLL_CHECK(hsdp_shard_size == 0 || stage == 3, "HSDP shards parameters: it needs stage 3");
   bool distributed = comm_ && comm_->size() > 1;
@@ -22,11 +22,19 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     if (hsdp_shard_size > 0) {
       ATOLL_CHECK(comm_->size() % hsdp_shard_size == 0, "HSDP shard size {} does not divide {} ranks",
                   hsdp_shard_size, comm_->size());
-      int r = comm_->rank();
-      shard_owned_ = comm_->split(r / hsdp_shard_size, r);
-      replica_ = comm_->split(r % hsdp_shard_size, r);
-      shard_ = shard_owned_.get();
-      if (replica_->size() == 1) replica_.reset();
+      if (mesh) {
+        ATOLL_CHECK(mesh->shape().dp_shard == hsdp_shard_size && mesh->shape().world() == comm_->size(),
+                    "HSDP shard size {} does not match the mesh {}", hsdp_shard_size, mesh->shape().describe());
+        shard_ = mesh->axis("dp_shard");
+        replica_ = mesh->axis("dp_replicate");
+      } else {
+        int r = comm_->rank();
+        shard_owned_ = comm_->split(r / hsdp_shard_size, r);
+        replica_owned_ = comm_->split(r % hsdp_shard_size, r);
+        shard_ = shard_owned_.get();
+        replica_ = replica_owned_.get();
+      }
+      if (replica_->size() == 1) replica_ = nullptr;
     } else {
       shard_ = comm_;
     }
@@ -41,7 +49,7 @@ Zero::Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_e
     const BucketLayout& L = layout_.buckets[b];
     st_[b].pending = int(L.params.size());
   }
-  tied_ = model.config().tied_head;
+  tied_ = model.head_reads_lower_root();
   if (!block_bucket_.empty())
     for (int b : root_buckets_) (layout_.buckets[size_t(b)].range.lo == 0 ? bottom_ : top_) = b;
   if (stage == 3) {  // give back all but the own shards before the optimizer state is allocated
@@ -69,7 +77,7 @@ Zero::~Zero() {
         }
 }
 
-std::string Zero::name() const { return shard_owned_ ? "hsdp" : "zero" + std::to_string(stage_); }
+std::string Zero::name() const { return hsdp_ ? "hsdp" : "zero" + std::to_string(stage_); }
 
 // ---------------------------------------------------------------- gradients
 

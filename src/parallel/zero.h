@@ -28,8 +28,9 @@
 
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
-#include "parallel/sharded_adamw.h"
-#include "parallel/sharded_optimizer.h"
+#include "parallel/mesh.h"
+#include "parallel/optim/sharded_adamw.h"
+#include "parallel/optim/sharded_optimizer.h"
 
 namespace atl::parallel {
 
@@ -38,8 +39,10 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // hsdp_shard_size > 0: HSDP with groups of that many ranks (stage must be 3).
   // make_opt (optional) builds the rank's sharded optimizer over the layout (sharded_optimizer.h);
   // without it, ShardedAdamW from ac.
-  Zero(nn::GPT& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-       const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {});
+  // mesh (optional): under HSDP the shard and replica groups are its dp_shard and dp_replicate
+  // axes (else split from comm here, the same groups: consecutive ranks shard).
+  Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
+       const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {}, Mesh* mesh = nullptr);
   ~Zero() override;
   std::string name() const override;
   void zero_grad() override;
@@ -91,8 +94,10 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   void after_backward(int64_t block) override;
 
   int stage_;
-  std::unique_ptr<comm::Communicator> shard_owned_, replica_;
+  std::unique_ptr<comm::Communicator> shard_owned_, replica_owned_;
   comm::Communicator* shard_ = nullptr;
+  comm::Communicator* replica_ = nullptr;  // HSDP's replicas of this shard (null: one replica)
+  bool hsdp_ = false;
   FlatLayout layout_;
   std::vector<int> block_bucket_, root_buckets_;
   std::vector<BucketState> st_;

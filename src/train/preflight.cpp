@@ -16,31 +16,36 @@ std::string format_bytes(double b) {
   return fmt::format("{:.0f} MiB", b / (1024.0 * 1024));
 }
 
-MemoryEstimate estimate_training_memory(const nn::GPTConfig& mc, const TrainShape& s) {
-  plan::ModelSpec m;
-  m.layers = mc.n_layer;
-  m.hidden = mc.n_embd;
-  m.heads = mc.n_head;
-  m.kv_heads = mc.n_kv_head;
-  m.ffn = mc.ffn();
-  m.ffn_type = mc.swiglu ? "swiglu" : "gelu";
-  m.vocab = mc.vocab_size;
-  m.seq = s.seq_len;
-  m.tied_head = mc.tied_head;
-  m.bias = mc.bias;
-  m.norm = mc.rms_norm ? "rmsnorm" : "layernorm";
-  m.position = mc.rope ? "rope" : "learned";
-  m.attention = "flash";  // the CPU attention keeps a log-sum-exp per row, not the [T, T] scores
+MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
   MemoryEstimate e;
   int stage = s.strategy == "zero1" ? 1 : s.strategy == "zero2" ? 2 : (s.strategy == "zero3" || s.strategy == "hsdp") ? 3 : 0;
   std::string opt = s.optimizer == "adamw" ? "adam" : s.optimizer;
   plan::StateBytes sb = plan::state_bytes("fp32", opt);
-  e.model_states = plan::zero_model_state_bytes(double(m.total_params()), stage, std::max(1, s.world), sb);
-  if (s.dtype == "bf16") e.model_states += 2.0 * double(m.total_params());  // the bf16 weight copies
-  plan::ActivationOptions ao;
-  ao.act_bytes = 4;
-  e.activations = double(m.layers) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao);
-  e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(mc.vocab_size);
+  std::optional<nn::TransformerShape> t = model.transformer_shape();
+  double params = double(model.num_params());
+  if (t) {
+    plan::ModelSpec m;
+    m.layers = t->layers;
+    m.hidden = t->hidden;
+    m.heads = t->heads;
+    m.kv_heads = t->kv_heads;
+    m.ffn = t->ffn;
+    m.ffn_type = t->swiglu ? "swiglu" : "gelu";
+    m.vocab = t->vocab;
+    m.seq = s.seq_len;
+    m.tied_head = t->tied_head;
+    m.bias = t->bias;
+    m.norm = t->rms_norm ? "rmsnorm" : "layernorm";
+    m.position = t->rope ? "rope" : "learned";
+    m.attention = "flash";  // the CPU attention keeps a log-sum-exp per row, not the [T, T] scores
+    params = double(m.total_params());
+    plan::ActivationOptions ao;
+    ao.act_bytes = 4;
+    e.activations = double(m.layers) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao);
+    e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(t->vocab);
+  }
+  e.model_states = plan::zero_model_state_bytes(params, stage, std::max(1, s.world), sb);
+  if (s.dtype == "bf16") e.model_states += 2.0 * params;  // the bf16 weight copies
   return e;
 }
 
@@ -87,9 +92,9 @@ double available_memory_bytes(std::string* source) {
   return avail;
 }
 
-void check_memory_before_start(Config& cfg, const nn::GPTConfig& mc, const TrainShape& s) {
+void check_memory_before_start(Config& cfg, nn::Model& model, const TrainShape& s) {
   bool force = cfg.get_bool("train.force", false);
-  MemoryEstimate e = estimate_training_memory(mc, s);
+  MemoryEstimate e = estimate_training_memory(model, s);
   std::string source;
   double avail = available_memory_bytes(&source);
   double need = e.total() * double(std::max(1, s.local_world));

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "nn/gpt_config.h"
+#include "nn/model.h"
 
 namespace atl {
 
@@ -27,7 +27,8 @@ struct TrainShape {
 // The planner's memory model (plan/memory_model.h: ZeRO model states, Korthikanti et al.'s
 // per-layer activations with fp32 elements and flash attention's per-row statistics) applied to
 // this engine's fp32 training; a lower bound, since the engine keeps a few more intermediates.
-MemoryEstimate estimate_training_memory(const nn::GPTConfig& mc, const TrainShape& s);
+// A model without a transformer shape is counted by its parameters alone.
+MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s);
 
 // Bytes this process may still allocate: /proc/meminfo's MemAvailable, lowered to the cgroup's
 // limit minus its usage when one is set (v2 memory.max or v1 memory.limit_in_bytes). `source`
@@ -36,7 +37,7 @@ double available_memory_bytes(std::string* source);
 
 // Reads [train] force; unless it is true, fails naming the estimate, what is available and what
 // to reduce when the ranks on this node would not fit.
-void check_memory_before_start(Config& cfg, const nn::GPTConfig& mc, const TrainShape& s);
+void check_memory_before_start(Config& cfg, nn::Model& model, const TrainShape& s);
 
 std::string format_bytes(double b);
 

@@ -14,25 +14,15 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
-#include "optim/adamw.h"
-#include "optim/muon.h"
-#include "optim/param_groups.h"
-#include "optim/dion3.h"
-#include "optim/periodic_row_muon.h"
-#include "parallel/dion3_dist.h"
-#include "parallel/muon_owner.h"
-#include "parallel/prmuon_sharded.h"
-#include "parallel/sharded_muon.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
+#include "parallel/optim/placement.h"
 #include "resilience/checkpoint.h"
-#include "data/corpus.h"
-#include "data/data_loader.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
 #include "train/stop_signals.h"
-#include "data/tokenizer.h"
+#include "train/task.h"
 
 namespace atl {
 namespace fs = std::filesystem;
@@ -112,19 +102,17 @@ static std::string valid_utf8(const std::string& s) {
 
 struct Trainer::Impl {
   TrainOptions o;
-  nn::GPTConfig mc;
-  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<Task> task;
   // Distributed runs (WORLD_SIZE > 1 in the environment, as `atoll launch` sets) get a
   // communicator; a single process gets none and the data-parallel layer reduces to the plain loop.
   std::unique_ptr<comm::Communicator> comm;
   parallel::ParallelConfig pc;
+  std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
-  bool dist_muon_used = false;
-  std::string dist_note;  // which distributed form the matrix optimizer took, for the log
+  std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
-  std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<DataLoader> train_data, val_data;
   Rng sample_rng;
   std::string config_text;
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
@@ -136,7 +124,7 @@ struct Trainer::Impl {
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
                 {"sample_rng", std::vector<uint64_t>(rs.begin(), rs.end())},
-                {"train_data", train_data->state().to_json()},
+                {"train_data", task->data_state()},
                 {"config", config_text},
                 // What evaluate() scores, so that `atoll eval` can repeat it on this checkpoint.
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
@@ -144,51 +132,15 @@ struct Trainer::Impl {
     return ck;
   }
 
-  double evaluate() {
-    NoGradGuard ng;
-    val_data->reset();
-    int64_t B = o.batch_size, T = o.seq_len;
-    Tensor x = Tensor::empty({B, T}, DType::i32), y = Tensor::empty({B, T}, DType::i32);
-    double total = 0;
-    for (int64_t i = 0; i < o.eval_steps; ++i) {
-      val_data->next_batch(x.i32(), y.i32());
-      total += model->loss(x, y).item();
-    }
-    return dp->average(total / double(o.eval_steps));
-  }
-
-  std::string sample() {
-    std::vector<int32_t> prompt = o.sample_prompt.empty() ? std::vector<int32_t>{tok->eot()} : tok->encode(o.sample_prompt);
-    auto seq = model->generate(prompt, o.sample_tokens, o.sample_temperature, o.sample_top_k, sample_rng);
-    std::vector<int32_t> gen(seq.begin() + int64_t(prompt.size()), seq.end());
-    for (auto& t : gen)
-      if (t == tok->eot()) t = int32_t('\n');
-    return (o.sample_prompt.empty() ? "" : o.sample_prompt) + tok->decode(gen);
-  }
+  double evaluate() { return dp->average(task->evaluate(*model)); }
 };
 
 Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.o = TrainOptions::from_config(cfg);
-  I.mc = nn::GPTConfig::from_config(cfg, "model");
-  // AdamW's hyperparameters live in [optim.adamw], where the optimizer factory reads them too.
-  AdamWConfig ac;
-  ac.lr = float(cfg.get_float("optim.adamw.lr", 6e-4, 0.0, 10.0));
-  ac.beta1 = float(cfg.get_float("optim.adamw.beta1", 0.9, 0.0, 1.0));
-  ac.beta2 = float(cfg.get_float("optim.adamw.beta2", 0.95, 0.0, 1.0));
-  ac.eps = float(cfg.get_float("optim.adamw.eps", 1e-8, 0.0, 1.0));
-  ac.weight_decay = float(cfg.get_float("optim.adamw.weight_decay", 0.1, 0.0, 10.0));
-  // Plain AdamW everywhere (also when a group is routed to "adamw" explicitly) keeps checkpoints
-  // interchangeable with the ZeRO strategies; any other choice ([optim] type = "muon", or another
-  // optimizer for a group) goes through the optimizer factory.
-  const std::string hidden_type =
-      cfg.get_string("optim.type", "adamw", {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion"});
-  bool grouped = hidden_type != "adamw";
-  for (const char* g : {"optim.embed", "optim.head", "optim.vector"})
-    if (!grouped && cfg.has(g)) grouped = cfg.get_string(g, "adamw") != "adamw";
+  I.task = task_registry().lookup(cfg, "train.task", "lm")(cfg, I.o);
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
-  bool dist_muon = cfg.get_bool("optim.muon.distributed", true);
 
   comm::DistEnv env = comm::DistEnv::from_environment();
   if (env.world_size > 1) {
@@ -199,65 +151,18 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     // Only rank 0 reports progress; the others speak up for warnings and errors.
     if (I.rank != 0 && log::level() < log::Level::warn) log::set_level(log::Level::warn);
   }
-  I.mc.validate();
-  // issue 10: a job that cannot fit is refused before it allocates anything (train/preflight.h).
-  check_memory_before_start(cfg, I.mc, {I.o.batch_size, I.o.seq_len, hidden_type, I.pc.strategy, I.o.matmul_dtype,
-                                        env.world_size, env.local_world_size});
-  I.model = std::make_unique<nn::GPT>(I.mc);
-  std::unique_ptr<Optimizer> opt;
-  parallel::ShardedOptimizerFactory sharded;
-  // Dion3's selection scope on several ranks ("global": exact single-rank Dion3; "local": top-k per
-  // shard, no norm exchange); read whenever Dion3 is chosen so that the key is always valid.
-  const std::string dion3_scope =
-      hidden_type == "dion3" ? cfg.get_string("optim.dion3.scope", "global", {"global", "local"}) : "global";
-  if (grouped && I.pc.strategy != "ddp") {
-    // ZeRO shards the optimizer over equal flat chunks: the Muon family (owners orthogonalize whole
-    // matrices, sharded_muon.h) with AdamW on everything else; nothing else is sharded that way.
-    for (const char* g : {"embed", "head", "vector"}) {
-      std::string t = cfg.get_string(std::string("optim.") + g, "adamw");
-      ATOLL_CHECK(t == "adamw", "optim.{} = '{}' cannot run under parallel.strategy = '{}': ZeRO shards the groups "
-                  "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
-                  g, t, I.pc.strategy);
-    }
-    ATOLL_CHECK(hidden_type == "muon" || hidden_type == "prmuon",
-                "[optim] type = '{}' cannot run under parallel.strategy = '{}': ZeRO shards AdamW, Muon and "
-                "Periodic Row-wise Muon only; use parallel.strategy = 'ddp'{}",
-                hidden_type, I.pc.strategy,
-                hidden_type == "dion3" ? " (Dion3 then shards its momentum by slice across the ranks)" : "");
-    parallel::ShardedMuonConfig smc;
-    smc.type = hidden_type;
-    if (hidden_type == "prmuon") smc.prm = prmuon_config_from(cfg, "optim.prmuon");
-    else smc.prm.muon = muon_config_from(cfg, "optim.muon");
-    smc.adamw = ac;
-    sharded = [smc](nn::GPT& m, const parallel::FlatLayout& l, comm::Communicator* g) {
-      return std::unique_ptr<parallel::ShardedOptimizer>(std::make_unique<parallel::ShardedMuon>(m, l, g, smc));
-    };
-    I.dist_muon_used = env.world_size > 1;
-  } else if (grouped) {
-    // On several ranks the matrix optimizers take their distributed forms: Muon's Newton-Schulz work
-    // is split among matrix owners (DMuon), PRMuon keeps row-sharded momentum, Dion3 slice-sharded.
-    OptimizerOverride distributed = [&](Config& c, const std::string& type, std::vector<ParamRef>& ps) {
-      std::unique_ptr<Optimizer> o;
-      if (!I.comm) return o;
-      if (type == "muon" && dist_muon) {
-        I.dist_muon_used = true;
-        o = std::make_unique<parallel::MuonOwner>(ps, parallel::MuonOwnerConfig{muon_config_from(c, "optim.muon")},
-                                                  I.comm.get());
-      } else if (type == "prmuon") {
-        PeriodicRowMuonConfig pc = prmuon_config_from(c, "optim.prmuon");
-        if (!pc.normalize_rows) return o;  // column norms span the row shards: keep it replicated
-        I.dist_note = " (PRMuon momentum sharded by rows, refreshes orthogonalized by owner ranks)";
-        o = std::make_unique<parallel::PrMuonSharded>(
-            ps, parallel::PrMuonShardedConfig{pc, /*reduce_grads=*/false}, I.comm.get());
-      } else if (type == "dion3") {
-        I.dist_note = " (Dion3 momentum sharded by slice, " + dion3_scope + " selection)";
-        o = std::make_unique<parallel::Dion3Dist>(ps, dion3_config_from(c, "optim.dion3"),
-                                                  parallel::parse_select_scope(dion3_scope), I.comm.get());
-      }
-      return o;
-    };
-    opt = make_optimizer(cfg, I.model->param_refs(), distributed);  // reads (and so validates) its keys
-  }
+  // The device mesh from [parallel] (mesh.h), checked against the job's size.
+  I.pc.resolve_mesh(cfg, I.world, env.local_world_size);
+  I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
+  I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
+  parallel::check_mesh_supported(I.pc.mesh, *I.model);
+  // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
+  check_memory_before_start(cfg, *I.model,
+                            {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
+                             I.o.matmul_dtype, env.world_size, env.local_world_size});
+  const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
+  parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, I.comm.get(), sharding, I.pc.strategy);
+  I.placement_note = placement.note;
   I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
   // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
   log::info("{}", cpu::select_isa(cfg.get_string("hardware.isa", "auto", cpu::isa_choices()),
@@ -271,36 +176,16 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
-  I.tok = load_tokenizer(I.o.tokenizer);
-  if (!fs::exists(fs::path(I.o.data_dir) / "meta.json") && I.o.auto_prepare) {
-    if (I.rank == 0) {
-      log::info("preparing the default corpus (Debian fortunes) into {} ...", I.o.data_dir);
-      prepare_default_corpus(I.o.data_dir, I.o.tokenizer);
-    }
-    if (I.comm) I.comm->barrier();  // the others wait for rank 0's data
-  }
-  check_prepared_tokenizer(I.o.data_dir, I.o.tokenizer);  // ids of another tokenizer mean nothing
-  ATOLL_CHECK(I.mc.vocab_size >= I.tok->vocab_size(), "model.vocab_size {} is smaller than the tokenizer's {}",
-              I.mc.vocab_size, I.tok->vocab_size());
-  ATOLL_CHECK(I.o.seq_len <= I.mc.block_size, "train.seq_len {} exceeds model.block_size {}", I.o.seq_len,
-              I.mc.block_size);
-  I.train_data = std::make_unique<DataLoader>(I.o.data_dir, "train", int(I.o.batch_size), int(I.o.seq_len), I.rank,
-                                              I.world, uint64_t(I.o.seed));
-  // Evaluation is split like training: each rank scores its share of the validation rows.
-  I.val_data = std::make_unique<DataLoader>(I.o.data_dir, "val", int(I.o.batch_size), int(I.o.seq_len), I.rank,
-                                            I.world, uint64_t(I.o.seed));
-  // Both splits before step 1: a bad id in the validation shards would otherwise surface only at
-  // the first evaluation, after training time is spent.
-  I.train_data->validate_vocab(int32_t(I.mc.vocab_size));
-  I.val_data->validate_vocab(int32_t(I.mc.vocab_size));
+  I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
 
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, ac, std::move(opt), sharded);
+  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
+                                      placement.sharded, I.mesh.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
 Trainer::~Trainer() = default;
-nn::GPT& Trainer::model() { return *impl_->model; }
+nn::Model& Trainer::model() { return *impl_->model; }
 
 TrainResult Trainer::run(bool resume) {
   auto& I = *impl_;
@@ -335,13 +220,7 @@ TrainResult Trainer::run(bool resume) {
       Rng::State st;
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
-      // Saved by rank 0 of a job of any size: rank r of W goes on after the rows the whole job
-      // consumed (exact when W divides them).
-      DataLoaderState ds = DataLoaderState::from_json(ck.state.at("train_data"));
-      ds.position = ds.position * uint64_t(ds.world_size) / uint64_t(I.world);
-      ds.rank = I.rank;
-      ds.world_size = I.world;
-      I.train_data->set_state(ds);
+      I.task->set_data_state(ck.state.at("train_data"), TaskEnv{I.rank, I.world, I.comm.get()});
       log::info("resumed from {} at step {}", *p, start);
       store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
@@ -361,15 +240,15 @@ TrainResult Trainer::run(bool resume) {
   MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), true);
   metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
-  double flops_tok = I.model->flops_per_token(o.seq_len);
-  int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * I.world;  // the whole job's
-  log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s", I.mc.describe(),
-            double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
-  if (I.world > 1) log::info("data parallel: {} over {} ranks ({})", I.dp->name(), I.world, I.comm->backend());
-  log::info("optimizer: {}{}{}", I.dp->optimizer().name(),
-            I.dist_muon_used ? " (Muon matrices orthogonalized by their owner ranks)" : "", I.dist_note);
+  double flops_tok = I.model->flops_per_token(I.task->sequence_length());
+  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * I.world;  // the whole job's
+  log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
+            I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
+  if (I.world > 1)
+    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.world, I.comm->backend(),
+              I.pc.mesh.describe());
+  log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
 
-  Tensor x = Tensor::empty({o.batch_size, o.seq_len}, DType::i32), y = Tensor::empty({o.batch_size, o.seq_len}, DType::i32);
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
@@ -378,9 +257,9 @@ TrainResult Trainer::run(bool resume) {
     if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
     double loss_sum = 0;
     for (int64_t m = 0; m < o.grad_accum; ++m) {
-      I.train_data->next_batch(x.i32(), y.i32());
+      const Batch& batch = I.task->next_batch();
       I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
-      Tensor loss = I.model->loss(x, y);
+      Tensor loss = I.task->loss(*I.model, batch);
       loss_sum += loss.item();
       backward(loss, 1.f / float(o.grad_accum));
     }
@@ -417,7 +296,8 @@ TrainResult Trainer::run(bool resume) {
       log::info("step {:>5} | val loss {:.4f}", step + 1, vl);
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
-      std::string s = I.sample();
+      std::string s = I.task->sample(*I.model, I.sample_rng);
+      if (s.empty()) s = "(the model does not generate)";
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8
       log::info("step {:>5} | sample: {}", step + 1, s);
     }

@@ -1,8 +1,12 @@
 // The training loop: data → forward → backward → clip → optimizer step, with the schedule,
 // gradient accumulation, periodic evaluation and sampling, telemetry and checkpoints.
 // Everything is read from one Config; unknown keys are rejected before the first step.
-// Started by `atoll launch` (WORLD_SIZE > 1) it trains data-parallel: [parallel] strategy = "ddp"
-// (default), "zero1", "zero2", "zero3" or "hsdp", bucket_mb, hsdp_shard_size, backend (see
+// The trainer composes its parts by name from the config: the model family ([model] family,
+// nn/model.h), the task ([train] task, task.h), the optimizers ([optim], optim/param_groups.h) and
+// their distributed placements (parallel/optim/placement.h), the data-parallel strategy.
+// Started by `atoll launch` (WORLD_SIZE > 1) it trains data-parallel on a device mesh
+// (parallel/mesh.h): [parallel] strategy = "ddp" (default), "zero1", "zero2", "zero3" or "hsdp",
+// or the mesh axes (dp_shard = 2, ...), bucket_mb, hsdp_shard_size, backend (see
 // parallel/data_parallel.h); each rank reads its share of every batch, rank 0 alone reports and
 // writes metrics and checkpoints, and tokens/s is the whole job's.
 #pragma once
@@ -10,7 +14,7 @@
 #include <string>
 
 #include "core/config.h"
-#include "nn/gpt.h"
+#include "nn/model.h"
 #include "optim/optimizer.h"
 #include "train/schedule.h"
 
@@ -63,7 +67,7 @@ class Trainer {
   TrainResult run(bool resume);
   // Under ZeRO-3/HSDP ([parallel] strategy) a rank holds only its shards of the weights between
   // steps; the checkpoints hold the full model.
-  nn::GPT& model();
+  nn::Model& model();
 
  private:
   struct Impl;

@@ -5,7 +5,7 @@
 #include "autograd/precision.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "core/threads.h"

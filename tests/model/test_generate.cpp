@@ -14,7 +14,7 @@
 #include <cmath>
 
 #include "core/threads.h"
-#include "nn/generate.h"
+#include "models/gpt/generate.h"
 
 using namespace atl;
 

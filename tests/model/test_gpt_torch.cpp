@@ -9,7 +9,7 @@
 #include <map>
 
 #include "autograd/graph.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "tensor/safetensors.h"

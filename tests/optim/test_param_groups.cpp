@@ -12,17 +12,20 @@ using namespace atl;
 
 namespace {
 
+// Roles as a GPT declares them; the 1-D and hidden ones are left to be resolved by shape, as for
+// parameters built outside a model.
 std::vector<ParamRef> tiny_gpt(uint64_t seed) {
-  std::vector<std::pair<std::string, Shape>> spec = {
-      {"transformer.wte.weight", {50, 16}},          {"transformer.wpe.weight", {8, 16}},
-      {"transformer.h.0.ln_1.weight", {16}},          {"transformer.h.0.attn.c_attn.weight", {16, 48}},
-      {"transformer.h.0.attn.c_attn.bias", {48}},     {"transformer.h.0.mlp.c_fc.weight", {16, 64}},
-      {"transformer.h.0.mlp.c_proj.weight", {64, 16}}, {"lm_head.weight", {50, 16}},
+  const ParamRole E = ParamRole::embedding, A = ParamRole::automatic;
+  std::vector<std::tuple<std::string, Shape, ParamRole>> spec = {
+      {"transformer.wte.weight", {50, 16}, E},          {"transformer.wpe.weight", {8, 16}, E},
+      {"transformer.h.0.ln_1.weight", {16}, A},          {"transformer.h.0.attn.c_attn.weight", {16, 48}, A},
+      {"transformer.h.0.attn.c_attn.bias", {48}, A},     {"transformer.h.0.mlp.c_fc.weight", {16, 64}, A},
+      {"transformer.h.0.mlp.c_proj.weight", {64, 16}, A}, {"lm_head.weight", {50, 16}, ParamRole::head},
   };
   Rng rng(seed);
   std::vector<ParamRef> ps;
-  for (auto& [name, shape] : spec) {
-    ParamRef p{name, Tensor::empty(shape), Tensor::zeros(shape)};
+  for (auto& [name, shape, role] : spec) {
+    ParamRef p{name, Tensor::empty(shape), Tensor::zeros(shape), role};
     rng.fill_normal(p.value, 0.f, 0.1f);
     ps.push_back(p);
   }
@@ -36,7 +39,7 @@ void fill_grads(std::vector<ParamRef>& ps, uint64_t seed) {
 
 std::vector<ParamRef> clone_params(const std::vector<ParamRef>& ps) {
   std::vector<ParamRef> out;
-  for (auto& p : ps) out.push_back({p.name, p.value.clone(), p.grad.clone()});
+  for (auto& p : ps) out.push_back({p.name, p.value.clone(), p.grad.clone(), p.role});
   return out;
 }
 

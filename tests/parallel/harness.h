@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "nn/gpt_config.h"
+#include "models/gpt/gpt.h"
 
 namespace atl::parallel::test {
 

@@ -11,7 +11,7 @@
 
 #include "core/threads.h"
 #include "harness.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "parallel/flat_layout.h"
 #include "autograd/graph.h"
 #include "comm/communicator.h"

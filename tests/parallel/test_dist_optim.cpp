@@ -23,9 +23,9 @@
 #include "comm/tcp_store.h"
 #include "core/threads.h"
 #include "harness.h"
-#include "parallel/dion3_dist.h"
-#include "parallel/muon_owner.h"
-#include "parallel/prmuon_sharded.h"
+#include "parallel/optim/dion3_dist.h"
+#include "parallel/optim/muon_owner.h"
+#include "parallel/optim/prmuon_sharded.h"
 #include "tensor/rng.h"
 
 

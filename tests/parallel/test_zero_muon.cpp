@@ -21,11 +21,11 @@
 #include "core/config.h"
 #include "core/threads.h"
 #include "harness.h"
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
 #include "parallel/data_parallel.h"
-#include "parallel/sharded_muon.h"
+#include "parallel/optim/sharded_muon.h"
 #include "tensor/safetensors.h"
 
 namespace atl::parallel {
@@ -153,7 +153,7 @@ std::vector<float> run_kind(comm::Communicator* c, const Job& job, const std::st
     pc.strategy = job.strategy;
     ShardedMuonConfig smc = sharded_config(cfg);
     dp = make_data_parallel(model, c, pc, smc.adamw, nullptr,
-                            [smc](nn::GPT& m, const FlatLayout& l, comm::Communicator* g) {
+                            [smc](nn::Model& m, const FlatLayout& l, comm::Communicator* g) {
                               return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedMuon>(m, l, g, smc));
                             });
   }

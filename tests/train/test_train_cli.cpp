@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "resilience/checkpoint_select.h"
+#include "models/gpt/gpt.h"
 #include "train/preflight.h"
 #include "trainer_fixture.h"
 
@@ -54,7 +55,7 @@ TEST(TrainCli, OversizedBatchIsRefusedBeforeAllocating) {
 }
 
 TEST(TrainCli, MemoryEstimateScalesAndForceGoesOn) {
-  nn::GPTConfig mc = nn::GPTConfig::preset("gpt2-tiny");
+  nn::GPT mc(nn::GPTConfig::preset("gpt2-tiny"));
   TrainShape small, big;
   small.batch_size = 4;
   small.seq_len = 32;

@@ -20,7 +20,7 @@
 #pragma once
 #include "comm/communicator.h"
 #include "optim/periodic_row_muon.h"
-#include "parallel/muon_owner.h"
+#include "parallel/optim/muon_owner.h"
 
 namespace atl::parallel {
 

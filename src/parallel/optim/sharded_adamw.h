@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "optim/adamw.h"
-#include "parallel/sharded_optimizer.h"
+#include "parallel/optim/sharded_optimizer.h"
 
 namespace atl::parallel {
 
@@ -17,7 +17,7 @@ class ShardedAdamW final : public ShardedOptimizer {
   // The pieces are this rank's `own` spans of the layout's buckets, of the parameters `take`
   // accepts (all when empty). The full state is named prefix + "step", prefix + param + ".exp_avg",
   // ... (prefix "" for AdamW on everything; "adamw." as a group of GroupedOptimizer).
-  ShardedAdamW(nn::GPT& model, const FlatLayout& layout, const AdamWConfig& cfg,
+  ShardedAdamW(nn::Model& model, const FlatLayout& layout, const AdamWConfig& cfg,
                const std::function<bool(int param)>& take = {}, std::string prefix = "");
   std::string name() const override { return "adamw"; }
   void step(const StepContext& ctx) override {

@@ -1,12 +1,13 @@
 // The GPT model: token (+ position) embedding, n_layer pre-norm transformer blocks, a final norm
-// and the LM head. One class covers GPT-2 and Llama-style models through GPTConfig.
+// and the LM head. One class covers GPT-2 and Llama-style models through GPTConfig; registered as
+// model family "gpt" (gpt_family.cpp), its parallelisms in parallelize.cpp.
 #pragma once
 #include <map>
 
-#include "nn/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
-#include "optim/optimizer.h"
+#include "nn/model.h"
 #include "tensor/rng.h"
 
 namespace atl::nn {
@@ -43,52 +44,48 @@ class Block : public Module {
   MLP* mlp;
 };
 
-// Callbacks around each transformer block, for parallelism that must act just before a block
-// runs (ZeRO-3/FSDP gathers the block's sharded parameters there and frees them after). With
-// hooks set and gradients recorded, hidden() adds a pass-through node before and after each block
-// so the backward calls arrive when the block's backward starts and ends. Without hooks (the
-// default) nothing changes.
-struct BlockHooks {
-  virtual ~BlockHooks() = default;
-  virtual void forward_begin() {}  // start of hidden(), before the embeddings
-  virtual void before_forward(int64_t block) {}
-  virtual void after_forward(int64_t block) {}
-  virtual void before_backward(int64_t block) {}
-  virtual void after_backward(int64_t block) {}
-};
-
-class GPT : public Module {
+class GPT : public Model, public TokenGenerator {
  public:
   explicit GPT(const GPTConfig& c);
   const GPTConfig& config() const { return c_; }
+  std::string family() const override { return "gpt"; }
+  std::string describe() const override { return c_.describe(); }
+  int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t max_sequence_length() const override { return c_.block_size; }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_layer), norms 1, biases 0.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
 
   // tokens [B,T] i32 -> final hidden states [B,T,C] (records the graph when grad is on).
   Tensor hidden(const Tensor& tokens) const;
   // tokens, targets [B,T] -> scalar mean cross-entropy (the training forward).
-  Tensor loss(const Tensor& tokens, const Tensor& targets) const;
+  Tensor loss(const Tensor& tokens, const Tensor& targets) const override;
   // tokens [B,T] -> logits [B,T,V].
   Tensor logits(const Tensor& tokens) const;
+  Tensor forward(const Tensor& tokens) const override { return logits(tokens); }
 
   Parameter* head_weight() const;  // [V, C]: wte when tied, else lm_head
-  std::vector<ParamRef> param_refs();
-  void zero_grad();
-  const Tensor& flat_values() const { return flat_values_; }
-  const Tensor& flat_grads() const { return flat_grads_; }
 
-  // Weights with Hugging Face GPT-2 names (the tied head is not written, as in HF's files).
-  std::vector<std::pair<std::string, Tensor>> state_dict();
-  void load_state_dict(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what);
-  std::map<std::string, std::string> config_metadata() const;
+  // The sharding units are the transformer blocks; a tied head reads the embedding table.
+  std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }
+  bool head_reads_lower_root() const override { return c_.tied_head; }
+  ParallelPlan parallelize() const override;  // parallelize.cpp
+
+  // Weights keep Hugging Face GPT-2 names (the tied head is not written, as in HF's files, and
+  // is ignored when a file carries it).
+  const StateDictAdapter& state_dict_adapter() const override;
+  std::map<std::string, std::string> config_metadata() const override;
 
   // Training FLOPs per token: 6 per parameter of the matmuls plus attention's 12*L*C*T (PaLM, app. B).
-  double flops_per_token(int64_t T) const;
+  double flops_per_token(int64_t T) const override;
+  std::optional<TransformerShape> transformer_shape() const override {
+    return TransformerShape{c_.n_layer, c_.n_embd,   c_.n_head, c_.n_kv_head, c_.ffn(), c_.vocab_size,
+                            c_.swiglu,  c_.tied_head, c_.bias,  c_.rms_norm,  c_.rope};
+  }
 
   // Autoregressive sampling (full recompute per token; T limited to block_size).
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, float temperature,
-                                int64_t top_k, Rng& rng) const;
+                                int64_t top_k, Rng& rng) const override;
 
   // ---- cached inference (gpt_cached.cpp) ----
   // A cache for `batch` rows of up to `capacity` positions (at most block_size).
@@ -106,12 +103,8 @@ class GPT : public Module {
   Norm* ln_f;
   Parameter* lm_head = nullptr;
 
-  // nullptr (the default) removes them; the hooks must outlive their use.
-  void set_block_hooks(BlockHooks* h) { hooks_ = h; }
-
  private:
   GPTConfig c_;
-  BlockHooks* hooks_ = nullptr;
 };
 
 GPTConfig config_from_metadata(const std::map<std::string, std::string>& md);

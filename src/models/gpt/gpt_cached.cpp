@@ -3,7 +3,7 @@
 // (padding dropped) so the matmuls see only real rows.
 #include <algorithm>
 
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 namespace atl::nn {
 

@@ -1,5 +1,7 @@
 // DMuon-style ownership for Muon; see muon_owner.h.
-#include "parallel/muon_owner.h"
+#include "parallel/optim/muon_owner.h"
+#include "optim/param_groups.h"
+#include "parallel/optim/placement.h"
 #include "optim/optim_util.h"
 
 #include <algorithm>
@@ -126,5 +128,19 @@ void MuonOwner::load_state(const TensorFile& f, const std::string& prefix) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (momentum_[i].defined()) optim::load_checked(momentum_[i], f, prefix + params_[i].name + ".momentum");
 }
+
+namespace {
+// DDP with [optim] type = "muon": owners orthogonalize (optim.muon.distributed = false keeps
+// every rank orthogonalizing every matrix).
+PlacementRegistrar<ReplicatedPlacement> reg(
+    replicated_placements(), "muon",
+    {[](Config& c) { c.get_bool("optim.muon.distributed", true); },
+     [](Config& c, std::vector<ParamRef>& ps, comm::Communicator* comm, std::string& note) -> std::unique_ptr<Optimizer> {
+       if (!comm || !c.get_bool("optim.muon.distributed", true)) return nullptr;
+       note = " (Muon matrices orthogonalized by their owner ranks)";
+       return std::make_unique<MuonOwner>(ps, MuonOwnerConfig{muon_config_from(c, "optim.muon")}, comm);
+     },
+     "Muon's matrices then get owner ranks"});
+}  // namespace
 
 }  // namespace atl::parallel

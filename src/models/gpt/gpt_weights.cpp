@@ -1,9 +1,9 @@
-#include "nn/gpt_weights.h"
+#include "models/gpt/gpt_weights.h"
 
 #include <cstdlib>
 #include <set>
 
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 namespace atl::nn {
 

@@ -1,10 +1,9 @@
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cpu/kernels.h"
 
 namespace atl::nn {
 
@@ -43,13 +42,13 @@ Tensor Block::operator()(const Tensor& x) const {
   return ops::add(r, (*mlp)((*ln_2)(r)));
 }
 
-GPT::GPT(const GPTConfig& c) : Module(""), c_(c) {
+GPT::GPT(const GPTConfig& c) : Model(""), c_(c) {
   c_.validate();
   wte = child<Embedding>("transformer.wte", c_.vocab_size, c_.n_embd);
   if (!c_.rope) wpe = child<Embedding>("transformer.wpe", c_.block_size, c_.n_embd);
   for (int64_t i = 0; i < c_.n_layer; ++i) h.push_back(child<Block>("transformer.h." + std::to_string(i), c_));
   ln_f = child<Norm>("transformer.ln_f", c_.n_embd, c_.rms_norm, c_.bias, c_.norm_eps);
-  if (!c_.tied_head) lm_head = declare("lm_head.weight", {c_.vocab_size, c_.n_embd});
+  if (!c_.tied_head) lm_head = declare("lm_head.weight", {c_.vocab_size, c_.n_embd}, ParamRole::head);
   materialize();
 }
 
@@ -65,43 +64,14 @@ void GPT::init_weights(uint64_t seed) {
   }
 }
 
-namespace {
-// A pass-through node whose backward calls a block hook: placed after a block it runs when the
-// block's backward begins, placed before it when that backward has ended.
-Tensor hook_marker(const Tensor& x, BlockHooks* h, int64_t block, bool at_block_output) {
-  Tensor out = x.view(x.shape());
-  record("block_hook", out, {x}, [h, block, at_block_output](Node& n) {
-    if (at_block_output) h->before_backward(block);
-    Tensor g = grad_of(n.output);
-    Tensor& in = n.inputs[0];
-    if (!grad_of(in).defined()) in.autograd()->grad = g;  // hand the buffer on, no copy
-    else cpu::add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
-    if (!at_block_output) h->after_backward(block);
-  });
-  return out;
-}
-}  // namespace
-
 Parameter* GPT::head_weight() const { return c_.tied_head ? wte->weight : lm_head; }
 
 Tensor GPT::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
-  if (hooks_) hooks_->forward_begin();
+  begin_forward();
   Tensor x = ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
-  for (size_t i = 0; i < h.size(); ++i) {
-    if (!hooks_) {
-      x = (*h[i])(x);
-      continue;
-    }
-    int64_t bi = int64_t(i);
-    hooks_->before_forward(bi);
-    bool rec = should_record({&x});
-    if (rec) x = hook_marker(x, hooks_, bi, false);
-    x = (*h[i])(x);
-    if (rec) x = hook_marker(x, hooks_, bi, true);
-    hooks_->after_forward(bi);
-  }
+  x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
   return (*ln_f)(x);
 }
 
@@ -114,34 +84,15 @@ Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
 
 Tensor GPT::logits(const Tensor& tokens) const { return ops::linear_t(hidden(tokens), head_weight()->value); }
 
-std::vector<ParamRef> GPT::param_refs() {
-  std::vector<ParamRef> out;
-  for (Parameter* p : parameters()) out.push_back({p->name, p->value, p->grad});
-  return out;
-}
+namespace {
+struct Gpt2Names : StateDictAdapter {
+  bool ignorable(const std::string& key) const override { return key == "lm_head.weight"; }
+};
+}  // namespace
 
-void GPT::zero_grad() { flat_grads_.zero(); }
-
-std::vector<std::pair<std::string, Tensor>> GPT::state_dict() {
-  std::vector<std::pair<std::string, Tensor>> sd;
-  for (Parameter* p : parameters()) sd.emplace_back(p->name, p->value);
-  return sd;
-}
-
-void GPT::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what) {
-  std::map<std::string, const Tensor*> by;
-  for (auto& [n, t] : sd) by[n] = &t;
-  for (Parameter* p : parameters()) {
-    auto it = by.find(p->name);
-    ATOLL_CHECK(it != by.end(), "{}: missing weight '{}'", what, p->name);
-    ATOLL_CHECK(it->second->shape() == p->shape, "{}: weight '{}' has shape {}, the model expects {}", what, p->name,
-                shape_str(it->second->shape()), shape_str(p->shape));
-    p->value.copy_from(*it->second);
-    by.erase(it);
-  }
-  by.erase("lm_head.weight");  // HF files may carry the tied head explicitly
-  ATOLL_CHECK(by.empty(), "{}: unexpected weight '{}' (model: {})", what, by.empty() ? "" : by.begin()->first,
-              c_.describe());
+const StateDictAdapter& GPT::state_dict_adapter() const {
+  static const Gpt2Names names;
+  return names;
 }
 
 std::map<std::string, std::string> GPT::config_metadata() const {
@@ -150,7 +101,9 @@ std::map<std::string, std::string> GPT::config_metadata() const {
                       {"ffn_hidden", c_.ffn()},      {"rms_norm", c_.rms_norm},     {"swiglu", c_.swiglu},
                       {"rope", c_.rope},             {"tied_head", c_.tied_head},   {"bias", c_.bias},
                       {"rope_theta", c_.rope_theta}, {"norm_eps", c_.norm_eps}};
-  return {{"format", "pt"}, {"atoll_model", j.dump()}};
+  auto md = Model::config_metadata();
+  md["atoll_model"] = j.dump();
+  return md;
 }
 
 GPTConfig config_from_metadata(const std::map<std::string, std::string>& md) {
@@ -181,8 +134,8 @@ double GPT::flops_per_token(int64_t T) const {
   // untied head counts once as the output projection, the input embedding lookup is free.
   double n = 0;
   for (Parameter* p : const_cast<GPT*>(this)->parameters()) {
-    if (p->shape.size() < 2 || p->name.find("wpe") != std::string::npos) continue;
-    if (p->name.find("wte") != std::string::npos && !c_.tied_head) continue;
+    if (p->shape.size() < 2 || p == (wpe ? wpe->weight : nullptr)) continue;
+    if (p == wte->weight && !c_.tied_head) continue;
     n += double(shape_numel(p->shape));
   }
   return 6.0 * n + 12.0 * double(c_.n_layer) * double(c_.n_head * c_.head_dim()) * double(T);

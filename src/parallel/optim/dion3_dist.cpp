@@ -1,5 +1,7 @@
 // Dion3 with slice-sharded momentum and a local or global selection scope; see dion3_dist.h.
-#include "parallel/dion3_dist.h"
+#include "parallel/optim/dion3_dist.h"
+#include "optim/param_groups.h"
+#include "parallel/optim/placement.h"
 #include "optim/optim_util.h"
 
 #include <algorithm>
@@ -14,23 +16,6 @@ SelectScope parse_select_scope(const std::string& s) {
   if (s == "local") return SelectScope::local;
   fail("dion3: selection scope must be \"global\" or \"local\", got '{}'", s);
 }
-
-namespace {
-// Indices of the k largest norms[0..n) (ties by index), ascending.
-std::vector<int64_t> top_k(const float* norms, int64_t n, int64_t k) {
-  std::vector<int64_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
-    return norms[a] != norms[b] ? norms[a] > norms[b] : a < b;
-  });
-  idx.resize(size_t(k));
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-int64_t count_of(float fraction, int64_t n) {
-  return n == 0 ? 0 : std::max<int64_t>(1, int64_t(std::ceil(double(fraction) * double(n))));
-}
-}  // namespace
 
 Dion3Dist::Dion3Dist(std::vector<ParamRef> params, Dion3Config cfg, SelectScope scope, comm::Communicator* comm)
     : params_(std::move(params)), cfg_(std::move(cfg)), scope_(scope), comm_(comm) {
@@ -47,8 +32,7 @@ Dion3Dist::Dion3Dist(std::vector<ParamRef> params, Dion3Config cfg, SelectScope 
     auto d = optim::mat_dims(p.value);
     dims_.push_back(d);
     // The same rule as single-rank Dion3.
-    by_rows_.push_back(s == "rows" || (s == "neurons" && cfg_.layout == optim::Layout::out_in) ||
-                       (s == "shorter" && d.rows <= d.cols));
+    by_rows_.push_back(dion3::selects_rows(cfg_, d));
     size_t i = dims_.size() - 1;
     mine_.push_back(row_block(nslice(i), rank_, world_));
     momentum_.emplace_back(size_t(mine_.back().size() * len(i)), 0.f);
@@ -108,19 +92,19 @@ void Dion3Dist::step(const StepContext& ctx) {
         const float* src = world_ > 1 ? all_norms.f32() + r * my_norms.numel() + norm_off[i] : my_norms.f32() + norm_off[i];
         std::copy(src, src + rb.size(), norms.begin() + rb.lo);
       }
-      k[i] = count_of(cfg_.fraction, nslice(i));
-      selected_[i] = top_k(norms.data(), nslice(i), k[i]);
+      k[i] = dion3::count(cfg_.fraction, nslice(i));
+      selected_[i] = dion3::top_k(norms.data(), nslice(i), k[i]);
       auto first = std::lower_bound(selected_[i].begin(), selected_[i].end(), b.lo);
       my_slot[i] = first - selected_[i].begin();
       for (auto it = first; it != selected_[i].end() && *it < b.hi; ++it) my_sel[i].push_back(*it);
     } else {
       k[i] = 0;
       for (int r = 0; r < world_; ++r) {
-        int64_t kr = count_of(cfg_.fraction, row_block(nslice(i), r, world_).size());
+        int64_t kr = dion3::count(cfg_.fraction, row_block(nslice(i), r, world_).size());
         if (r == rank_) my_slot[i] = k[i];
         k[i] += kr;
       }
-      for (int64_t s : top_k(my_norms.f32() + norm_off[i], b.size(), count_of(cfg_.fraction, b.size())))
+      for (int64_t s : dion3::top_k(my_norms.f32() + norm_off[i], b.size(), dion3::count(cfg_.fraction, b.size())))
         my_sel[i].push_back(b.lo + s);
     }
     buf_off[i] = buf_size;
@@ -156,25 +140,10 @@ void Dion3Dist::step(const StepContext& ctx) {
     for (int64_t s = 0; s < ki; ++s) selected_[i][size_t(s)] = int64_t(ids[s]);
     O.resize(size_t(ki * L));
     optim::orthogonalize(U, O.data(), ki, L, cfg_.ns);
-    float* V = variance_[i].f32();
-    double fro_before = optim::sum_sq(O.data(), ki * L);
-    for (int64_t s = 0; s < ki; ++s) {
-      float* row = O.data() + s * L;
-      double ms = 0;
-      for (int64_t j = 0; j < L; ++j) ms += double(row[j]) * row[j];
-      float mean_sq = float(ms / double(L));
-      float& v = V[selected_[i][size_t(s)]];
-      v = v + (1.f - cfg_.beta2) * (mean_sq - v);
-      float inv = 1.f / (std::sqrt(v) + 1e-8f);
-      for (int64_t j = 0; j < L; ++j) row[j] *= inv;
-    }
-    double fro_after = std::max(std::sqrt(optim::sum_sq(O.data(), ki * L)), 1e-8);
-    const float renorm = float(std::sqrt(fro_before) / fro_after);
+    const float renorm =
+        dion3::normuon_normalize(O.data(), ki, L, selected_[i].data(), variance_[i].f32(), cfg_.beta2);
     float* W = params_[i].value.f32();
-    const int64_t n = d.rows * d.cols;
-    const float decay = 1.f - lr * cfg_.weight_decay;
-    if (decay != 1.f)
-      for (int64_t e = 0; e < n; ++e) W[e] *= decay;
+    dion3::decay(W, d.rows * d.cols, lr, cfg_.weight_decay);
     const float step = lr * optim::update_scale(cfg_.scale, d.rows, d.cols, cfg_.layout) * renorm;
     for (int64_t s = 0; s < ki; ++s)
       for (int64_t j = 0; j < L; ++j) W[at(i, selected_[i][size_t(s)], j)] -= step * O[size_t(s * L + j)];
@@ -222,5 +191,25 @@ void Dion3Dist::load_state(const TensorFile& f, const std::string& prefix) {
       for (int64_t j = 0; j < L; ++j) momentum_[i][size_t(s * L + j)] = m.f32()[at(i, mine_[i].lo + s, j)];
   }
 }
+
+namespace {
+// Dion3's selection scope on several ranks ("global": exact single-rank Dion3; "local": top-k per
+// shard, no norm exchange).
+std::string scope_of(Config& c) {
+  return c.get_string("optim.dion3.scope", "global", {"global", "local"});
+}
+PlacementRegistrar<ReplicatedPlacement> reg(
+    replicated_placements(), "dion3",
+    {[](Config& c) {
+       if (c.has("optim.dion3.scope")) scope_of(c);
+     },
+     [](Config& c, std::vector<ParamRef>& ps, comm::Communicator* comm, std::string& note) -> std::unique_ptr<Optimizer> {
+       std::string scope = scope_of(c);
+       if (!comm) return nullptr;
+       note = " (Dion3 momentum sharded by slice, " + scope + " selection)";
+       return std::make_unique<Dion3Dist>(ps, dion3_config_from(c, "optim.dion3"), parse_select_scope(scope), comm);
+     },
+     "Dion3 then shards its momentum by slice across the ranks"});
+}  // namespace
 
 }  // namespace atl::parallel

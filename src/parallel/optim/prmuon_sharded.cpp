@@ -1,5 +1,7 @@
 // Periodic Row-wise Muon on row-sharded momentum; see prmuon_sharded.h.
-#include "parallel/prmuon_sharded.h"
+#include "parallel/optim/prmuon_sharded.h"
+#include "optim/param_groups.h"
+#include "parallel/optim/placement.h"
 #include "optim/optim_util.h"
 
 #include <algorithm>
@@ -206,5 +208,18 @@ void PrMuonSharded::load_state(const TensorFile& f, const std::string& prefix) {
     }
   }
 }
+
+namespace {
+PlacementRegistrar<ReplicatedPlacement> reg(
+    replicated_placements(), "prmuon",
+    {nullptr,
+     [](Config& c, std::vector<ParamRef>& ps, comm::Communicator* comm, std::string& note) -> std::unique_ptr<Optimizer> {
+       PeriodicRowMuonConfig pc = prmuon_config_from(c, "optim.prmuon");
+       if (!comm || !pc.normalize_rows) return nullptr;  // column norms span the row shards: keep it replicated
+       note = " (PRMuon momentum sharded by rows, refreshes orthogonalized by owner ranks)";
+       return std::make_unique<PrMuonSharded>(ps, PrMuonShardedConfig{pc, /*reduce_grads=*/false}, comm);
+     },
+     "PRMuon then shards its momentum by rows"});
+}  // namespace
 
 }  // namespace atl::parallel

@@ -1,5 +1,6 @@
 // The Muon family on ZeRO's flat shards; see sharded_muon.h.
-#include "parallel/sharded_muon.h"
+#include "parallel/optim/sharded_muon.h"
+#include "parallel/optim/placement.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +9,7 @@
 
 #include "optim/optim_util.h"
 #include "optim/param_groups.h"
-#include "parallel/muon_owner.h"
+#include "parallel/optim/muon_owner.h"
 
 namespace atl::parallel {
 
@@ -16,7 +17,7 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
-ShardedMuon::ShardedMuon(nn::GPT& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg)
+ShardedMuon::ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg)
     : model_(model), group_(group), cfg_(std::move(cfg)) {
   ATOLL_CHECK(cfg_.type == "muon" || cfg_.type == "prmuon",
               "ZeRO shards the Muon family as type \"muon\" or \"prmuon\", not '{}'", cfg_.type);
@@ -29,7 +30,7 @@ ShardedMuon::ShardedMuon(nn::GPT& model, const FlatLayout& layout, comm::Communi
   std::vector<double> cost;
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const nn::Parameter* p = layout.params[i];
-    if (classify_param(ParamRef{p->name, p->value, Tensor()}) != ParamClass::hidden) continue;
+    if (classify_param(ParamRef{p->name, p->value, Tensor(), p->role}) != ParamClass::hidden) continue;
     hidden[i] = true;
     Mat m;
     m.param = int(i);
@@ -328,5 +329,25 @@ void ShardedMuon::load_state(const TensorFile& f, const std::string& prefix) {
     if (n.compare(0, prefix.size(), prefix) == 0) stripped.tensors.emplace_back(n.substr(prefix.size()), t);
   load_full_state(stripped);
 }
+
+namespace {
+ShardedOptimizerFactory sharded_muon_factory(Config& c, const AdamWConfig& adamw, const std::string& type) {
+  ShardedMuonConfig smc;
+  smc.type = type;
+  if (type == "prmuon") smc.prm = prmuon_config_from(c, "optim.prmuon");
+  else smc.prm.muon = muon_config_from(c, "optim.muon");
+  smc.adamw = adamw;
+  return [smc](nn::Model& m, const FlatLayout& l, comm::Communicator* g) {
+    return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedMuon>(m, l, g, smc));
+  };
+}
+const char* kOwners = " (Muon matrices orthogonalized by their owner ranks)";
+PlacementRegistrar<ShardedPlacement> muon(
+    sharded_placements(), "muon",
+    {[](Config& c, const AdamWConfig& a) { return sharded_muon_factory(c, a, "muon"); }, kOwners});
+PlacementRegistrar<ShardedPlacement> prmuon(
+    sharded_placements(), "prmuon",
+    {[](Config& c, const AdamWConfig& a) { return sharded_muon_factory(c, a, "prmuon"); }, kOwners});
+}  // namespace
 
 }  // namespace atl::parallel

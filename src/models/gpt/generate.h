@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "models/gpt/gpt.h"
 #include "nn/sampling.h"
 
 namespace atl::nn {

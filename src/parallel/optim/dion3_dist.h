@@ -20,7 +20,7 @@
 #pragma once
 #include "comm/communicator.h"
 #include "optim/dion3.h"
-#include "parallel/prmuon_sharded.h"
+#include "parallel/optim/prmuon_sharded.h"
 
 namespace atl::parallel {
 

@@ -1,4 +1,4 @@
-#include "nn/generate.h"
+#include "models/gpt/generate.h"
 
 #include <algorithm>
 

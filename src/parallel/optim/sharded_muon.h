@@ -32,7 +32,7 @@
 // "step", "<type>.step", "<type>.<param>.momentum", "adamw.step", "adamw.<param>.exp_avg", ...
 #pragma once
 #include "optim/periodic_row_muon.h"
-#include "parallel/sharded_adamw.h"
+#include "parallel/optim/sharded_adamw.h"
 
 namespace atl::parallel {
 
@@ -45,7 +45,7 @@ struct ShardedMuonConfig {
 class ShardedMuon final : public ShardedOptimizer {
  public:
   // group: the communicator the layout's buckets are sharded over (null: one rank).
-  ShardedMuon(nn::GPT& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg);
+  ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg);
   std::string name() const override { return "adamw+" + cfg_.type; }
   void step(const StepContext& ctx) override;
   // The full state with a prefix (collective), as GroupedOptimizer would save it.
@@ -93,7 +93,7 @@ class ShardedMuon final : public ShardedOptimizer {
   // u -> each slice normalized over the whole matrix (one all_reduce of partial sums).
   void normalize_slices_sharded(std::vector<float>& u);
 
-  nn::GPT& model_;
+  nn::Model& model_;
   comm::Communicator* group_;
   int rank_ = 0, world_ = 1;
   ShardedMuonConfig cfg_;

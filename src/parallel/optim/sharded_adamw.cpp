@@ -1,5 +1,6 @@
-#include "parallel/sharded_adamw.h"
+#include "parallel/optim/sharded_adamw.h"
 
+#include "parallel/optim/placement.h"
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -12,7 +13,7 @@ namespace {
 const char* kSuffixes[] = {".exp_avg", ".exp_avg_sq"};
 }
 
-ShardedAdamW::ShardedAdamW(nn::GPT& model, const FlatLayout& layout, const AdamWConfig& cfg,
+ShardedAdamW::ShardedAdamW(nn::Model& model, const FlatLayout& layout, const AdamWConfig& cfg,
                            const std::function<bool(int param)>& take, std::string prefix)
     : layout_(layout), taken_(layout.params.size(), true), prefix_(std::move(prefix)) {
   if (take)
@@ -78,5 +79,16 @@ void ShardedAdamW::load_full_state(const TensorFile& f) {
   inner_->load_state(mine, "");
   steps_ = inner_->steps();
 }
+
+namespace {
+PlacementRegistrar<ShardedPlacement> reg(
+    sharded_placements(), "adamw",
+    {[](Config&, const AdamWConfig& a) -> ShardedOptimizerFactory {
+       return [a](nn::Model& m, const FlatLayout& l, comm::Communicator*) {
+         return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedAdamW>(m, l, a));
+       };
+     },
+     ""});
+}  // namespace
 
 }  // namespace atl::parallel

@@ -24,6 +24,6 @@ class ShardedOptimizer : public Optimizer {
 // Builds a rank's sharded optimizer once ZeRO has laid out the buckets. `shard_group` is the
 // communicator the buckets are sharded over (under HSDP the group of shards; null for one rank).
 using ShardedOptimizerFactory = std::function<std::unique_ptr<ShardedOptimizer>(
-    nn::GPT& model, const FlatLayout& layout, comm::Communicator* shard_group)>;
+    nn::Model& model, const FlatLayout& layout, comm::Communicator* shard_group)>;
 
 }  // namespace atl::parallel

@@ -8,7 +8,7 @@
 // GPT2Model), may include the attention mask buffers (h.N.attn.bias, h.N.attn.masked_bias), which
 // are not weights, and an explicit tied lm_head; the Conv1D [in, out] layout is atoll's own.
 #pragma once
-#include "nn/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "tensor/safetensors.h"
 
 namespace atl::nn {

@@ -1,0 +1,59 @@
+#include "parallel/optim/placement.h"
+
+#include "optim/param_groups.h"
+
+namespace atl::parallel {
+
+Registry<ReplicatedPlacement>& replicated_placements() {
+  static Registry<ReplicatedPlacement> r("replicated optimizer placement");
+  return r;
+}
+
+Registry<ShardedPlacement>& sharded_placements() {
+  static Registry<ShardedPlacement> r("sharded optimizer placement");
+  return r;
+}
+
+OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communicator* comm, bool sharding,
+                                   const std::string& strategy) {
+  OptimizerPlacement out;
+  out.adamw = adamw_config_from(cfg);
+  OptimizerRoute route = optimizer_route(cfg);
+  for (const auto& n : replicated_placements().names())
+    if (replicated_placements().get(n).keys) replicated_placements().get(n).keys(cfg);
+  // Plain AdamW everywhere (also when a group is routed to "adamw" explicitly) keeps checkpoints
+  // interchangeable between the strategies; the strategy builds it (sharded or not) from adamw.
+  bool grouped = route.hidden != "adamw" || route.embed != "adamw" || route.head != "adamw" || route.vector != "adamw";
+  if (!grouped) return out;
+  if (sharding) {
+    // ZeRO shards the optimizer over equal flat chunks: the hidden-matrix optimizer needs a
+    // sharded form, AdamW takes everything else.
+    std::string shardable;
+    for (const auto& n : sharded_placements().names()) shardable += (shardable.empty() ? "" : ", ") + n;
+    std::string hint = replicated_placements().has(route.hidden) ? replicated_placements().get(route.hidden).describe : "";
+    ATOLL_CHECK(sharded_placements().has(route.hidden),
+                "[optim] type = '{}' cannot run under parallel.strategy = '{}': ZeRO shards {} only; use "
+                "parallel.strategy = 'ddp'{}", route.hidden, strategy, shardable, hint.empty() ? "" : " (" + hint + ")");
+    for (auto [g, t] : {std::pair<const char*, const std::string*>{"embed", &route.embed}, {"head", &route.head},
+                        {"vector", &route.vector}})
+      ATOLL_CHECK(*t == "adamw", "optim.{} = '{}' cannot run under parallel.strategy = '{}': ZeRO shards the groups "
+                  "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
+                  g, *t, strategy);
+    const ShardedPlacement& p = sharded_placements().get(route.hidden);
+    out.sharded = p.make(cfg, out.adamw);
+    if (comm && comm->size() > 1) out.note = p.note;
+    return out;
+  }
+  OptimizerOverride distributed = [&](Config& c, const std::string& type, std::vector<ParamRef>& ps) {
+    std::unique_ptr<Optimizer> o;
+    if (!comm || !replicated_placements().has(type)) return o;
+    std::string note;
+    o = replicated_placements().get(type).make(c, ps, comm, note);
+    if (o) out.note += note;
+    return o;
+  };
+  out.full = make_optimizer(cfg, model.param_refs(), distributed);  // reads (and so validates) its keys
+  return out;
+}
+
+}  // namespace atl::parallel

@@ -1,0 +1,60 @@
+// Where an optimizer's work and state go under data parallelism. Each optimizer type that has a
+// distributed form registers it here by name (one file each in parallel/optim/, their maths
+// called from optim/): under replicated strategies (DDP) a group's optimizer may become its
+// distributed form (Muon: matrix owners; PRMuon: row-sharded momentum; Dion3: slice-sharded);
+// under sharding strategies (ZeRO-1/2/3, HSDP) the hidden-matrix optimizer must have a sharded
+// form over ZeRO's flat chunks, with AdamW's sharded form for everything else.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "core/registry.h"
+#include "nn/model.h"
+#include "optim/adamw.h"
+#include "parallel/optim/sharded_optimizer.h"
+
+namespace atl::parallel {
+
+// A distributed form of a group's optimizer under replicated data parallelism (DDP).
+struct ReplicatedPlacement {
+  // Reads the form's keys (optim.muon.distributed, ...), so that they are valid in every run.
+  std::function<void(Config& cfg)> keys;
+  // The form over comm, or null to keep the single-rank optimizer; may set note (for the log).
+  std::function<std::unique_ptr<Optimizer>(Config& cfg, std::vector<ParamRef>& params, comm::Communicator* comm,
+                                           std::string& note)>
+      make;
+  // What it does, for the error that names DDP as the alternative to an unshardable type.
+  std::string describe;
+};
+Registry<ReplicatedPlacement>& replicated_placements();
+
+// The rank's optimizer under a sharding strategy: the hidden matrices in this type, AdamW for the
+// rest, built once ZeRO has laid out its buckets.
+struct ShardedPlacement {
+  std::function<ShardedOptimizerFactory(Config& cfg, const AdamWConfig& adamw)> make;
+  std::string note;  // for the log on several ranks
+};
+Registry<ShardedPlacement>& sharded_placements();
+
+template <typename Entry>
+struct PlacementRegistrar {
+  PlacementRegistrar(Registry<Entry>& r, const std::string& optimizer, Entry e) { r.add(optimizer, std::move(e)); }
+};
+
+// What the trainer hands the data-parallel strategy (make_data_parallel).
+struct OptimizerPlacement {
+  AdamWConfig adamw;               // [optim.adamw], read once
+  std::unique_ptr<Optimizer> full;  // replicated strategies: the grouped optimizer; null: AdamW everywhere
+  ShardedOptimizerFactory sharded;  // sharding strategies: null: ShardedAdamW everywhere
+  std::string note;                 // how the optimizer is placed, for the log ("" when plainly)
+};
+
+// Reads [optim] (every key it may need, so that cfg.finish() can follow) and places the model's
+// optimizer for a strategy that shards (ZeRO, HSDP) or replicates (DDP) it; comm null: one rank.
+OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communicator* comm, bool sharding,
+                                   const std::string& strategy);
+
+}  // namespace atl::parallel

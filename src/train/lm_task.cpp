@@ -1,0 +1,113 @@
+// Language-model pretraining ([train] task = "lm", the default): batches of token ids from the
+// prepared shards, next-token cross-entropy, validation loss, and text sampled from the model when
+// it generates (nn::TokenGenerator).
+#include <filesystem>
+
+#include "core/log.h"
+#include "data/corpus.h"
+#include "data/data_loader.h"
+#include "data/tokenizer.h"
+#include "train/task.h"
+#include "train/trainer.h"
+
+namespace atl {
+namespace fs = std::filesystem;
+
+namespace {
+
+class LanguageModelTask final : public Task {
+ public:
+  explicit LanguageModelTask(const TrainOptions& o) : o_(o) {}
+  std::string name() const override { return "lm"; }
+
+  void setup(nn::Model& model, const TaskEnv& env) override {
+    tok_ = load_tokenizer(o_.tokenizer);
+    if (!fs::exists(fs::path(o_.data_dir) / "meta.json") && o_.auto_prepare) {
+      if (env.rank == 0) {
+        log::info("preparing the default corpus (Debian fortunes) into {} ...", o_.data_dir);
+        prepare_default_corpus(o_.data_dir, o_.tokenizer);
+      }
+      if (env.comm) env.comm->barrier();  // the others wait for rank 0's data
+    }
+    check_prepared_tokenizer(o_.data_dir, o_.tokenizer);  // ids of another tokenizer mean nothing
+    int64_t vocab = token_model(model).vocab_size();
+    ATOLL_CHECK(vocab >= tok_->vocab_size(), "model.vocab_size {} is smaller than the tokenizer's {}", vocab,
+                tok_->vocab_size());
+    int64_t block = token_model(model).max_sequence_length();
+    ATOLL_CHECK(block == 0 || o_.seq_len <= block, "train.seq_len {} exceeds model.block_size {}", o_.seq_len, block);
+    train_ = std::make_unique<DataLoader>(o_.data_dir, "train", int(o_.batch_size), int(o_.seq_len), env.rank,
+                                          env.world, uint64_t(o_.seed));
+    // Evaluation is split like training: each rank scores its share of the validation rows.
+    val_ = std::make_unique<DataLoader>(o_.data_dir, "val", int(o_.batch_size), int(o_.seq_len), env.rank, env.world,
+                                        uint64_t(o_.seed));
+    // Both splits before step 1: a bad id in the validation shards would otherwise surface only at
+    // the first evaluation, after training time is spent.
+    train_->validate_vocab(int32_t(vocab));
+    val_->validate_vocab(int32_t(vocab));
+    batch_.input = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
+    batch_.target = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
+  }
+
+  const Batch& next_batch() override {
+    train_->next_batch(batch_.input.i32(), batch_.target.i32());
+    return batch_;
+  }
+
+  double evaluate(const nn::Model& model) override {
+    NoGradGuard ng;
+    val_->reset();
+    Batch b{Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32), Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32)};
+    double total = 0;
+    for (int64_t i = 0; i < o_.eval_steps; ++i) {
+      val_->next_batch(b.input.i32(), b.target.i32());
+      total += loss(model, b).item();
+    }
+    return total / double(o_.eval_steps);
+  }
+
+  std::string sample(const nn::Model& model, Rng& rng) override {
+    auto* gen = dynamic_cast<const nn::TokenGenerator*>(&model);
+    if (!gen) return "";
+    std::vector<int32_t> prompt = o_.sample_prompt.empty() ? std::vector<int32_t>{tok_->eot()} : tok_->encode(o_.sample_prompt);
+    auto seq = gen->generate(prompt, o_.sample_tokens, o_.sample_temperature, o_.sample_top_k, rng);
+    std::vector<int32_t> out(seq.begin() + int64_t(prompt.size()), seq.end());
+    for (auto& t : out)
+      if (t == tok_->eot()) t = int32_t('\n');
+    return (o_.sample_prompt.empty() ? "" : o_.sample_prompt) + tok_->decode(out);
+  }
+
+  int64_t tokens_per_batch() const override { return o_.batch_size * o_.seq_len; }
+  int64_t sequence_length() const override { return o_.seq_len; }
+
+  nlohmann::json data_state() const override { return train_->state().to_json(); }
+
+  void set_data_state(const nlohmann::json& j, const TaskEnv& env) override {
+    // Saved by rank 0 of a job of any size: rank r of W goes on after the rows the whole job
+    // consumed (exact when W divides them).
+    DataLoaderState ds = DataLoaderState::from_json(j);
+    ds.position = ds.position * uint64_t(ds.world_size) / uint64_t(env.world);
+    ds.rank = env.rank;
+    ds.world_size = env.world;
+    train_->set_state(ds);
+  }
+
+ private:
+  static const nn::TokenModel& token_model(const nn::Model& model) {
+    auto* t = dynamic_cast<const nn::TokenModel*>(&model);
+    ATOLL_CHECK(t, "[train] task = 'lm' needs a model over token ids (nn::TokenModel); model family '{}' is not one",
+                model.family());
+    return *t;
+  }
+
+  const TrainOptions& o_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<DataLoader> train_, val_;
+  Batch batch_;
+};
+
+TaskRegistrar lm("lm", [](Config&, const TrainOptions& o) -> std::unique_ptr<Task> {
+  return std::make_unique<LanguageModelTask>(o);
+});
+
+}  // namespace
+}  // namespace atl

@@ -1,0 +1,61 @@
+// What the training loop trains for. The loop (trainer.cpp) drives a Task: it asks for each
+// micro-batch, for the loss on it, for an evaluation and for a sample, and saves the position of
+// its data in checkpoints; it knows nothing of tokens or logits. Tasks register by name
+// ([train] task = "lm", the default: language-model pretraining, lm_task.cpp); diffusion, RL or
+// graph tasks register the same way without editing the loop.
+#pragma once
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "core/registry.h"
+#include "nn/model.h"
+#include "tensor/rng.h"
+
+namespace atl {
+
+struct TrainOptions;
+
+// A micro-batch: the model's input and the target its loss compares against.
+struct Batch {
+  Tensor input, target;
+};
+
+// Where the task runs: this rank of the job, and the job's communicator (null: one process).
+struct TaskEnv {
+  int rank = 0, world = 1;
+  comm::Communicator* comm = nullptr;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  // Once the model is built, before the first step: data, tokenizer, checks against the model.
+  virtual void setup(nn::Model& model, const TaskEnv& env) = 0;
+  // This rank's next training micro-batch (valid until the next call).
+  virtual const Batch& next_batch() = 0;
+  // The training loss on a batch (records the graph when grad is on).
+  virtual Tensor loss(const nn::Model& model, const Batch& b) { return model.loss(b.input, b.target); }
+  // Mean loss over this rank's share of the evaluation data; the trainer averages over ranks.
+  virtual double evaluate(const nn::Model& model) = 0;
+  // Something the model produced, for the log; "" when the task or the model has nothing.
+  virtual std::string sample(const nn::Model& model, Rng& rng) { return ""; }
+  // Tokens (samples) in one micro-batch of this rank, and the length FLOPs are counted at.
+  virtual int64_t tokens_per_batch() const = 0;
+  virtual int64_t sequence_length() const = 0;
+  // The training data's position, saved in checkpoints; restored by a job of any size.
+  virtual nlohmann::json data_state() const = 0;
+  virtual void set_data_state(const nlohmann::json& s, const TaskEnv& env) = 0;
+};
+
+using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;
+Registry<TaskFactory>& task_registry();
+struct TaskRegistrar {
+  TaskRegistrar(const std::string& name, TaskFactory f) { task_registry().add(name, std::move(f)); }
+};
+
+}  // namespace atl
