@@ -4,7 +4,7 @@ guide, and prints what each layer includes (what its CMake library must link):
 
   core -> tensor -> kernels (cpu, cuda) -> autograd -> nn -> models/<family> -> optim -> comm
   -> parallel -> lowcomm, resilience, rl -> train -> cli
-  data needs only core and tensor; plan only core.
+  data needs only core and tensor; plan only core (train uses plan's memory model).
 
 Besides the order: only cli may include models/ (nothing in optim, parallel, train... names a
 model family), and siblings of one level (lowcomm, resilience, rl) do not include each other.
@@ -27,7 +27,7 @@ for i, entry in enumerate(CHAIN):
         LEVEL[name] = i
 SIDE = {"data": {"core", "tensor"}, "plan": {"core"}}
 # Layers that may include a side layer (data, plan) besides themselves.
-SIDE_USERS = {"data": {"train", "cli"}, "plan": {"cli"}}
+SIDE_USERS = {"data": {"train", "cli"}, "plan": {"train", "cli"}}  # train: the start-up memory check
 MODEL_USERS = {"models", "cli"}
 # Above models, code sees an nn::Model: no layer but cli names the GPT family or matches its
 # parameter names (roles say what a parameter is). Comments may cite GPT-2.

@@ -78,7 +78,12 @@ alive() {  # a live (not zombie) process
   local st; st=$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1); [[ $st != Z ]]
 }
 
+t0=$(date +%s.%N)
 $(train_cmd "$WORK/ref") > "$WORK/ref.log" 2>&1 || { echo "the reference run failed:"; tail -5 "$WORK/ref.log"; exit 1; }
+# Kills land within the run's own duration (a faster build or machine must not let every run
+# finish before its kill, which would loop for ever): at most MAX_DELAY, at most 90% of the
+# reference run's wall time.
+REF_S=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
 REF=$(final_sum "$WORK/ref")
 echo "reference: $STEPS steps on $RANKS rank(s), final state $REF"
 
@@ -86,6 +91,10 @@ kills=0 lkills=0 in_save=0 resumes=0 regress=0 skipped=0 survivors=0 runs=0 exac
 total=$((KILLS + LKILLS))
 while (( kills + lkills < total )); do
   runs=$((runs + 1))
+  if (( runs > 10 * total + 10 )); then  # bounded: a campaign that cannot land its kills says so
+    echo "gave up: $runs runs for $((kills + lkills)) of $total kills (runs finish before the kill lands)"
+    failures=$((failures + 1)); runs=$((runs - 1)); break
+  fi
   run="$WORK/run$runs"
   attempt=0
   while :; do
@@ -94,7 +103,8 @@ while (( kills + lkills < total )); do
     $(train_cmd "$run" --resume) > "$log" 2>&1 &
     pid=$!
     if (( kills + lkills < total )); then
-      delay=$(awk -v r=$RANDOM -v m="$MAX_DELAY" 'BEGIN { printf "%.3f", 0.15 + (m - 0.15) * r / 32767 }')
+      delay=$(awk -v r=$RANDOM -v m="$MAX_DELAY" -v t="$REF_S" \
+        'BEGIN { if (0.9 * t < m) m = 0.9 * t; lo = 0.15 < m / 3 ? 0.15 : m / 3; printf "%.3f", lo + (m - lo) * r / 32767 }')
       sleep "$delay"
     fi
     if (( kills + lkills < total )) && kill -0 "$pid" 2>/dev/null; then

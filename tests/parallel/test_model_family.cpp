@@ -102,8 +102,11 @@ std::vector<double> losses(const fs::path& run) {
   std::ifstream f(run / "metrics.jsonl");
   std::vector<double> out;
   std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());  // segment lines carry none
+  }
   return out;
 }
 
