@@ -14,6 +14,7 @@
 #include "tensor/safetensors.h"
 #include "data/corpus.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 using namespace atl;
 namespace fs = std::filesystem;
@@ -48,24 +49,7 @@ const TrainedRun& trained() {
     r.root = fs::temp_directory_path() / ("atoll_eval_cli_" + std::to_string(::getpid()));
     fs::remove_all(r.root);
     fs::create_directories(r.root);
-    {
-      std::ofstream out(r.root / "corpus.txt");
-      const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
-      uint32_t s = 777;
-      for (int doc = 0; doc < 300; ++doc) {
-        for (int w = 0; w < 40; ++w) {
-          s = s * 1664525u + 1013904223u;
-          out << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-        }
-        out << "\n%\n";
-      }
-    }
-    PrepareOptions po;
-    po.inputs = {(r.root / "corpus.txt").string()};
-    po.out_dir = (r.root / "data").string();
-    po.val_fraction = 0.1;
-    prepare_data(po);
-    r.data = po.out_dir;
+    r.data = test::make_data(r.root);
     r.run = r.root / "run";
     Config cfg = Config::parse(fmt::format(R"(
 [run]
