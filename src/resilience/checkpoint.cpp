@@ -6,6 +6,7 @@
 #include "core/checksum.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "resilience/checkpoint_manifest.h"
 #include "resilience/checkpoint_select.h"
 
 namespace atl {
@@ -69,22 +70,21 @@ std::optional<std::string> CheckpointStore::latest() const {
 void CheckpointStore::verify(const std::string& path) {
   fs::path mp = fs::path(path) / "manifest.json";
   ATOLL_CHECK(fs::exists(mp), "checkpoint '{}' has no manifest.json: incomplete or not a checkpoint", path);
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_file(mp.string()));
-  } catch (const std::exception& e) {
-    fail("checkpoint '{}': manifest.json is corrupt ({})", path, e.what());
-  }
+  // The one manifest parser (checkpoint_manifest.h, fuzzed): a malformed manifest is refused with
+  // what is wrong in it, never a JSON library's type error.
+  const CheckpointManifest m =
+      parse_checkpoint_manifest(read_file(mp.string()), fmt::format("checkpoint '{}': manifest.json", path));
   for (const char* f : kFiles) {
-    ATOLL_CHECK(m["files"].contains(f), "checkpoint '{}': manifest lists no '{}'", path, f);
+    auto entry = m.files.find(f);
+    ATOLL_CHECK(entry != m.files.end(), "checkpoint '{}': manifest lists no '{}'", path, f);
     fs::path fp = fs::path(path) / f;
     ATOLL_CHECK(fs::exists(fp), "checkpoint '{}': file '{}' is missing", path, f);
     std::string bytes = read_file(fp.string());
-    size_t want = m["files"][f]["bytes"].get<size_t>();
+    uint64_t want = entry->second.bytes;
     ATOLL_CHECK(bytes.size() == want, "checkpoint '{}': '{}' has {} bytes, the manifest says {} (truncated?); refusing to load",
                 path, f, bytes.size(), want);
     uint32_t crc = crc32c(bytes);
-    ATOLL_CHECK(crc == m["files"][f]["crc32c"].get<uint32_t>(),
+    ATOLL_CHECK(crc == entry->second.crc32c,
                 "checkpoint '{}': checksum mismatch in '{}' (corrupt); refusing to load", path, f);
   }
 }
