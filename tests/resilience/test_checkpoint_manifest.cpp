@@ -58,3 +58,29 @@ TEST(CheckpointManifest, DamageIsNamed) {
             std::string::npos);
   EXPECT_EQ(error_of("{\"step\": 1, \"files\": {\"a\": {\"bytes\": 0, \"crc32c\": 4294967295}}}"), "(no error)");
 }
+
+// verify() goes through the same parser: a saved checkpoint whose manifest has a wrong-typed
+// entry is refused with an atoll error naming the checkpoint (it used to escape as a JSON type
+// error from the inline parse).
+TEST(CheckpointManifest, VerifyRefusesAWrongTypedManifestWithAMessage) {
+  fs::path d = fs::temp_directory_path() / ("atoll_manifest_verify_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  Checkpoint ck;
+  ck.model.emplace_back("w", Tensor::zeros({2, 3}, DType::f32));
+  ck.state = {{"step", 3}};
+  std::string dir = CheckpointStore(d.string(), 2).save(3, ck);
+  EXPECT_NO_THROW(CheckpointStore::verify(dir));
+  std::string text = read_file(dir + "/manifest.json");
+  size_t at = text.find("\"bytes\"");
+  ASSERT_NE(at, std::string::npos);
+  size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
+  write_file_atomic(dir + "/manifest.json", text.substr(0, colon + 1) + " \"many\"" + text.substr(end));
+  std::string what;
+  try {
+    CheckpointStore::verify(dir);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find(dir), std::string::npos) << "not refused with a message naming the checkpoint: '" << what << "'";
+  fs::remove_all(d);
+}
