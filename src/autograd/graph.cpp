@@ -79,10 +79,10 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
   g_tape.nodes.push_back(std::move(n));
 }
 
-void backward(const Tensor& loss, float seed) {
-  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
-  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
-  auto& nodes = g_tape.nodes;
+namespace {
+// Walks `nodes` (a tape taken out of the thread's, so that a node's backward may record and run
+// a tape of its own: recomputation) in reverse, firing leaf hooks as their gradients become final.
+void walk(std::vector<Node>& nodes) {
   // A leaf's gradient is final once the node of its first forward use has run backward. Leaves
   // that share that node fire in the order of its inputs: never in an order that depends on
   // addresses, because DDP issues its collectives from these hooks and every rank must issue
@@ -95,7 +95,6 @@ void backward(const Tensor& loss, float seed) {
           seen.insert(in.autograd().get()).second)
         fire_at[i].push_back(in.autograd().get());
 
-  grad_buffer(loss).fill(seed);
   for (size_t i = nodes.size(); i-- > 0;) {
     Node& n = nodes[i];
     AutogradMeta* om = n.output.autograd().get();
@@ -112,6 +111,29 @@ void backward(const Tensor& loss, float seed) {
   }
   nodes.clear();
 }
+}  // namespace
+
+void backward(const Tensor& loss, float seed) {
+  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
+  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
+  std::vector<Node> nodes = std::move(g_tape.nodes);
+  g_tape.nodes.clear();
+  grad_buffer(loss).fill(seed);
+  walk(nodes);
+}
+
+void backward_from(const Tensor& out, const Tensor& grad) {
+  ATOLL_CHECK(requires_grad(out), "backward_from(): the output does not depend on anything that requires grad");
+  ATOLL_CHECK(grad.shape() == out.shape(), "backward_from(): gradient {} for an output of shape {}",
+              shape_str(grad.shape()), shape_str(out.shape()));
+  std::vector<Node> nodes = std::move(g_tape.nodes);
+  g_tape.nodes.clear();
+  out.autograd()->grad = grad;
+  walk(nodes);
+}
+
+TapeScope::TapeScope() : saved_(std::make_unique<std::vector<Node>>(std::move(g_tape.nodes))) { g_tape.nodes.clear(); }
+TapeScope::~TapeScope() { g_tape.nodes = std::move(*saved_); }
 
 void clear_tape() { g_tape.nodes.clear(); }
 size_t tape_size() { return g_tape.nodes.size(); }

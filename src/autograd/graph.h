@@ -62,6 +62,21 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
 // Runs backward from a scalar (one-element) tensor, seeding its gradient with `seed`, then clears
 // the tape (freeing saved activations). Gradients of non-leaf tensors are freed as they are used.
 void backward(const Tensor& loss, float seed = 1.f);
+// Runs the thread's tape backward from a tensor of any shape whose gradient is `grad` (the
+// buffer is handed over, not copied), then clears the tape. For ops that record a graph of their
+// own inside a node's backward (activation recomputation, autograd/checkpoint.h).
+void backward_from(const Tensor& out, const Tensor& grad);
+// While alive the thread records onto a fresh tape; the one before it comes back on destruction.
+class TapeScope {
+ public:
+  TapeScope();
+  ~TapeScope();
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  std::unique_ptr<std::vector<Node>> saved_;
+};
 // Drops the recorded graph without running it (e.g. after an evaluation forward with grad on).
 void clear_tape();
 size_t tape_size();

@@ -107,6 +107,18 @@ struct AttentionKernels {
                          int64_t H, int64_t KV, int64_t hd);
   void (*ranged_backward)(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           const AttentionRanges& r, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd);
+  // One (query block, key block) pair of a longer row (ring attention, attention_block.cpp):
+  // queries from q [B,Tq,*] (row stride q_stride, heads first), keys and values from
+  // kv [B,Tk,2*KV*hd] (k heads, then v heads). r.k_lo/k_hi [B*Tq] index kv's rows, r.q_lo/q_hi
+  // [B*Tk] q's. Writes this pair's normalised out [B,Tq,H*hd] and lse [B,H,Tq] (-inf, out 0,
+  // where a query sees no key of the block).
+  void (*block_forward)(float* out, float* lse, const float* q, int64_t q_stride, const float* kv,
+                        const AttentionRanges& r, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd);
+  // Accumulates the pair's share of dq (stride q_stride) and dkv [B,Tk,2*KV*hd], from the merged
+  // row's lse and D = dO·O (each [B,H,Tq]).
+  void (*block_backward)(float* dq, float* dkv, const float* dout, const float* D, const float* lse, const float* q,
+                         int64_t q_stride, const float* kv, const AttentionRanges& r, int64_t B, int64_t Tq, int64_t Tk,
+                         int64_t H, int64_t KV, int64_t hd);
 };
 
 struct SoftmaxKernels {

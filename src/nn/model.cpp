@@ -86,7 +86,12 @@ Tensor hook_marker(const Tensor& x, BlockHooks* h, int64_t block, bool at_block_
 }
 }  // namespace
 
-Tensor Model::run_blocks(Tensor x, size_t n, const std::function<Tensor(size_t, const Tensor&)>& block) const {
+Tensor Model::run_blocks(Tensor x, size_t n, const std::function<Tensor(size_t, const Tensor&)>& block_fn) const {
+  // A "full" block keeps only its input and reruns in backward (the closure outlives this call).
+  auto block = [this, &block_fn](size_t i, const Tensor& in) {
+    if (recompute(i) != Recompute::full || !grad_enabled()) return block_fn(i, in);
+    return checkpoint("recompute_block", in, [i, f = block_fn](const Tensor& xi) { return f(i, xi); });
+  };
   for (size_t i = 0; i < n; ++i) {
     if (!hooks_) {
       x = block(i, x);

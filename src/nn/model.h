@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "autograd/checkpoint.h"
 #include "core/registry.h"
 #include "nn/module.h"
 #include "nn/parallel_plan.h"
@@ -83,6 +84,12 @@ class Model : public Module {
   // Saved with the weights; includes "atoll_family" so that model_from_metadata finds the family.
   virtual std::map<std::string, std::string> config_metadata() const;
 
+  // Activation recomputation per block ([train] recompute, nn/recompute.h): run_blocks wraps a
+  // "full" block in a checkpoint; a family that can recompute less ("selective") overrides this to
+  // tell its blocks. Missing entries are none.
+  virtual void set_recompute(std::vector<Recompute> per_block) { recompute_ = std::move(per_block); }
+  Recompute recompute(size_t block) const { return block < recompute_.size() ? recompute_[block] : Recompute::none; }
+
   // nullptr (the default) removes them; the hooks must outlive their use.
   void set_block_hooks(BlockHooks* h) { hooks_ = h; }
   BlockHooks* block_hooks() const { return hooks_; }
@@ -96,6 +103,7 @@ class Model : public Module {
 
  private:
   BlockHooks* hooks_ = nullptr;
+  std::vector<Recompute> recompute_;
 };
 
 // Models over token ids (what a language-model task needs of a model).

@@ -58,6 +58,12 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
     if (n.size == 1) continue;
     ATOLL_CHECK(plan.covers(n.style), "parallel.{} = {}: model family '{}' plans no {} (its parallelize() has no {} "
                 "modules)", n.axis, n.size, model.family(), n.what, nn::parallel_style_name(n.style));
+    if (n.style == nn::ParallelStyle::sequence) {  // context_parallel.cpp; its gradients reduce with dp's
+      ATOLL_CHECK(m.dp_replicate == 1 || m.dp_shard == 1,
+                  "parallel.cp = {}: context parallelism composes with ddp or zero1/2/3 over dp x cp, not with hsdp "
+                  "(dp_replicate {} x dp_shard {})", m.cp, m.dp_replicate, m.dp_shard);
+      continue;
+    }
     fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",
          n.axis, n.size, n.what, model.family());
   }

@@ -14,7 +14,9 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "nn/recompute.h"
 #include "optim/clip.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/optim/placement.h"
 #include "resilience/checkpoint.h"
@@ -110,6 +112,7 @@ struct Trainer::Impl {
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<nn::ContextAttention> cp;  // ring attention over the mesh's cp axis (cp > 1)
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -133,6 +136,11 @@ struct Trainer::Impl {
   }
 
   double evaluate() { return dp->average(task->evaluate(*model)); }
+  // The task reads data as a data-parallel rank: the ranks of a cp group share every batch.
+  TaskEnv data_env() const {
+    const int cp_ranks = int(pc.mesh.cp);
+    return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get()};
+  }
 };
 
 Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
@@ -156,6 +164,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
+  nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
+  I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len);  // [parallel] cp
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
@@ -176,7 +186,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
-  I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
+  I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
   I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
@@ -220,7 +230,7 @@ TrainResult Trainer::run(bool resume) {
       Rng::State st;
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
-      I.task->set_data_state(ck.state.at("train_data"), TaskEnv{I.rank, I.world, I.comm.get()});
+      I.task->set_data_state(ck.state.at("train_data"), I.data_env());
       log::info("resumed from {} at step {}", *p, start);
       store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
@@ -241,7 +251,7 @@ TrainResult Trainer::run(bool resume) {
   metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(I.task->sequence_length());
-  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * I.world;  // the whole job's
+  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * I.world / I.pc.mesh.cp;  // the whole job's
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)

@@ -51,6 +51,13 @@ double dot(const float* x, const float* y, int64_t n);
 double sq_diff_sum(const float* p, const float* t, int64_t n);
 void sq_diff_backward(float* dp, float* dt, const float* p, const float* t, int64_t n, float g);
 
+// attention_block.cpp
+void attention_block_forward(float* out, float* lse, const float* q, int64_t q_stride, const float* kv,
+                             const kernels::AttentionRanges& r, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                             int64_t hd);
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* D, const float* lse, const float* q,
+                              int64_t q_stride, const float* kv, const kernels::AttentionRanges& r, int64_t B, int64_t Tq,
+                              int64_t Tk, int64_t H, int64_t KV, int64_t hd);
 // attention_ranged.cpp
 void attention_ranged_forward(float* out, float* lse, const float* qkv, const kernels::AttentionRanges& r, int64_t B,
                               int64_t T, int64_t H, int64_t KV, int64_t hd);

@@ -23,7 +23,8 @@ const kernels::KernelTable kCpuF32 = {
     {add_forward, add_inplace, fill, add_scalar, axpy, mul_forward, mul_backward, copy_rows, dropout_forward, dropout_backward},
     {sum, dot, sq_diff_sum, sq_diff_backward},
     {rope_forward, rope_backward},
-    {attention_forward, attention_backward, attention_ranged_forward, attention_ranged_backward},
+    {attention_forward, attention_backward, attention_ranged_forward, attention_ranged_backward, attention_block_forward,
+     attention_block_backward},
     {crossentropy_forward, crossentropy_backward, softmax_forward, softmax_backward},
     {gather_rows, scatter_rows, gather_elems, scatter_elems, topk_forward, topk_backward},
 };

@@ -14,10 +14,10 @@ Attention::Attention(std::string prefix, const GPTConfig& c) : Module(std::move(
 }
 
 Tensor Attention::operator()(const Tensor& x) const {
-  int64_t hd = c_.head_dim();
   Tensor qkv = (*c_attn)(x);
-  if (c_.rope) qkv = ops::rope(qkv, c_.n_head, c_.n_kv_head, hd, c_.rope_theta);
-  return (*c_proj)(ops::attention(qkv, c_.n_head, c_.n_kv_head, hd));
+  if (recompute_core && grad_enabled())
+    return (*c_proj)(checkpoint("recompute_attention", qkv, [this](const Tensor& q) { return core(q); }));
+  return (*c_proj)(core(qkv));
 }
 
 MLP::MLP(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
@@ -78,6 +78,7 @@ Tensor GPT::hidden(const Tensor& tokens) const {
 Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
   ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
               shape_str(tokens.shape()));
+  if (context_) return loss_context_parallel(tokens, targets);
   Tensor logits = ops::linear_t(hidden(tokens), head_weight()->value);
   return ops::cross_entropy(logits, targets, /*reuse_logits=*/true);
 }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "models/gpt/gpt_config.h"
+#include "nn/context_attention.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/model.h"
@@ -16,8 +17,12 @@ class Attention : public Module {
  public:
   Attention(std::string prefix, const GPTConfig& c);
   Tensor operator()(const Tensor& x) const;
+  // qkv -> the heads' outputs: RoPE (at global positions) and attention, local or context-parallel.
+  Tensor core(const Tensor& qkv) const;
   Linear* c_attn;
   Linear* c_proj;
+  bool recompute_core = false;               // [train] recompute = "selective"
+  const ContextAttention* context = nullptr;  // set by GPT::set_context_attention
 
  private:
   const GPTConfig& c_;
@@ -44,7 +49,7 @@ class Block : public Module {
   MLP* mlp;
 };
 
-class GPT : public Model, public TokenGenerator {
+class GPT : public Model, public TokenGenerator, public SequenceSharded {
  public:
   explicit GPT(const GPTConfig& c);
   const GPTConfig& config() const { return c_; }
@@ -70,6 +75,10 @@ class GPT : public Model, public TokenGenerator {
   std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }
   bool head_reads_lower_root() const override { return c_.tied_head; }
   ParallelPlan parallelize() const override;  // parallelize.cpp
+  // Context parallelism (gpt_context.cpp): with cp set, loss() runs on this rank's spans of each
+  // row and attention reaches the others through cp; logits() and generation stay local.
+  void set_context_attention(const ContextAttention* cp) override;
+  void set_recompute(std::vector<Recompute> per_block) override;
 
   // Weights keep Hugging Face GPT-2 names (the tied head is not written, as in HF's files, and
   // is ignored when a file carries it).
@@ -104,7 +113,9 @@ class GPT : public Model, public TokenGenerator {
   Parameter* lm_head = nullptr;
 
  private:
+  Tensor loss_context_parallel(const Tensor& tokens, const Tensor& targets) const;  // gpt_context.cpp
   GPTConfig c_;
+  const ContextAttention* context_ = nullptr;
 };
 
 GPTConfig config_from_metadata(const std::map<std::string, std::string>& md);

@@ -1,0 +1,68 @@
+// GPT under context parallelism and activation recomputation: the parts of the forward that
+// differ when each rank holds only some spans of every row (Liu et al. 2023, "Ring Attention with
+// Blockwise Transformers"; the ring itself is src/parallel/context_parallel.cpp). Embeddings,
+// norms, MLPs and the head are per token and run unchanged on the local tokens; positions are the
+// tokens' global ones (learned positions gather their rows, RoPE rotates each span at its offset);
+// attention goes through the injected ContextAttention.
+#include "models/gpt/gpt.h"
+
+namespace atl::nn {
+
+Tensor Attention::core(const Tensor& qkv_in) const {
+  const int64_t H = c_.n_head, KV = c_.n_kv_head, hd = c_.head_dim();
+  Tensor qkv = qkv_in;
+  if (!context) {
+    if (c_.rope) qkv = ops::rope(qkv, H, KV, hd, c_.rope_theta);
+    return ops::attention(qkv, H, KV, hd);
+  }
+  const int64_t T = qkv.size(1) * context->ranks();
+  if (c_.rope) {
+    const std::vector<Span> spans = context->spans(T);
+    if (spans.size() == 1) {
+      qkv = ops::rope(qkv, H, KV, hd, c_.rope_theta, spans[0].first);
+    } else {
+      std::vector<int64_t> sizes;
+      for (auto [s, n] : spans) sizes.push_back(n);
+      std::vector<Tensor> parts = ops::split(qkv, sizes, 1);
+      for (size_t i = 0; i < parts.size(); ++i)
+        parts[i] = ops::rope(parts[i], H, KV, hd, c_.rope_theta, spans[i].first);
+      qkv = ops::concat(parts, 1);
+    }
+  }
+  return context->attention(qkv, H, KV, hd, T, /*causal=*/true, Tensor());
+}
+
+void GPT::set_context_attention(const ContextAttention* cp) {
+  context_ = cp;
+  for (Block* b : h) b->attn->context = cp;
+}
+
+void GPT::set_recompute(std::vector<Recompute> per_block) {
+  for (size_t i = 0; i < h.size(); ++i) h[i]->attn->recompute_core = i < per_block.size() && per_block[i] == Recompute::selective;
+  Model::set_recompute(std::move(per_block));
+}
+
+Tensor GPT::loss_context_parallel(const Tensor& tokens, const Tensor& targets) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  const int64_t T = tokens.size(1);
+  ATOLL_CHECK(T <= c_.block_size, "sequence length {} exceeds block_size {}", T, c_.block_size);
+  const std::vector<Span> spans = context_->spans(T);
+  Tensor tok = take_spans(tokens, spans), tgt = take_spans(targets, spans);
+  begin_forward();
+  Tensor pos_rows;  // wpe's rows at the local tokens' global positions
+  if (wpe) {
+    std::vector<int32_t> pos = span_positions(spans);
+    pos_rows = ops::index_select(wpe->weight->value, 0, Tensor::from_vector_i32(pos, {int64_t(pos.size())}));
+  }
+  Tensor x = ops::embedding(tok, wte->weight->value, pos_rows);
+  x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
+  Tensor logits = ops::linear_t((*ln_f)(x), head_weight()->value);
+  Tensor loss = ops::cross_entropy(logits, tgt, /*reuse_logits=*/true);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < tgt.numel(); ++i) kept += tgt.i32()[i] >= 0;
+  const double share = context_->loss_share(kept);
+  if (share != 1.0) loss = ops::mul(loss, Tensor::full({1}, float(share)));
+  return loss;
+}
+
+}  // namespace atl::nn

@@ -1,0 +1,38 @@
+#include "nn/context_attention.h"
+
+#include <cstring>
+
+namespace atl::nn {
+
+Tensor take_spans(const Tensor& x, const std::vector<Span>& spans) {
+  ATOLL_CHECK(x.dim() >= 2 && x.is_contiguous(), "take_spans: want a contiguous [B, T, ...] tensor, got {}",
+              shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), row = x.numel() / (B * T) * int64_t(dtype_size(x.dtype()));
+  int64_t Tl = 0;
+  for (auto [s, n] : spans) {
+    ATOLL_CHECK(s >= 0 && n >= 0 && s + n <= T, "take_spans: span [{}, {}) outside a row of {}", s, s + n, T);
+    Tl += n;
+  }
+  Shape sh = x.shape();
+  sh[1] = Tl;
+  Tensor out = Tensor::empty(sh, x.dtype(), x.device());
+  auto* src = static_cast<const char*>(x.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (auto [s, n] : spans) {
+      std::memcpy(dst + (b * Tl + t) * row, src + (b * T + s) * row, size_t(n * row));
+      t += n;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> span_positions(const std::vector<Span>& spans) {
+  std::vector<int32_t> p;
+  for (auto [s, n] : spans)
+    for (int64_t i = 0; i < n; ++i) p.push_back(int32_t(s + i));
+  return p;
+}
+
+}  // namespace atl::nn
