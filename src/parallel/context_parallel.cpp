@@ -158,7 +158,8 @@ Tensor ring_attention(comm::Communicator* comm, const Tensor& qkv, int64_t H, in
   std::vector<std::vector<int32_t>> pos(size_t(ring.cp));
   for (int r = 0; r < ring.cp; ++r) pos[size_t(r)] = nn::span_positions(context_spans(T, ring.cp, r, balanced));
   const std::vector<int32_t>& pq = pos[size_t(ring.rank)];
-  auto src_of = [&](int s) { return (ring.rank - s + ring.cp) % ring.cp; };
+  // The block a rank holds at ring step s started on rank - s.
+  auto src_of = [rank = ring.rank, cp = ring.cp](int s) { return (rank - s + cp) % cp; };
 
   Tensor out = Tensor::zeros({B, Tq, H * hd}, DType::f32, qkv.device());
   Tensor lse = Tensor::full({B, H, Tq}, -INFINITY);
@@ -253,12 +254,10 @@ double RingAttention::loss_share(int64_t kept_local) const {
   return total > 0 ? double(kept_local) * double(cp_) / double(total) : 0.0;
 }
 
-std::unique_ptr<nn::ContextAttention> apply_context_parallel(nn::Model& model, Mesh& mesh, int64_t seq_len,
-                                                             bool balanced) {
-  const int64_t cp = mesh.shape().cp;
-  if (cp == 1) return nullptr;
-  auto* target = dynamic_cast<nn::SequenceSharded*>(&model);
-  ATOLL_CHECK(target && model.parallelize().covers(nn::ParallelStyle::sequence),
+void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced) {
+  const int64_t cp = mesh.cp;
+  if (cp == 1) return;
+  ATOLL_CHECK(dynamic_cast<const nn::SequenceSharded*>(&model) && model.parallelize().covers(nn::ParallelStyle::sequence),
               "parallel.cp = {}: model family '{}' plans no context parallelism (no sequence modules)", cp,
               model.family());
   const int64_t parts = balanced ? 2 * cp : cp;
@@ -267,8 +266,14 @@ std::unique_ptr<nn::ContextAttention> apply_context_parallel(nn::Model& model, M
               "2 x cp = {} equal chunks of every row (head and tail, for causal load balance), so train.seq_len "
               "must be a multiple of {}",
               seq_len, cp, parts, parts);
+}
+
+std::unique_ptr<nn::ContextAttention> apply_context_parallel(nn::Model& model, Mesh& mesh, int64_t seq_len,
+                                                             bool balanced) {
+  if (mesh.shape().cp == 1) return nullptr;
+  check_context_parallel(mesh.shape(), model, seq_len, balanced);
   auto ring = std::make_unique<RingAttention>(mesh.axis("cp"), balanced);
-  target->set_context_attention(ring.get());
+  dynamic_cast<nn::SequenceSharded&>(model).set_context_attention(ring.get());
   return ring;
 }
 
