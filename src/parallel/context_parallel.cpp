@@ -254,7 +254,8 @@ double RingAttention::loss_share(int64_t kept_local) const {
   return total > 0 ? double(kept_local) * double(cp_) / double(total) : 0.0;
 }
 
-void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced) {
+void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced,
+                            const std::string& where) {
   const int64_t cp = mesh.cp;
   if (cp == 1) return;
   ATOLL_CHECK(dynamic_cast<const nn::SequenceSharded*>(&model) && model.parallelize().covers(nn::ParallelStyle::sequence),
@@ -262,16 +263,16 @@ void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64
               model.family());
   const int64_t parts = balanced ? 2 * cp : cp;
   ATOLL_CHECK(seq_len % parts == 0,
-              "train.seq_len = {} does not split over parallel.cp = {}: context parallelism gives each rank two of "
+              "train.seq_len = {}{} does not split over parallel.cp = {}: context parallelism gives each rank two of "
               "2 x cp = {} equal chunks of every row (head and tail, for causal load balance), so train.seq_len "
               "must be a multiple of {}",
-              seq_len, cp, parts, parts);
+              seq_len, where.empty() ? "" : " (" + where + ")", cp, parts, parts);
 }
 
 std::unique_ptr<nn::ContextAttention> apply_context_parallel(nn::Model& model, Mesh& mesh, int64_t seq_len,
-                                                             bool balanced) {
+                                                             bool balanced, const std::string& where) {
   if (mesh.shape().cp == 1) return nullptr;
-  check_context_parallel(mesh.shape(), model, seq_len, balanced);
+  check_context_parallel(mesh.shape(), model, seq_len, balanced, where);
   auto ring = std::make_unique<RingAttention>(mesh.axis("cp"), balanced);
   dynamic_cast<nn::SequenceSharded&>(model).set_context_attention(ring.get());
   return ring;

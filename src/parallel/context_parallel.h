@@ -53,11 +53,13 @@ class RingAttention final : public nn::ContextAttention {
 
 // Refuses, before anything is built, a cp > 1 that the model does not plan or a seq_len that
 // does not split into 2·cp chunks (cp unbalanced), naming the key.
-void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced = true);
+// `where` says where seq_len was set ("run.toml:12"), for the message.
+void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced = true,
+                            const std::string& where = "");
 // For a mesh with cp > 1: checks that the model plans sequence parallelism and that seq_len
 // splits into 2·cp chunks (naming train.seq_len), and injects ring attention over the mesh's cp
 // axis into the model. Returns what the model now points to (keep it alive), null when cp = 1.
 std::unique_ptr<nn::ContextAttention> apply_context_parallel(nn::Model& model, Mesh& mesh, int64_t seq_len,
-                                                             bool balanced = true);
+                                                             bool balanced = true, const std::string& where = "");
 
 }  // namespace atl::parallel

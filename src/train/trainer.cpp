@@ -165,7 +165,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
-  I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len);  // [parallel] cp
+  I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,

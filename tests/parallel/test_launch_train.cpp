@@ -242,3 +242,29 @@ TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
             0);
   EXPECT_NE(f.log("orphans").find(fmt::format("at step {}", s)), std::string::npos) << f.log("orphans");
 }
+
+// Context parallelism through the trainer (issue 11): at cp = 2 the two ranks take their head and
+// tail chunks of the same batch, so the curve is one rank's at the same batch; with recompute =
+// full as well; cp2 x dp2 on 4 ranks is one rank at the doubled batch. A seq_len that does not
+// split into 2·cp chunks is refused before step 1, naming the key.
+TEST(LaunchTrain, ContextParallelMatchesOneRank) {
+  Fixture f;
+  const std::vector<std::string> quick = {"--checkpoint.every=0", "--eval.every=3"};
+  ASSERT_EQ(f.train("one", 1, quick), 0);
+  ASSERT_EQ(f.train("cp2", 2, with({"--parallel.cp=2", "--train.recompute=full"}, quick)), 0);
+  EXPECT_NE(f.log("cp2").find("mesh dp=1 tp=1 pp=1 cp=2"), std::string::npos) << f.log("cp2");
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+  expect_close(losses(f.root / "cp2"), one, 1e-5, "cp2 loss");
+  expect_close(losses(f.root / "cp2", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "cp2 val loss");
+  ASSERT_EQ(f.train("one8", 1, with({"--train.batch_size=8"}, quick)), 0);
+  ASSERT_EQ(f.train("cp2dp2", 4, with({"--parallel.cp=2"}, quick)), 0);
+  EXPECT_NE(f.log("cp2dp2").find("mesh dp=2 tp=1 pp=1 cp=2"), std::string::npos) << f.log("cp2dp2");
+  expect_close(losses(f.root / "cp2dp2"), losses(f.root / "one8"), 1e-5, "cp2 x dp2 loss");
+
+  EXPECT_NE(f.train("bad", 2, {"--parallel.cp=2", "--train.seq_len=30"}, true), 0);
+  EXPECT_NE(f.log("bad").find("train.seq_len = 30 (command line"), std::string::npos) << f.log("bad");
+  EXPECT_NE(f.log("bad").find("must be a multiple of 4"), std::string::npos) << f.log("bad");
+  EXPECT_EQ(f.log("bad").find("step     1/"), std::string::npos) << "refused after training began";
+}
