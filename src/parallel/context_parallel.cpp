@@ -203,33 +203,57 @@ Tensor ring_attention(comm::Communicator* comm, const Tensor& qkv, int64_t H, in
           D.f32()[(b * H + h) * Tq + t] = acc;
         }
     float* dq = grad_buffer(x).f32();  // the q columns of dqkv, row stride S
-    Tensor cur = key_values(x, H, KV, hd), dcur = Tensor::zeros({B, Tq, KS});
+    // Each block travels with the accumulator of its dK/dV: at step s this rank adds its queries'
+    // share to the accumulator that arrives with the block (received while computing) and sends
+    // it on; after cp hops it is home. Tags: 3s for K/V, 3s+1 for accumulators.
+    Tensor cur = key_values(x, H, KV, hd), home = Tensor::empty({B, Tq, KS});
+    comm::WorkPtr sent;  // the accumulator sent last step (waited before its buffer is dropped)
+    Tensor sent_buf;
     for (int s = 0; s < ring.cp; ++s) {
-      Tensor nxt, dnxt = Tensor::empty({B, Tq, KS});
+      Tensor nxt, acc_in;
       std::pair<comm::WorkPtr, comm::WorkPtr> w;
+      comm::WorkPtr got;
       if (s + 1 < ring.cp) {
         nxt = Tensor::empty(cur.shape());
-        w = pass(ring, cur, nxt, 2 * s);
+        w = pass(ring, cur, nxt, 3 * s);
+      }
+      if (s > 0) {
+        acc_in = Tensor::empty({B, Tq, KS});
+        got = ring.comm->recv_async(acc_in, ring.prev(), 3 * (s - 1) + 1);
       }
       auto t0 = Clock::now();
+      Tensor part = Tensor::zeros({B, Tq, KS});
       const Ranges rg = block_ranges(pq, pos[size_t(src_of(s))], docs, B, T, causal);
       if (rg.any)
-        K(x).attention.block_backward(dq, dcur.f32(), dout.f32(), D.f32(), lse.f32(), x.f32(), S, cur.f32(), rg.view(),
+        K(x).attention.block_backward(dq, part.f32(), dout.f32(), D.f32(), lse.f32(), x.f32(), S, cur.f32(), rg.view(),
                                       B, Tq, Tq, H, KV, hd);
       ring_times().compute_s += since(t0);
-      if (ring.cp > 1) {
-        // The accumulator goes on with its block; after the last hop it is back with its owner.
-        auto wd = pass(ring, dcur, dnxt, 2 * s + 1);
-        finish(wd);
-        dcur = dnxt;
+      if (got) {
+        auto tw = Clock::now();
+        got->wait();
+        ring_times().wait_s += since(tw);
+        K(x).elem.add_inplace(part.f32(), acc_in.f32(), part.numel());
+      }
+      if (sent) sent->wait();
+      if (ring.cp == 1) {
+        home = part;
+      } else {
+        sent_buf = part;
+        sent = ring.comm->send_async(part, ring.next(), 3 * s + 1);
       }
       if (s + 1 < ring.cp) {
         finish(w);
         cur = nxt;
       }
     }
+    if (ring.cp > 1) {  // our own block's accumulator, back from its last hop
+      auto tw = Clock::now();
+      ring.comm->recv_async(home, ring.prev(), 3 * (ring.cp - 1) + 1)->wait();
+      sent->wait();
+      ring_times().wait_s += since(tw);
+    }
     // Our own block's dK/dV, summed over every rank's queries, into the k and v columns.
-    K(x).elem.copy_rows(dq + H * hd, S, dcur.f32(), KS, B * Tq, KS, true);
+    K(x).elem.copy_rows(dq + H * hd, S, home.f32(), KS, B * Tq, KS, true);
   });
   return out;
 }

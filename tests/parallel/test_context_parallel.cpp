@@ -132,7 +132,8 @@ double worst_param_rel(nn::GPT& model, const float* a, const float* b) {
   int64_t off = 0;
   for (nn::Parameter* p : model.parameters()) {
     const int64_t n = p->value.numel();
-    w = std::max(w, rel(a + off, b + off, n));
+    const double e = rel(a + off, b + off, n);
+    w = std::max(w, e);
     off += n;
   }
   return w;
