@@ -245,7 +245,8 @@ TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
 
 // Context parallelism through the trainer (issue 11): at cp = 2 the two ranks take their head and
 // tail chunks of the same batch, so the curve is one rank's at the same batch; with recompute =
-// full as well; cp2 x dp2 on 4 ranks is one rank at the doubled batch. A seq_len that does not
+// full as well, or under ZeRO-3 with recompute = selective; cp2 x dp2 on 4 ranks is one rank at
+// the doubled batch. A seq_len that does not
 // split into 2·cp chunks is refused before step 1, naming the key.
 TEST(LaunchTrain, ContextParallelMatchesOneRank) {
   Fixture f;
@@ -258,6 +259,11 @@ TEST(LaunchTrain, ContextParallelMatchesOneRank) {
   EXPECT_LT(one.back(), one.front()) << "the loss must fall";
   expect_close(losses(f.root / "cp2"), one, 1e-5, "cp2 loss");
   expect_close(losses(f.root / "cp2", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "cp2 val loss");
+  // ZeRO-3 over the cp group, recomputing the attention core: its block hooks gather the weights
+  // around the recomputation too.
+  ASSERT_EQ(f.train("cp2z3", 2, with({"--parallel.cp=2", "--parallel.strategy=zero3", "--train.recompute=selective"},
+                                     quick)), 0);
+  expect_close(losses(f.root / "cp2z3"), one, 1e-5, "cp2 zero3 loss");
   ASSERT_EQ(f.train("one8", 1, with({"--train.batch_size=8"}, quick)), 0);
   ASSERT_EQ(f.train("cp2dp2", 4, with({"--parallel.cp=2"}, quick)), 0);
   EXPECT_NE(f.log("cp2dp2").find("mesh dp=2 tp=1 pp=1 cp=2"), std::string::npos) << f.log("cp2dp2");
