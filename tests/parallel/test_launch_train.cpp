@@ -246,7 +246,7 @@ TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
 // Context parallelism through the trainer (issue 11): at cp = 2 the two ranks take their head and
 // tail chunks of the same batch, so the curve is one rank's at the same batch; with recompute =
 // full as well, or under ZeRO-3 with recompute = selective; cp2 x dp2 on 4 ranks is one rank at
-// the doubled batch. A seq_len that does not
+// the doubled batch; a cp2 checkpoint resumes on one rank. A seq_len that does not
 // split into 2·cp chunks is refused before step 1, naming the key.
 TEST(LaunchTrain, ContextParallelMatchesOneRank) {
   Fixture f;
@@ -264,6 +264,10 @@ TEST(LaunchTrain, ContextParallelMatchesOneRank) {
   ASSERT_EQ(f.train("cp2z3", 2, with({"--parallel.cp=2", "--parallel.strategy=zero3", "--train.recompute=selective"},
                                      quick)), 0);
   expect_close(losses(f.root / "cp2z3"), one, 1e-5, "cp2 zero3 loss");
+  // A cp2 checkpoint (stopped after step 3) resumes on one rank on the same curve.
+  ASSERT_EQ(f.train("cp2rs", 2, with({"--parallel.cp=2", "--train.stop_after=3"}, quick)), 0);
+  ASSERT_EQ(f.train("cp2rs", 1, with({"--resume"}, quick)), 0);
+  expect_close(losses(f.root / "cp2rs"), one, 1e-5, "cp2, then resumed on one rank");
   ASSERT_EQ(f.train("one8", 1, with({"--train.batch_size=8"}, quick)), 0);
   ASSERT_EQ(f.train("cp2dp2", 4, with({"--parallel.cp=2"}, quick)), 0);
   EXPECT_NE(f.log("cp2dp2").find("mesh dp=2 tp=1 pp=1 cp=2"), std::string::npos) << f.log("cp2dp2");
