@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/log.h"
 #include "lowcomm/diloco.h"
@@ -35,6 +37,7 @@ std::unique_ptr<LowCommConfig> LowCommConfig::from_config(Config& cfg, int64_t i
                 "H / P steps)", c->fragments, cfg.where("lowcomm.fragments"), c->inner_steps);
   }
   if (c->method == "isoloco") c->merge = cfg.get_string("lowcomm.merge", c->merge, {"iso_c", "average"});
+  c->drop_at_sync = cfg.get_int("fault.island_drop_at_sync", 0, 0);
   if (islands == 1 && !named) return nullptr;
   return c;
 }
@@ -103,6 +106,13 @@ std::function<void()> LowComm::start_average(const Tensor& buf) {
   const int64_t n = buf.numel();
   const int k = island_comm_ ? island_comm_->size() : 1;
   if (!across_ || across_->size() == 1) return [] {};
+  if (++exchanges_ == c_.drop_at_sync && island_ == islands_ - 1) {
+    // A dropped link: this island goes silent (no error, no closed socket) for longer than the
+    // others' communicator timeout, then leaves.
+    log::warn("fault: island {} drops its link at exchange {}", island_, exchanges_);
+    std::this_thread::sleep_for(across_->timeout() * 2);
+    std::_Exit(3);
+  }
   if (k == 1) return exchange_->start(buf, across_);
   // This rank's share: chunk l of the buffer padded to k equal chunks.
   const int64_t chunk = (n + k - 1) / k, l = island_comm_->rank();

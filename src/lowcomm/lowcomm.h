@@ -46,6 +46,9 @@ struct LowCommConfig {
   double mixing = 0.5;
   // IsoLoCo: "iso_c" or "average" (the ablation: plain averaging).
   std::string merge = "iso_c";
+  // [fault] island_drop_at_sync = n: the last island stops answering at its n-th exchange (for
+  // the test that the others fail with a message instead of hanging); 0: never.
+  int64_t drop_at_sync = 0;
   // Reads [lowcomm]; null when islands = 1 and no method is named.
   static std::unique_ptr<LowCommConfig> from_config(Config& cfg, int64_t islands);
 };
@@ -122,6 +125,7 @@ class LowComm {
   std::chrono::steady_clock::time_point window_start_;
   double window_blocked_s_ = 0;
   int64_t job_wan_bytes_ = 0;
+  int64_t exchanges_ = 0;
   bool window_open_ = false;
   bool loaded_plain_ = false;
 };
