@@ -160,21 +160,28 @@ bool is_ours(const std::string& n) { return n.rfind(kPrefix, 0) == 0; }
 void LowComm::save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                          std::vector<std::pair<std::string, Tensor>>& opt_sd, nlohmann::json& state) {
   std::vector<std::pair<std::string, Tensor>> extra;
-  // The other islands' parameters and inner optimizer state, gathered to the first rank of each
-  // island position (world rank 0 writes the checkpoint; it is the first rank of island 0).
+  // The other islands' parameters and inner optimizer state, sent to world rank 0 (it writes the
+  // checkpoint; it is island 0's first rank) by each island's first rank, over the island axis.
+  // Every island holds the same names and shapes (one model, one optimizer).
   if (islands_ > 1 && island_comm_ && island_comm_->rank() == 0) {
-    auto gather = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind) {
+    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind, int& tag) {
       for (const auto& [name, t0] : sd) {
-        Tensor t = t0.contiguous().flatten();
-        Tensor all = Tensor::empty({t.numel() * islands_}, t.dtype());
-        across_->all_gather(t, all);
-        for (int i = 1; i < islands_; ++i)
-          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name),
-                             all.slice(0, i * t.numel(), (i + 1) * t.numel()).reshape(t0.shape()).clone());
+        Tensor t = t0.contiguous();
+        if (island_ > 0) {
+          across_->send(t, 0, tag++);
+          continue;
+        }
+        for (int i = 1; i < islands_; ++i) {
+          Tensor r = Tensor::empty(t.shape(), t.dtype());
+          across_->recv(r, i, tag);
+          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name), r);
+        }
+        ++tag;
       }
     };
-    gather(model_sd, "model");
-    gather(opt_sd, "optim");
+    int tag = 0;
+    move(model_sd, "model", tag);
+    move(opt_sd, "optim", tag);
   }
   extra.emplace_back(std::string(kPrefix) + "global", global_.clone());
   extra.emplace_back(std::string(kPrefix) + "momentum", mom_.clone());
