@@ -36,7 +36,10 @@ std::unique_ptr<LowCommConfig> LowCommConfig::from_config(Config& cfg, int64_t i
                 "lowcomm.fragments = {} ({}) must not exceed lowcomm.inner_steps = {} (one fragment starts per "
                 "H / P steps)", c->fragments, cfg.where("lowcomm.fragments"), c->inner_steps);
   }
-  if (c->method == "isoloco") c->merge = cfg.get_string("lowcomm.merge", c->merge, {"iso_c", "average"});
+  if (c->method == "isoloco") {
+    c->merge = cfg.get_string("lowcomm.merge", c->merge, {"iso_c", "average"});
+    c->merge_scope = cfg.get_string("lowcomm.merge_scope", c->merge_scope, {"hidden", "all"});
+  }
   c->drop_at_sync = cfg.get_int("fault.island_drop_at_sync", 0, 0);
   if (islands == 1 && !named) return nullptr;
   return c;

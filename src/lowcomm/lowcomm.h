@@ -46,6 +46,7 @@ struct LowCommConfig {
   double mixing = 0.5;
   // IsoLoCo: "iso_c" or "average" (the ablation: plain averaging).
   std::string merge = "iso_c";
+  std::string merge_scope = "hidden";  // which matrices Iso-C merges: "hidden" or "all" 2-D ones
   // [fault] island_drop_at_sync = n: the last island stops answering at its n-th exchange (for
   // the test that the others fail with a message instead of hanging); 0: never.
   int64_t drop_at_sync = 0;

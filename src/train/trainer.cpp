@@ -257,7 +257,7 @@ TrainResult Trainer::run(bool resume) {
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
-    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.world, I.comm->backend(),
+    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
   if (I.lowcomm) log::info("islands: {}", I.lowcomm->describe());

@@ -13,11 +13,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "comm/tcp_store.h"
 #include "harness.h"
 #include "lowcomm/iso_merge.h"
+#include "lowcomm/lowcomm.h"
 #include "tensor/safetensors.h"
 
 using namespace atl;
@@ -370,4 +372,47 @@ TEST(Islands, DiLoCoAcrossTheWanTestBedCountsItsBytes) {
               (long long)(a8 - a4), ratio);
   EXPECT_GT(ratio, 1.0);
   EXPECT_LT(ratio, 1.15);
+}
+
+// The outer optimizer is torch.optim.SGD (Nesterov and plain momentum) fed the pseudo-gradients
+// (tools/torch_outer_sgd_ref.py). Both compute in f32 with the same operation order per element,
+// so they agree to an ulp or two: 1e-6 relative.
+TEST(Islands, OuterNesterovSgdMatchesTorch) {
+  const int n = 64, steps = 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> x0(static_cast<size_t>(n)), d(static_cast<size_t>(n * steps));
+  for (auto& v : x0) v = nd(rng);
+  for (auto& v : d) v = 0.1f * nd(rng);
+  for (bool nesterov : {true, false}) {
+    lowcomm::LowCommConfig c;
+    c.outer_lr = 0.7;
+    c.outer_momentum = 0.9;
+    c.nesterov = nesterov;
+    fs::path in = fs::temp_directory_path() / ("atoll_outer_" + std::to_string(getpid()) + ".txt");
+    {
+      std::ofstream f(in);
+      f.precision(9);
+      f << c.outer_lr << " " << c.outer_momentum << " " << (nesterov ? 1 : 0) << " " << n << " " << steps << "\n";
+      for (float v : x0) f << v << " ";
+      for (float v : d) f << v << " ";
+    }
+    std::string log = in.string() + ".out";
+    int rc = run_command({"/bin/sh", "-c", std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR +
+                                               "/tools/torch_outer_sgd_ref.py < " + in.string()},
+                         {}, log, 60);
+    std::string out = read_file(log);
+    fs::remove(in);
+    fs::remove(log);
+    ASSERT_EQ(rc, 0) << out;
+    std::istringstream ref(out);
+    std::vector<float> x = x0, b(static_cast<size_t>(n), 0.f);
+    for (int s = 0; s < steps; ++s) {
+      lowcomm::outer_sgd(x.data(), b.data(), d.data() + s * n, n, c);
+      std::vector<float> want(static_cast<size_t>(n));
+      for (auto& v : want) ref >> v;
+      ASSERT_TRUE(ref) << out;
+      EXPECT_LT(rel_diff(x, want), 1e-6) << "nesterov " << nesterov << " step " << s;
+    }
+  }
 }
