@@ -225,7 +225,9 @@ print(sum((v['data_offsets'][1]-v['data_offsets'][0])//4 for k,v in h.items() if
         topo = os.path.join(a.out, "wan.toml")
         open(topo, "w").write('islands = 4\nranks_per_island = 1\n[link]\nrate = "20mbit"\nlatency_ms = 20\njitter_ms = 2\n')
         for label, name, extra in [(f"DiLoCo M=4 H={H}, WAN", "wan_diloco4", ["--parallel.islands=4"] + dl),
-                                   (f"Streaming M=4 H={H}, WAN", "wan_stream4", ["--parallel.islands=4"] + st)]:
+                                   (f"Streaming M=4 H={H}, WAN", "wan_stream4", ["--parallel.islands=4"] + st),
+                                   (f"Streaming M=4 H={H} tau=5, WAN", "wan_stream4_tau5",
+                                    ["--parallel.islands=4"] + st[:-2] + ["--lowcomm.overlap_steps=5", "--lowcomm.mixing=0.5"])]:
             run, stats, secs = launch_wan(a.out, cfg, name, 4, 1, extra, topo)
             if run is None:
                 res["wan_skipped"] = secs
@@ -244,7 +246,7 @@ print(sum((v['data_offsets'][1]-v['data_offsets'][0])//4 for k,v in h.items() if
             run, stats, secs = launch_wan(a.out, cfg, "wan_diloco4_base", 4, 1,
                                           ["--parallel.islands=4"] + dl + ["--train.steps=1", "--eval.every=0"], topo)
             res["runs"]["wan_diloco4_base"] = {"label": "DiLoCo 1 step (no sync), WAN", "veth_bytes": stats["total_bytes"]}
-            for k in ("wan_diloco4", "wan_stream4"):
+            for k in ("wan_diloco4", "wan_stream4", "wan_stream4_tau5"):
                 R = res["runs"][k]
                 R["veth_bytes_training"] = R["veth_bytes"] - stats["total_bytes"]
                 R["veth_over_atoll"] = R["veth_bytes_training"] / R["job_bytes_atoll"]
