@@ -2,8 +2,9 @@
 //   m <- mu m + g;  W <- W (1 - lr wd) - lr m
 // Linear in the gradient, so averaging the parameters of replicas that each took an SGD step
 // equals one step on the averaged gradient: DiLoCo with one inner step and outer SGD(lr 1) is
-// DDP exactly with it (src/lowcomm/diloco.h), which no adaptive optimizer allows. Weight decay
-// applies to tensors of two or more dimensions only, as in atoll's AdamW.
+// DDP exactly with it (src/lowcomm/diloco.h), which no adaptive optimizer allows. Weight decay is
+// decoupled (unlike torch's, which adds wd W to the gradient) and applies to tensors of two or
+// more dimensions only, as in atoll's AdamW.
 #pragma once
 #include "optim/optimizer.h"
 

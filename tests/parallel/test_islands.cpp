@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "lowcomm/iso_merge.h"
 #include "lowcomm/lowcomm.h"
+#include "optim/sgd.h"
 #include "tensor/safetensors.h"
 
 using namespace atl;
@@ -374,10 +375,50 @@ TEST(Islands, DiLoCoAcrossTheWanTestBedCountsItsBytes) {
   EXPECT_LT(ratio, 1.15);
 }
 
-// The outer optimizer is torch.optim.SGD (Nesterov and plain momentum) fed the pseudo-gradients
-// (tools/torch_outer_sgd_ref.py). Both compute in f32 with the same operation order per element,
-// so they agree to an ulp or two: 1e-6 relative.
-TEST(Islands, OuterNesterovSgdMatchesTorch) {
+namespace {
+// tools/torch_outer_sgd_ref.py: torch.optim.SGD from x0 through the gradients d (steps x n);
+// the parameters after each step, or empty (with a failure) when it did not run.
+std::vector<std::vector<float>> torch_sgd(double lr, double mu, bool nesterov, const std::vector<float>& x0,
+                                          const std::vector<float>& d, int steps) {
+  const int n = int(x0.size());
+  fs::path in = fs::temp_directory_path() / ("atoll_outer_" + std::to_string(getpid()) + ".txt");
+  {
+    std::ofstream f(in);
+    f.precision(9);
+    f << lr << " " << mu << " " << (nesterov ? 1 : 0) << " " << n << " " << steps << "\n";
+    for (float v : x0) f << v << " ";
+    for (float v : d) f << v << " ";
+  }
+  std::string log = in.string() + ".out";
+  int rc = run_command({"/bin/sh", "-c", std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR +
+                                             "/tools/torch_outer_sgd_ref.py < " + in.string()},
+                       {}, log, 60);
+  std::string out = read_file(log);
+  fs::remove(in);
+  fs::remove(log);
+  std::vector<std::vector<float>> res;
+  if (rc != 0) {
+    ADD_FAILURE() << out;
+    return res;
+  }
+  std::istringstream ref(out);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) ref >> v;
+    if (!ref) {
+      ADD_FAILURE() << out;
+      return {};
+    }
+    res.push_back(x);
+  }
+  return res;
+}
+}  // namespace
+
+// The outer optimizer is torch.optim.SGD (Nesterov and plain momentum) fed the pseudo-gradients;
+// the inner SGD (optim/sgd.h, no weight decay) is torch.optim.SGD with momentum. Both compute in
+// f32 with the same operation order per element, so they agree to an ulp or two: 1e-6 relative.
+TEST(Islands, OuterNesterovSgdAndInnerSgdMatchTorch) {
   const int n = 64, steps = 5;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
@@ -389,30 +430,26 @@ TEST(Islands, OuterNesterovSgdMatchesTorch) {
     c.outer_lr = 0.7;
     c.outer_momentum = 0.9;
     c.nesterov = nesterov;
-    fs::path in = fs::temp_directory_path() / ("atoll_outer_" + std::to_string(getpid()) + ".txt");
-    {
-      std::ofstream f(in);
-      f.precision(9);
-      f << c.outer_lr << " " << c.outer_momentum << " " << (nesterov ? 1 : 0) << " " << n << " " << steps << "\n";
-      for (float v : x0) f << v << " ";
-      for (float v : d) f << v << " ";
-    }
-    std::string log = in.string() + ".out";
-    int rc = run_command({"/bin/sh", "-c", std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR +
-                                               "/tools/torch_outer_sgd_ref.py < " + in.string()},
-                         {}, log, 60);
-    std::string out = read_file(log);
-    fs::remove(in);
-    fs::remove(log);
-    ASSERT_EQ(rc, 0) << out;
-    std::istringstream ref(out);
+    auto want = torch_sgd(c.outer_lr, c.outer_momentum, nesterov, x0, d, steps);
+    ASSERT_EQ(int(want.size()), steps);
     std::vector<float> x = x0, b(static_cast<size_t>(n), 0.f);
     for (int s = 0; s < steps; ++s) {
       lowcomm::outer_sgd(x.data(), b.data(), d.data() + s * n, n, c);
-      std::vector<float> want(static_cast<size_t>(n));
-      for (auto& v : want) ref >> v;
-      ASSERT_TRUE(ref) << out;
-      EXPECT_LT(rel_diff(x, want), 1e-6) << "nesterov " << nesterov << " step " << s;
+      EXPECT_LT(rel_diff(x, want[size_t(s)]), 1e-6) << "nesterov " << nesterov << " step " << s;
     }
+    EXPECT_GT(rel_diff(x, x0), 1e-2) << "the steps must move the parameters";
+  }
+  // Inner SGD on a [8, 8] parameter: the same gradients, torch's heavy ball.
+  auto want = torch_sgd(0.05, 0.9, false, x0, d, steps);
+  ASSERT_EQ(int(want.size()), steps);
+  Tensor w = Tensor::from_vector(x0, {8, 8}), g = Tensor::zeros({8, 8});
+  SgdConfig sc;
+  sc.lr = 0.05f;
+  sc.momentum = 0.9f;
+  Sgd opt({ParamRef{"w", w, g}}, sc);
+  for (int s = 0; s < steps; ++s) {
+    std::copy(d.begin() + s * n, d.begin() + (s + 1) * n, g.f32());
+    opt.step({});
+    EXPECT_LT(rel_diff(w.to_vector(), want[size_t(s)]), 1e-6) << "inner sgd step " << s;
   }
 }
