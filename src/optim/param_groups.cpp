@@ -13,6 +13,7 @@
 #include "optim/lion.h"
 #include "optim/muon.h"
 #include "optim/periodic_row_muon.h"
+#include "optim/sgd.h"
 #include "optim/soap.h"
 
 namespace atl {
@@ -191,6 +192,13 @@ Registry<OptimizerEntry>& optimizer_registry() {
             c.beta2 = getf(cfg, s + ".beta2", 0.99, 0, 1);
             c.weight_decay = getf(cfg, s + ".weight_decay", 0.1);
             return std::make_unique<Lion>(std::move(ps), c);
+          }});
+    g.add("sgd", {all, true, [](Config& cfg, const std::string& s, std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+            SgdConfig c;
+            c.lr = getf(cfg, s + ".lr", 0.1);
+            c.momentum = getf(cfg, s + ".momentum", 0.0, 0, 1);
+            c.weight_decay = getf(cfg, s + ".weight_decay", 0.0);
+            return std::make_unique<Sgd>(std::move(ps), c);
           }});
     return g;
   }();

@@ -68,8 +68,7 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
          n.axis, n.size, n.what, model.family());
   }
   ATOLL_CHECK(m.pp == 1, "parallel.pp = {}: pipeline parallelism is not implemented by this build yet", m.pp);
-  ATOLL_CHECK(m.island == 1, "parallel.islands = {}: training across islands is not implemented by this build yet",
-              m.island);
+  // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators.
 }
 
 DataParallel::~DataParallel() = default;

@@ -14,6 +14,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "lowcomm/lowcomm.h"
 #include "nn/recompute.h"
 #include "optim/clip.h"
 #include "parallel/context_parallel.h"
@@ -113,6 +114,7 @@ struct Trainer::Impl {
   std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
   std::unique_ptr<nn::ContextAttention> cp;  // ring attention over the mesh's cp axis (cp > 1)
+  std::unique_ptr<lowcomm::LowComm> lowcomm;  // training across islands (lowcomm/lowcomm.h); null without
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -132,10 +134,14 @@ struct Trainer::Impl {
                 // What evaluate() scores, so that `atoll eval` can repeat it on this checkpoint.
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
                           {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
+    if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
     return ck;
   }
 
-  double evaluate() { return dp->average(task->evaluate(*model)); }
+  double evaluate() {
+    double v = task->evaluate(*model);
+    return lowcomm ? lowcomm->world_average(v) : dp->average(v);
+  }
   // The task reads data as a data-parallel rank: the ranks of a cp group share every batch.
   TaskEnv data_env() const {
     const int cp_ranks = int(pc.mesh.cp);
@@ -163,6 +169,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.pc.resolve_mesh(cfg, I.world, env.local_world_size);
   I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
+  // Across islands, data parallelism runs over the island's ranks (lowcomm/lowcomm.h).
+  I.lowcomm = lowcomm::make_lowcomm(cfg, *I.mesh, I.comm.get());
+  comm::Communicator* dp_comm = I.lowcomm ? I.lowcomm->island_comm() : I.comm.get();
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
@@ -171,7 +180,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
                              I.o.matmul_dtype, env.world_size, env.local_world_size});
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
-  parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, I.comm.get(), sharding, I.pc.strategy);
+  parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;
   I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
   // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
@@ -189,8 +198,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
+  I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                       placement.sharded, I.mesh.get());
+  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
@@ -218,6 +228,7 @@ TrainResult Trainer::run(bool resume) {
       Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
+      if (I.lowcomm) I.lowcomm->load_state(ck.model, of.tensors, ck.state, *p);  // this island's entries
       try {
         I.dp->load_full_state(ck.model, of, *p);
       } catch (const Error& e) {  // issue 10: another optimizer's checkpoint is named as such
@@ -225,6 +236,7 @@ TrainResult Trainer::run(bool resume) {
         for (auto& [n, t] : of.tensors) names.push_back(n);
         fail_resume_load(*p, names, I.dp->optimizer().name(), e.what());
       }
+      if (I.lowcomm) I.lowcomm->finish_load();
       start = ck.state.at("step").get<int64_t>();
       auto rs = ck.state.at("sample_rng").get<std::vector<uint64_t>>();
       Rng::State st;
@@ -255,9 +267,10 @@ TrainResult Trainer::run(bool resume) {
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
-    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.world, I.comm->backend(),
+    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
+  if (I.lowcomm) log::info("islands: {}", I.lowcomm->describe());
 
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
@@ -284,6 +297,7 @@ TrainResult Trainer::run(bool resume) {
     auto t_opt = Clock::now();
     I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
     const double opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
+    nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
     double tps = double(tokens_per_step) / dt;
@@ -295,6 +309,7 @@ TrainResult Trainer::run(bool resume) {
     nlohmann::json rec = {{"step", step + 1}, {"loss", loss},        {"lr_scale", lr_scale}, {"grad_norm", norm},
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
+    if (!sync.is_null()) rec["sync"] = sync;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,
                                        ema_step_s * double(o.steps - step - 1)}));
@@ -314,7 +329,10 @@ TrainResult Trainer::run(bool resume) {
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
-    bool signalled = I.comm ? I.dp->average(stop_requested() ? 1.0 : 0.0) > 0 : stop_requested() != 0;
+    // Across islands the ranks agree at the end of an outer round (a WAN round trip per step otherwise).
+    bool signalled = !I.comm ? stop_requested() != 0
+                     : I.lowcomm ? I.lowcomm->round_end(step) && I.lowcomm->world_average(stop_requested() ? 1.0 : 0.0) > 0
+                                 : I.dp->average(stop_requested() ? 1.0 : 0.0) > 0;
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective

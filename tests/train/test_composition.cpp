@@ -42,9 +42,9 @@ TEST(Composition, UnknownTaskListsTheTasks) {
 }
 
 TEST(Composition, UnknownOptimizerAndStrategyListTheValidOnes) {
-  std::string e = construct_error("[model]\npreset = \"gpt2-tiny\"\n[optim]\ntype = \"sgd\"\n");
+  std::string e = construct_error("[model]\npreset = \"gpt2-tiny\"\n[optim]\ntype = \"adagrad\"\n");
   EXPECT_NE(e.find("optim.type"), std::string::npos) << e;
-  for (const char* n : {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion"})
+  for (const char* n : {"adamw", "muon", "prmuon", "dion3", "soap", "adams", "lion", "sgd"})
     EXPECT_NE(e.find(n), std::string::npos) << n << " missing from: " << e;
   EXPECT_EQ(e.find("ember"), std::string::npos) << "ember takes no hidden matrices: " << e;
   e = construct_error("[parallel]\nstrategy = \"fsdp2\"\n");

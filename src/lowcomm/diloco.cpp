@@ -1,0 +1,38 @@
+// DiLoCo; see diloco.h.
+#include "lowcomm/diloco.h"
+
+#include <fmt/format.h>
+
+namespace atl::lowcomm {
+
+using Clock = std::chrono::steady_clock;
+
+std::string DiLoCo::describe() const {
+  return fmt::format("{} over {} islands, H = {}, outer {}SGD lr {} momentum {}, exchange {}", c_.method, islands_,
+                     c_.inner_steps, c_.nesterov && c_.outer_momentum > 0 ? "Nesterov " : "", c_.outer_lr,
+                     c_.outer_momentum, c_.exchange);
+}
+
+nlohmann::json DiLoCo::sync(int64_t step) {
+  if ((step + 1) % c_.inner_steps != 0) return nullptr;
+  auto t0 = Clock::now();
+  const int64_t n = flat_.numel();
+  if (!delta_.defined()) delta_ = Tensor::empty({n});
+  float* d = delta_.f32();
+  const float *x = flat_.f32(), *g = global_.f32();
+  for (int64_t i = 0; i < n; ++i) d[i] = g[i] - x[i];
+  start_average(delta_)();
+  merge(delta_);
+  outer_sgd(global_.f32(), mom_.f32(), delta_.f32(), n, c_);
+  flat_.copy_from(global_);
+  ++outer_steps_;
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return record("outer", n, s, s);
+}
+
+std::unique_ptr<LowComm> make_diloco(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world,
+                                     Config& cfg) {
+  return std::make_unique<DiLoCo>(c, mesh, world, cfg);
+}
+
+}  // namespace atl::lowcomm

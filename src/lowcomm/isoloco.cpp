@@ -1,0 +1,44 @@
+// IsoLoCo ("Can Model Merging Improve Aggregation in DiLoCo?"): DiLoCo whose averaged
+// pseudo-gradient is merged by Iso-C (iso_merge.h) per 2-D matrix before the outer Nesterov SGD;
+// vectors (norms, biases) stay averaged, and so, unless lowcomm.merge_scope = "all", do the
+// embedding and head matrices. Iso-C acts on the mean rather than the sum of the
+// islands' pseudo-gradients (the sum's spectrum scaled by 1/M), so outer_lr keeps DiLoCo's
+// meaning. Ablations: lowcomm.merge = "average" (plain averaging, i.e. DiLoCo) and
+// lowcomm.outer_momentum = 0 (Iso-C without momentum, the paper's "DiLoCo SGD with Iso-C").
+#include <fmt/format.h>
+
+#include "lowcomm/diloco.h"
+#include "lowcomm/iso_merge.h"
+
+namespace atl::lowcomm {
+
+namespace {
+class IsoLoCo final : public DiLoCo {
+ public:
+  using DiLoCo::DiLoCo;
+  std::string describe() const override {
+    return DiLoCo::describe() + ", merge " + c_.merge + (c_.merge == "iso_c" ? " (" + c_.merge_scope + " matrices)" : "");
+  }
+
+ protected:
+  void merge(Tensor& delta) override {
+    if (c_.merge != "iso_c") return;
+    const float* base = flat_.f32();
+    for (nn::Parameter* p : model_->parameters()) {
+      if (p->shape.size() != 2) continue;
+      // Embedding and head rows of tokens a round never saw carry no signal; Iso-C would give
+      // them the mean singular value's weight, so by default only the hidden matrices merge so.
+      if (c_.merge_scope == "hidden" && resolve_role(p->role, p->shape) != ParamRole::matrix) continue;
+      int64_t o = p->value.f32() - base;
+      iso_c(delta.f32() + o, p->shape[0], p->shape[1]);
+    }
+  }
+};
+}  // namespace
+
+std::unique_ptr<LowComm> make_isoloco(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world,
+                                      Config& cfg) {
+  return std::make_unique<IsoLoCo>(c, mesh, world, cfg);
+}
+
+}  // namespace atl::lowcomm

@@ -1,0 +1,261 @@
+// The islands' common machinery: config, sub-communicators, sharded averaging across islands,
+// metrics, checkpoint state; see lowcomm.h.
+#include "lowcomm/lowcomm.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+#include "lowcomm/diloco.h"
+
+namespace atl::lowcomm {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<LowCommConfig> LowCommConfig::from_config(Config& cfg, int64_t islands) {
+  auto c = std::make_unique<LowCommConfig>();
+  bool named = cfg.has("lowcomm.method");
+  c->method = cfg.get_string("lowcomm.method", c->method, method_registry().names());
+  c->inner_steps = cfg.get_int("lowcomm.inner_steps", c->inner_steps, 1, 1 << 30);
+  c->outer_lr = cfg.get_float("lowcomm.outer_lr", c->outer_lr, 0.0, 100.0);
+  c->outer_momentum = cfg.get_float("lowcomm.outer_momentum", c->outer_momentum, 0.0, 0.999999);
+  c->nesterov = cfg.get_bool("lowcomm.nesterov", c->nesterov);
+  c->exchange = cfg.get_string("lowcomm.exchange", c->exchange, exchange_registry().names());
+  if (c->method == "streaming") {
+    c->fragments = cfg.get_int("lowcomm.fragments", c->fragments, 1, 1 << 20);
+    c->overlap_steps = cfg.get_int("lowcomm.overlap_steps", c->overlap_steps, 0, 1 << 30);
+    c->mixing = cfg.get_float("lowcomm.mixing", c->mixing, 0.0, 1.0);
+    ATOLL_CHECK(c->overlap_steps < c->inner_steps,
+                "lowcomm.overlap_steps = {} ({}) must be below lowcomm.inner_steps = {}: a fragment's exchange "
+                "is applied before its next one starts",
+                c->overlap_steps, cfg.where("lowcomm.overlap_steps"), c->inner_steps);
+    ATOLL_CHECK(c->fragments <= c->inner_steps,
+                "lowcomm.fragments = {} ({}) must not exceed lowcomm.inner_steps = {} (one fragment starts per "
+                "H / P steps)", c->fragments, cfg.where("lowcomm.fragments"), c->inner_steps);
+  }
+  if (c->method == "isoloco") {
+    c->merge = cfg.get_string("lowcomm.merge", c->merge, {"iso_c", "average"});
+    c->merge_scope = cfg.get_string("lowcomm.merge_scope", c->merge_scope, {"hidden", "all"});
+  }
+  c->drop_at_sync = cfg.get_int("fault.island_drop_at_sync", 0, 0);
+  if (islands == 1 && !named) return nullptr;
+  return c;
+}
+
+void outer_sgd(float* x, float* b, const float* d, int64_t n, const LowCommConfig& c) {
+  const float lr = float(c.outer_lr), mu = float(c.outer_momentum);
+  if (mu == 0.f) {
+    for (int64_t i = 0; i < n; ++i) x[i] -= lr * d[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    b[i] = mu * b[i] + d[i];
+    float u = c.nesterov ? d[i] + mu * b[i] : b[i];
+    x[i] -= lr * u;
+  }
+}
+
+LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world, Config& cfg)
+    : c_(c), world_(world) {
+  islands_ = int(mesh.shape().island);
+  island_ = int(mesh.coord("island"));
+  if (world_) {
+    // Island-major rank order (mesh.h): the island's ranks are contiguous.
+    island_comm_ = world_->split(island_, world_->rank());
+    across_ = mesh.axis("island");
+  }
+  exchange_ = exchange_registry().get(c_.exchange, "lowcomm.exchange")(cfg);
+}
+
+LowComm::~LowComm() = default;
+
+void LowComm::attach(nn::Model& model, const std::string& strategy) {
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
+              "lowcomm.method = '{}' needs the whole model on every rank of an island, but parallel.strategy = '{}' "
+              "shards the parameters: use ddp, zero1 or zero2 inside the islands", c_.method, strategy);
+  model_ = &model;
+  flat_ = model.flat_values();
+  // Islands initialise alike from the seed; island 0's parameters make sure of it.
+  if (across_ && across_->size() > 1) across_->broadcast(flat_, 0);
+  global_ = flat_.clone();
+  mom_ = Tensor::zeros({flat_.numel()});
+  on_attach();
+  window_start_ = Clock::now();
+  window_open_ = true;
+}
+
+nlohmann::json LowComm::after_step(int64_t step) {
+  ATOLL_CHECK(model_, "lowcomm: after_step before attach");
+  if (!window_open_) {
+    window_start_ = Clock::now();
+    window_open_ = true;
+  }
+  return sync(step);
+}
+
+double LowComm::world_average(double x) {
+  if (!world_ || world_->size() == 1) return x;
+  Tensor t = Tensor::empty({2});
+  t.f32()[0] = float(x);
+  t.f32()[1] = float(x - double(t.f32()[0]));
+  world_->all_reduce(t, comm::ReduceOp::sum);
+  return (double(t.f32()[0]) + double(t.f32()[1])) / double(world_->size());
+}
+
+std::function<void()> LowComm::start_average(const Tensor& buf) {
+  const int64_t n = buf.numel();
+  const int k = island_comm_ ? island_comm_->size() : 1;
+  if (!across_ || across_->size() == 1) return [] {};
+  if (++exchanges_ == c_.drop_at_sync && island_ == islands_ - 1) {
+    // A dropped link: this island goes silent (no error, no closed socket) for longer than the
+    // others' communicator timeout, then leaves.
+    log::warn("fault: island {} drops its link at exchange {}", island_, exchanges_);
+    std::this_thread::sleep_for(across_->timeout() * 2);
+    std::_Exit(3);
+  }
+  if (k == 1) return exchange_->start(buf, across_);
+  // This rank's share: chunk l of the buffer padded to k equal chunks.
+  const int64_t chunk = (n + k - 1) / k, l = island_comm_->rank();
+  const int64_t lo = std::min(n, l * chunk), hi = std::min(n, lo + chunk);
+  Tensor mine = Tensor::zeros({chunk});
+  if (hi > lo) std::memcpy(mine.f32(), buf.f32() + lo, size_t(hi - lo) * sizeof(float));
+  auto fin = exchange_->start(mine, across_);
+  comm::Communicator* ic = island_comm_.get();
+  return [fin, mine, buf, ic, chunk, n, k] {
+    fin();
+    Tensor all = Tensor::empty({chunk * k});
+    ic->all_gather(mine, all);
+    std::memcpy(buf.f32(), all.f32(), size_t(n) * sizeof(float));
+  };
+}
+
+int64_t LowComm::wan_bytes(int64_t numel) const {
+  const int k = island_comm_ ? island_comm_->size() : 1;
+  return exchange_->wire_bytes((numel + k - 1) / k, islands_);
+}
+
+nlohmann::json LowComm::record(const std::string& what, int64_t numel, double blocked_s, double sync_s) {
+  auto now = Clock::now();
+  window_blocked_s_ += blocked_s;
+  double wall = std::chrono::duration<double>(now - window_start_).count();
+  int64_t mine = wan_bytes(numel);
+  job_wan_bytes_ += mine * (world_ ? world_->size() : 1);  // every rank sends its equal share
+  nlohmann::json j = {{"what", what},
+                      {"outer_step", outer_steps_},
+                      {"wan_bytes", mine},
+                      {"wan_bytes_job", job_wan_bytes_},
+                      {"sync_ms", sync_s * 1e3},
+                      {"blocked_ms", blocked_s * 1e3},
+                      {"compute_util", wall > 0 ? std::max(0.0, 1.0 - window_blocked_s_ / wall) : 1.0}};
+  window_start_ = now;
+  window_blocked_s_ = 0;
+  return j;
+}
+
+namespace {
+const char* kPrefix = "lowcomm.";
+bool is_ours(const std::string& n) { return n.rfind(kPrefix, 0) == 0; }
+}  // namespace
+
+void LowComm::save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                         std::vector<std::pair<std::string, Tensor>>& opt_sd, nlohmann::json& state) {
+  std::vector<std::pair<std::string, Tensor>> extra;
+  // The other islands' parameters and inner optimizer state, sent to world rank 0 (it writes the
+  // checkpoint; it is island 0's first rank) by each island's first rank, over the island axis.
+  // Every island holds the same names and shapes (one model, one optimizer).
+  if (islands_ > 1 && island_comm_ && island_comm_->rank() == 0) {
+    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind, int& tag) {
+      for (const auto& [name, t0] : sd) {
+        Tensor t = t0.contiguous();
+        if (island_ > 0) {
+          across_->send(t, 0, tag++);
+          continue;
+        }
+        for (int i = 1; i < islands_; ++i) {
+          Tensor r = Tensor::empty(t.shape(), t.dtype());
+          across_->recv(r, i, tag);
+          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name), r);
+        }
+        ++tag;
+      }
+    };
+    int tag = 0;
+    move(model_sd, "model", tag);
+    move(opt_sd, "optim", tag);
+  }
+  extra.emplace_back(std::string(kPrefix) + "global", global_.clone());
+  extra.emplace_back(std::string(kPrefix) + "momentum", mom_.clone());
+  nlohmann::json st = {{"method", c_.method},           {"islands", islands_}, {"inner_steps", c_.inner_steps},
+                       {"outer_steps", outer_steps_}, {"job_wan_bytes", job_wan_bytes_}};
+  save_method(extra, st);
+  for (auto& e : extra) opt_sd.push_back(std::move(e));
+  state["lowcomm"] = st;
+}
+
+void LowComm::load_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                         std::vector<std::pair<std::string, Tensor>>& opt_sd, const nlohmann::json& state,
+                         const std::string& what) {
+  TensorFile ours;
+  std::vector<std::pair<std::string, Tensor>> rest;
+  for (auto& e : opt_sd) (is_ours(e.first) ? ours.tensors : rest).push_back(std::move(e));
+  opt_sd = std::move(rest);
+  if (!state.contains("lowcomm")) {  // a checkpoint without islands: the outer state starts here
+    ATOLL_CHECK(ours.tensors.empty(), "{}: lowcomm entries but no lowcomm state", what);
+    log::info("lowcomm: {} has no outer state; the outer optimizer starts from its parameters", what);
+    loaded_plain_ = true;
+    return;
+  }
+  const nlohmann::json& st = state.at("lowcomm");
+  ATOLL_CHECK(st.at("islands").get<int>() == islands_ && st.at("method").get<std::string>() == c_.method,
+              "{} was saved by lowcomm.method = '{}' over {} islands; this job runs '{}' over {}: resume it as it "
+              "was saved", what, st.at("method").get<std::string>(), st.at("islands").get<int>(), c_.method, islands_);
+  if (island_ > 0) {
+    auto take = [&](std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind) {
+      for (auto& [name, t] : sd) {
+        std::string key = fmt::format("{}island{}.{}.{}", kPrefix, island_, kind, name);
+        const Tensor* f = ours.find(key);
+        ATOLL_CHECK(f, "{}: no {} (island {}'s state)", what, key, island_);
+        t = f->clone();
+      }
+    };
+    take(model_sd, "model");
+    take(opt_sd, "optim");
+  }
+  const Tensor& g = ours.get(std::string(kPrefix) + "global");
+  ATOLL_CHECK(g.numel() == global_.numel(), "{}: lowcomm.global has {} elements, the model {}", what, g.numel(),
+              global_.numel());
+  global_.copy_from(g.reshape(global_.shape()));
+  mom_.copy_from(ours.get(std::string(kPrefix) + "momentum").reshape(mom_.shape()));
+  outer_steps_ = st.at("outer_steps").get<int64_t>();
+  job_wan_bytes_ = st.at("job_wan_bytes").get<int64_t>();
+  load_method(ours, st, what);
+}
+
+void LowComm::finish_load() {
+  if (!loaded_plain_) return;
+  global_.copy_from(flat_);
+  mom_.zero();
+  loaded_plain_ = false;
+}
+
+Registry<MethodMaker>& method_registry() {
+  static Registry<MethodMaker> r = [] {
+    Registry<MethodMaker> g("lowcomm method");
+    g.add("diloco", make_diloco);
+    g.add("streaming", make_streaming_diloco);
+    g.add("isoloco", make_isoloco);
+    return g;
+  }();
+  return r;
+}
+
+std::unique_ptr<LowComm> make_lowcomm(Config& cfg, parallel::Mesh& mesh, comm::Communicator* world) {
+  auto c = LowCommConfig::from_config(cfg, mesh.shape().island);
+  if (!c) return nullptr;
+  return method_registry().get(c->method, "lowcomm.method")(*c, mesh, world, cfg);
+}
+
+}  // namespace atl::lowcomm

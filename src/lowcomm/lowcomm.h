@@ -1,0 +1,141 @@
+// Training across islands: groups of ranks with fast links inside (the mesh's `island` axis,
+// [parallel] islands = M), joined by a slow wide-area network. Inside an island the usual data
+// parallelism runs over the island's sub-communicator (island_comm()); every so often the
+// islands exchange pseudo-gradients over across() (the ranks with the same place in each island)
+// and an outer optimizer merges them. The trainer calls after_step() after each optimizer step.
+//
+// Methods, registered by name ([lowcomm] method): diloco (diloco.h), streaming
+// (streaming_diloco.cpp), isoloco (isoloco.cpp). Keys of [lowcomm] (ranges checked, unknown keys
+// refused by the config): method, inner_steps (H), outer_lr, outer_momentum, nesterov, exchange,
+// and the methods' own (fragments, overlap_steps, mixing; merge).
+//
+// Traffic: the ranks of an island hold the same parameters (DDP, ZeRO-1/2), so each sends only
+// its 1/k share of the pseudo-gradient across (k ranks per island) and the island all-gathers the
+// averaged shares over its fast links: the WAN carries one model's worth per island and sync.
+//
+// Checkpoints (save_state/load_state): the outer state (global parameters, momentum, exchanges
+// in flight) and every island's own parameters and inner optimizer state, so a run stopped
+// between outer steps resumes bit-exact.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "core/registry.h"
+#include "lowcomm/exchange.h"
+#include "nn/model.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
+
+namespace atl::lowcomm {
+
+struct LowCommConfig {
+  std::string method = "diloco";
+  int64_t inner_steps = 50;  // H
+  double outer_lr = 0.7, outer_momentum = 0.9;
+  bool nesterov = true;
+  std::string exchange = "fp32";
+  // Streaming DiLoCo: fragments P, overlap tau (inner steps between starting an exchange and
+  // applying it), mixing alpha (the weight of the local parameters when merging).
+  int64_t fragments = 4, overlap_steps = 1;
+  double mixing = 0.5;
+  // IsoLoCo: "iso_c" or "average" (the ablation: plain averaging).
+  std::string merge = "iso_c";
+  std::string merge_scope = "hidden";  // which matrices Iso-C merges: "hidden" or "all" 2-D ones
+  // [fault] island_drop_at_sync = n: the last island stops answering at its n-th exchange (for
+  // the test that the others fail with a message instead of hanging); 0: never.
+  int64_t drop_at_sync = 0;
+  // Reads [lowcomm]; null when islands = 1 and no method is named.
+  static std::unique_ptr<LowCommConfig> from_config(Config& cfg, int64_t islands);
+};
+
+// Nesterov SGD as torch.optim.SGD (dampening 0) on the global parameters, the averaged
+// pseudo-gradient d as the gradient: b = mu b + d; u = nesterov ? d + mu b : b; x -= lr u.
+void outer_sgd(float* x, float* b, const float* d, int64_t n, const LowCommConfig& c);
+
+class LowComm {
+ public:
+  LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world, Config& cfg);
+  virtual ~LowComm();
+  virtual std::string describe() const = 0;
+  const LowCommConfig& config() const { return c_; }
+  int island() const { return island_; }
+  int islands() const { return islands_; }
+  // The island's own ranks (data parallelism runs over it); null for one process.
+  comm::Communicator* island_comm() const { return island_comm_.get(); }
+  // The ranks with this rank's place in every island (ordered by island); null for one process.
+  comm::Communicator* across() const { return across_; }
+
+  // Once the data-parallel strategy exists: refuses strategies that do not hold the whole model
+  // on every rank, starts every island from island 0's parameters, takes the outer state.
+  void attach(nn::Model& model, const std::string& strategy);
+  // After the optimizer step of `step` (0-based). Returns the metrics of the syncs it finished
+  // (null when none): bytes sent, sync time, compute utilization.
+  nlohmann::json after_step(int64_t step);
+  // Whether the islands agree on something this step (the trainer's stop decision): the end of
+  // an outer round, when every island waits for the others anyway.
+  bool round_end(int64_t step) const { return (step + 1) % c_.inner_steps == 0; }
+  // The mean of x over every rank of the job (collective over the world).
+  double world_average(double x);
+
+  // Collective over the world, after the strategy's full_state(): adds the outer state and the
+  // other islands' states (as lowcomm.* optimizer entries) and a description to `state`.
+  void save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                  std::vector<std::pair<std::string, Tensor>>& opt_sd, nlohmann::json& state);
+  // Before the strategy's load_full_state(): takes this island's entries (and the outer state)
+  // out of a checkpoint; one saved without islands starts the outer state from its parameters.
+  void load_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                  std::vector<std::pair<std::string, Tensor>>& opt_sd, const nlohmann::json& state,
+                  const std::string& what);
+  // After the strategy's load_full_state(): a checkpoint without outer state starts it here.
+  void finish_load();
+
+ protected:
+  // Method hooks. sync(): the method's work after step (metrics for what finished, or null).
+  virtual nlohmann::json sync(int64_t step) = 0;
+  virtual void save_method(std::vector<std::pair<std::string, Tensor>>& out, nlohmann::json& st) = 0;
+  virtual void load_method(const TensorFile& f, const nlohmann::json& st, const std::string& what) = 0;
+  virtual void on_attach() {}
+
+  // Averages buf (contiguous f32) in place over the islands, each rank sending its 1/k share;
+  // returns what completes it (then buf holds the mean on every rank).
+  std::function<void()> start_average(const Tensor& buf);
+  int64_t wan_bytes(int64_t numel) const;  // what start_average(numel) sends from this rank
+  // One sync's record; blocked_s is the time the inner steps waited for it.
+  nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
+
+  LowCommConfig c_;
+  comm::Communicator* world_;
+  std::unique_ptr<comm::Communicator> island_comm_;
+  comm::Communicator* across_ = nullptr;
+  int island_ = 0, islands_ = 1;
+  std::unique_ptr<PseudoGradientExchange> exchange_;
+  nn::Model* model_ = nullptr;
+  Tensor flat_;    // the model's flat parameters (this island's)
+  Tensor global_;  // the outer (global) parameters, the same on every island
+  Tensor mom_;     // outer momentum
+  int64_t outer_steps_ = 0;
+
+ private:
+  // For compute utilization: wall time between records and the time blocked in syncs within it.
+  std::chrono::steady_clock::time_point window_start_;
+  double window_blocked_s_ = 0;
+  int64_t job_wan_bytes_ = 0;
+  int64_t exchanges_ = 0;
+  bool window_open_ = false;
+  bool loaded_plain_ = false;
+};
+
+using MethodMaker = std::function<std::unique_ptr<LowComm>(const LowCommConfig&, parallel::Mesh&,
+                                                           comm::Communicator*, Config&)>;
+Registry<MethodMaker>& method_registry();
+
+// [lowcomm] read and the method built; null when the job trains without islands.
+std::unique_ptr<LowComm> make_lowcomm(Config& cfg, parallel::Mesh& mesh, comm::Communicator* world);
+
+}  // namespace atl::lowcomm
