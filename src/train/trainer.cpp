@@ -17,6 +17,7 @@
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "parallel/optim/placement.h"
+#include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
@@ -110,6 +111,7 @@ struct Trainer::Impl {
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -120,6 +122,7 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
+    if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
@@ -133,6 +136,12 @@ struct Trainer::Impl {
   }
 
   double evaluate() { return dp->average(task->evaluate(*model)); }
+  // Under tensor parallelism the ranks of one tp group read the same data: the task sees the dp
+  // coordinate and size.
+  TaskEnv task_env() const {
+    if (!tp) return TaskEnv{rank, world, comm.get()};
+    return TaskEnv{int(mesh->coord("dp_replicate")), int(pc.mesh.dp_replicate), comm.get(), rank};
+  }
 };
 
 Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
@@ -156,6 +165,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
+  I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy);  // this rank's shard (tp > 1)
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
@@ -176,10 +186,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
-  I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
+  I.task->setup(*I.model, I.task_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
+  I.dp = parallel::make_data_parallel(*I.model, I.tp ? parallel::data_parallel_comm(*I.mesh) : I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
                                       placement.sharded, I.mesh.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
@@ -209,6 +219,7 @@ TrainResult Trainer::run(bool resume) {
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
       try {
+        if (I.tp) I.tp->local_state(ck.model, of);
         I.dp->load_full_state(ck.model, of, *p);
       } catch (const Error& e) {  // issue 10: another optimizer's checkpoint is named as such
         std::vector<std::string> names;
@@ -220,7 +231,7 @@ TrainResult Trainer::run(bool resume) {
       Rng::State st;
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
-      I.task->set_data_state(ck.state.at("train_data"), TaskEnv{I.rank, I.world, I.comm.get()});
+      I.task->set_data_state(ck.state.at("train_data"), I.task_env());
       log::info("resumed from {} at step {}", *p, start);
       store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
@@ -241,7 +252,7 @@ TrainResult Trainer::run(bool resume) {
   metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(I.task->sequence_length());
-  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * I.world;  // the whole job's
+  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * (I.world / I.pc.mesh.tp);  // the whole job's
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
@@ -264,8 +275,9 @@ TrainResult Trainer::run(bool resume) {
       backward(loss, 1.f / float(o.grad_accum));
     }
     I.dp->finish_backward();
+    if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
     double loss = I.dp->average(loss_sum / double(o.grad_accum));  // the job's mean loss
-    double norm = I.dp->grad_norm();
+    double norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
            step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
