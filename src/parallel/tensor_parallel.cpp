@@ -61,7 +61,7 @@ std::unique_ptr<TensorParallel> TensorParallel::apply(std::unique_ptr<nn::Model>
 }
 
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
-                                                      const std::string& strategy) {
+                                                      const std::string& strategy, int64_t tokens) {
   const bool sp = cfg.get_bool("parallel.sequence_parallel", true);
   const int64_t tp = mesh.shape().tp;
   if (tp == 1) return nullptr;
@@ -71,6 +71,11 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
   ATOLL_CHECK(opt == "adamw" || opt == "adams" || opt == "lion",
               "parallel.tp = {}: optim.type = '{}' works on whole matrices, which tensor parallelism splits over "
               "ranks; use an elementwise optimizer (adamw, adams, lion)", tp, opt);
+  ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
+              "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));
+  ATOLL_CHECK(!sp || tokens % tp == 0, "parallel.sequence_parallel = true: a micro-batch of train.batch_size x "
+              "train.seq_len = {} tokens does not split over parallel.tp = {} ranks; make it a multiple of {} or set "
+              "parallel.sequence_parallel = false", tokens, tp, tp);
   auto ctx = TensorParallel::apply(model, mesh, sp);
   log::info("tensor parallel: tp = {}, sequence parallel {}", tp, sp ? "on" : "off");
   return ctx;

@@ -109,9 +109,10 @@ class TensorParallel final : public nn::TensorParallelContext {
 
 // The trainer's entry: reads parallel.sequence_parallel (default true) and, when the mesh has
 // tp > 1, refuses what does not compose yet (a strategy other than ddp, an optimizer that is not
-// elementwise) and applies TensorParallel::apply. Null when tp = 1.
+// elementwise, bf16 matmuls, a micro-batch of `tokens` that sequence parallelism cannot split) and
+// applies TensorParallel::apply. Null when tp = 1.
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
-                                                      const std::string& strategy);
+                                                      const std::string& strategy, int64_t tokens);
 // The communicator data parallelism runs over when tp > 1: the mesh's dp_replicate axis.
 comm::Communicator* data_parallel_comm(Mesh& mesh);
 

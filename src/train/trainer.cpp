@@ -165,7 +165,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
-  I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy);  // this rank's shard (tp > 1)
+  I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
+                                         I.o.batch_size * I.o.seq_len);
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,

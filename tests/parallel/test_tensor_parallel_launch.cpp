@@ -112,6 +112,11 @@ TEST(LaunchTensorParallel, HeadsThatDoNotSplitAreRefusedBeforeStepOne) {
   EXPECT_NE(log.find("parallel.tp = 2: model.n_head = 1 is not divisible"), std::string::npos) << log;
   EXPECT_EQ(log.find("step     1"), std::string::npos) << "refused before training: " << log;
   EXPECT_FALSE(fs::exists(f.root / "bad" / "metrics.jsonl")) << log;
+  // Sequence parallelism splits each micro-batch's tokens over the tp ranks: 31 tokens do not split.
+  EXPECT_NE(f.train("odd", 2, {"--parallel.tp=2", "--train.batch_size=1", "--train.seq_len=31"}, true), 0);
+  log = f.log("odd");
+  EXPECT_NE(log.find("31 tokens does not split over parallel.tp = 2"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(f.root / "odd" / "metrics.jsonl")) << log;
 }
 
 TEST(LaunchTensorParallel, DataTimesTensorOnFourRanksFollowsOneRankAtDoubleBatch) {
