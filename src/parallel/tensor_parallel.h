@@ -60,6 +60,14 @@ class TensorParallel final : public nn::TensorParallelContext {
   Tensor vocab_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t lo) const override;
   Tensor gather_vocab(const Tensor& logits, int64_t V) const override;
 
+  // ---- Megatron's region operators, unfused (tensor_parallel_regions.cpp) ----
+  Tensor copy_to_region(const Tensor& x) const;      // f: identity forward, all-reduce backward
+  Tensor reduce_from_region(const Tensor& x) const;  // g: all-reduce forward, identity backward
+  // x [n, C] (this rank's token rows) -> [size*n, C], rank 0's rows first; reduce-scatter backward.
+  Tensor gather_sequence(const Tensor& x) const;
+  // x [N, C] -> the sum over ranks of rows [r*N/size, (r+1)*N/size); all-gather backward.
+  Tensor scatter_sequence(const Tensor& x) const;
+
   // ---- training ----
   // After the data-parallel finish_backward: sums partial gradients of replicated parameters.
   void finish_backward();

@@ -293,6 +293,55 @@ TEST(TensorParallel, RankProgram) {
     write_floats(tag + ".grads." + r, {});
     return;
   }
+  if (job.model == "fused") {  // the fused linears against Megatron's unfused region operators
+    MeshShape shape;
+    shape.tp = comm->size();
+    Mesh mesh(comm.get(), shape);
+    std::vector<float> worst;
+    for (bool sp : {false, true}) {
+      TensorParallel tp(mesh.axis("tp"), sp);
+      const int64_t B = 2, T = 6, C = 16, OUT = 12, N = B * T, n = sp ? N / tp.size() : N;
+      tp.begin_forward(B, T);
+      Rng rng(77);  // the same replicated input on every rank; its own weights per rank
+      Tensor xfull = Tensor::empty({N, C});
+      rng.fill_normal(xfull, 0.f, 1.f);
+      Rng wr(1000 + uint64_t(tp.rank()));
+      Tensor w = Tensor::empty({C, OUT}), b = Tensor::empty({OUT}), w2 = Tensor::empty({OUT, C});
+      Tensor c1 = Tensor::empty({N, OUT}), c2 = Tensor::empty({n, C});
+      for (Tensor* t : {&w, &b, &w2, &c1, &c2}) wr.fill_normal(*t, 0.f, 1.f);
+      Tensor xin = sp ? xfull.slice(0, int64_t(tp.rank()) * n, int64_t(tp.rank() + 1) * n).contiguous() : xfull;
+      struct Out { std::vector<float> v; };
+      auto pass = [&](bool fused) {
+        Tensor x = xin.clone(), wa = w.clone(), ba = b.clone(), wb = w2.clone();
+        for (Tensor* t : {&x, &wa, &ba, &wb}) set_requires_grad(*t);
+        Tensor h = fused ? tp.column_linear(x, wa, ba)
+                         : ops::linear(sp ? tp.gather_sequence(x) : tp.copy_to_region(x), wa, ba);
+        // (views carry no autograd record: the constants take the outputs' shapes instead)
+        Tensor y = fused ? tp.row_linear(h, wb, Tensor())
+                         : (sp ? tp.scatter_sequence(ops::linear(h, wb, Tensor()))
+                               : tp.reduce_from_region(ops::linear(h, wb, Tensor())));
+        Tensor loss = ops::add(ops::sum(ops::dot_const(y, c2.view(y.shape()))), ops::sum(ops::dot_const(h, c1.view(h.shape()))));
+        std::vector<float> out(y.f32(), y.f32() + y.numel());
+        backward(loss);
+        for (Tensor* t : {&x, &wa, &ba, &wb}) {
+          Tensor g = grad_of(*t);
+          out.insert(out.end(), g.f32(), g.f32() + g.numel());
+        }
+        return out;
+      };
+      std::vector<float> a = pass(true), bb = pass(false);
+      if (std::getenv("ATOLL_TP_VERBOSE"))
+        for (size_t i = 0; i < a.size(); ++i)
+          if (std::fabs(a[i] - bb[i]) > 1e-6 * std::max(1e-3f, std::fabs(bb[i])))
+            std::fprintf(stderr, "sp %d rank %d at %zu: %.8g vs %.8g\n", int(sp), tp.rank(), i, a[i], bb[i]);
+      Tensor m = Tensor::full({1}, float(test::rel_diff(a, bb)));
+      comm->all_reduce(m, comm::ReduceOp::max);
+      worst.push_back(m.item());
+    }
+    write_floats(tag + ".losses." + r, worst);
+    write_floats(tag + ".grads." + r, {});
+    return;
+  }
   Result res = run(comm.get(), job);
   write_floats(tag + ".losses." + r, res.losses);
   write_floats(tag + ".grads." + r, res.grads);
@@ -332,6 +381,22 @@ TEST(TensorParallel, VocabParallelCrossEntropyEqualsTheFullOne) {
   ASSERT_EQ(k["losses"].size(), 3u);
   EXPECT_NEAR(k["losses"][0], k["losses"][1], 1e-6 * k["losses"][1]) << "vocab-parallel loss vs the full one";
   EXPECT_LT(k["losses"][2], 1e-5) << "gradient (elementwise, floored at 1e-3)";
+}
+
+TEST(TensorParallel, FusedLinearsEqualTheUnfusedRegionOperators) {
+  // column_linear = f then linear (SP: all-gather then linear), row_linear = linear then g (SP:
+  // then reduce-scatter), outputs and all four gradients; the fused ones split the GEMMs by row
+  // chunks to overlap the collectives, which changes only the order of the dW sums over rows (norm-
+  // wise 1e-6; single elements whose 12-term sums cancel move by up to ~3e-6 of themselves).
+  Job job;
+  job.model = "fused";
+  std::string tag = tag_path("fused");
+  auto codes = test::run_rank_programs(2, "TensorParallel.RankProgram",
+                                       {"ATOLL_TP_JOB=" + job.str(), "ATOLL_TP_TAG=" + tag}, tag, 60);
+  auto k = test::collect_kinds(tag, codes, {"losses"}, "fused");
+  ASSERT_EQ(k["losses"].size(), 2u);
+  EXPECT_LT(k["losses"][0], 1e-6) << "without sequence parallelism";
+  EXPECT_LT(k["losses"][1], 1e-6) << "with sequence parallelism";
 }
 
 TEST(TensorParallel, CheckpointMovesBetweenTpAndOneRank) {
