@@ -78,6 +78,8 @@ Tensor column(const TensorParallel& tp, const Tensor& x, const Tensor& w, const 
   const int S = tp.size(), r = tp.rank();
   const int64_t IN = x.size(-1), OUT = w_t ? w.size(0) : w.size(1), n = rows_of(x), N = sp ? n * S : n;
   ATOLL_CHECK((w_t ? w.size(1) : w.size(0)) == IN, "{}: input [.., {}] against weight {}", op, IN, shape_str(w.shape()));
+  ATOLL_CHECK(!sp || N == tp.B() * tp.T(), "{}: {} token rows on each of {} ranks for a [{}, {}] batch", op, n, S,
+              tp.B(), tp.T());
   ATOLL_CHECK(!b.defined() || b.numel() == OUT, "{}: bias of {} for {} outputs", op, b.numel(), OUT);
   const float* bp = b.defined() ? b.f32() : nullptr;
   Tensor xf = x;
@@ -141,6 +143,7 @@ Tensor TensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor
   const int S = size_, r = rank_;
   const int64_t IN = x.size(-1), OUT = w.size(1), N = rows_of(x), n = sp ? N / S : N;
   ATOLL_CHECK(w.size(0) == IN, "{}: input [.., {}] against weight {}", op, IN, shape_str(w.shape()));
+  ATOLL_CHECK(!sp || N == B_ * T_, "{}: {} rows for a [{}, {}] batch", op, N, B_, T_);
   Tensor yp = Tensor::empty(with_last_dim(x.shape(), OUT));
   gemm_rows(x.f32(), N, IN, w, false, nullptr, yp.f32(), OUT);
   Tensor y = yp;
