@@ -59,9 +59,9 @@ int main(int argc, char** argv) {
       x.i32()[i] = int32_t(rng.next_u64() % uint64_t(c.vocab_size));
       y.i32()[i] = int32_t(rng.next_u64() % uint64_t(c.vocab_size));
     }
-    std::vector<double> times, waits;
+    std::vector<double> times, waits, waits_ov;
     for (int s = 0; s <= steps; ++s) {  // step 0 warms up
-      double w0 = tp ? tp->stats().wait_s : 0;
+      double w0 = tp ? tp->stats().wait_s : 0, wo0 = tp ? tp->stats().wait_overlapped_s : 0;
       auto t0 = std::chrono::steady_clock::now();
       model->zero_grad();
       Tensor loss = model->loss(x, y);
@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       if (s > 0) {
         times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         waits.push_back((tp ? tp->stats().wait_s : 0) - w0);
+        waits_ov.push_back((tp ? tp->stats().wait_overlapped_s : 0) - wo0);
       }
     }
     std::sort(times.begin(), times.end());
@@ -79,24 +80,36 @@ int main(int argc, char** argv) {
     nlohmann::json out = {{"impl", "atoll"}, {"tp", world}, {"sequence_parallel", sp && world > 1},
                           {"step_s", med}, {"tokens_per_s", double(B * T) / med}};
     if (tp) {
-      // The smallest wait over the ranks is the exposed communication (see the header).
-      Tensor w = Tensor::empty({int64_t(waits.size())});
-      for (size_t k = 0; k < waits.size(); ++k) w.f32()[k] = -float(waits[k]);
-      comm->all_reduce(w, comm::ReduceOp::max);
-      std::vector<double> exposed(waits.size());
-      for (size_t k = 0; k < waits.size(); ++k) exposed[k] = -double(w.f32()[k]);
-      std::sort(exposed.begin(), exposed.end());
-      std::vector<double> alone;
+      // The smallest wait over the ranks is the exposed communication (see the header); the
+      // median step of it.
+      // sign -1: the smaller rank's wait per step, +1: the larger's; then the median step.
+      auto exposed = [&](const std::vector<double>& ws, float sign) {
+        Tensor w = Tensor::empty({int64_t(ws.size())});
+        for (size_t k = 0; k < ws.size(); ++k) w.f32()[k] = sign * float(ws[k]);
+        comm->all_reduce(w, comm::ReduceOp::max);
+        std::vector<double> e(ws.size());
+        for (size_t k = 0; k < ws.size(); ++k) e[k] = double(sign * w.f32()[k]);
+        std::sort(e.begin(), e.end());
+        return e[e.size() / 2];
+      };
+      double wait = exposed(waits, -1), wait_ov = exposed(waits_ov, -1);
+      // The rank that waits most also waits for the other to arrive (skew, on a loaded machine).
+      out["comm_wait_max_rank_s"] = exposed(waits, 1);
+      std::vector<parallel::TpCollectiveTimes> alone;
       for (int r = 0; r < 3; ++r) alone.push_back(tp->time_collectives());
-      std::sort(alone.begin(), alone.end());
-      Tensor a = Tensor::full({1}, float(alone[1]));
+      std::sort(alone.begin(), alone.end(), [](auto& a, auto& b) { return a.all_s < b.all_s; });
+      Tensor a = Tensor::from_vector({float(alone[1].all_s), float(alone[1].overlappable_s)}, {2});
       comm->all_reduce(a, comm::ReduceOp::max);
-      double wait = exposed[exposed.size() / 2], al = double(a.item());
+      double al = double(a.f32()[0]), al_ov = double(a.f32()[1]);
       out["comm_wait_s"] = wait;
       out["comm_alone_s"] = al;
       out["hidden_share"] = al > 0 ? std::max(0.0, 1.0 - wait / al) : 0.0;
-      std::sort(waits.begin(), waits.end());
-      out["comm_wait_this_rank_s"] = waits[waits.size() / 2];
+      // Only the collectives that have compute beside them (gathers before the GEMMs, backward
+      // reductions beside dW): how much of those the overlap hides.
+      out["overlappable_wait_s"] = wait_ov;
+      out["overlappable_alone_s"] = al_ov;
+      out["overlappable_hidden_share"] = al_ov > 0 ? std::max(0.0, 1.0 - wait_ov / al_ov) : 0.0;
+      out["collectives_per_step"] = tp->stats().collectives / (steps + 1);
     }
     if (rank == 0) std::printf("%s\n", out.dump().c_str());
     return 0;

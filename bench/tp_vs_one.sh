@@ -35,9 +35,17 @@ sp = [r for r in rs if r["tp"] == 2 and r["sequence_parallel"]]
 nosp = [r for r in rs if r["tp"] == 2 and not r["sequence_parallel"]]
 m = lambda xs, k: st.median(x[k] for x in xs)
 t1 = m(one, "step_s")
-print(f"{'run':<26}{'step ms':>9}{'ratio':>8}{'comm wait ms':>14}{'comm alone ms':>15}{'hidden':>8}")
+print(f"{'run':<26}{'step ms':>9}{'ratio':>8}{'wait ms':>9}{'(other)':>9}{'alone ms':>10}{'hidden':>8}"
+      f"{'  | overlappable: wait ms':>24}{'alone ms':>10}{'hidden':>8}")
 print(f"{'one rank':<26}{1e3*t1:9.1f}{1.0:8.2f}")
 for name, xs in [("tp2, sequence parallel", sp), ("tp2, all-reduce (no SP)", nosp)]:
-    print(f"{name:<26}{1e3*m(xs,'step_s'):9.1f}{m(xs,'step_s')/t1:8.2f}{1e3*m(xs,'comm_wait_s'):14.1f}"
-          f"{1e3*m(xs,'comm_alone_s'):15.1f}{100*m(xs,'hidden_share'):7.0f}%")
+    print(f"{name:<26}{1e3*m(xs,'step_s'):9.1f}{m(xs,'step_s')/t1:8.2f}{1e3*m(xs,'comm_wait_s'):9.1f}"
+          f"{1e3*m(xs,'comm_wait_max_rank_s'):9.1f}"
+          f"{1e3*m(xs,'comm_alone_s'):10.1f}{100*m(xs,'hidden_share'):7.0f}%"
+          f"{1e3*m(xs,'overlappable_wait_s'):24.1f}{1e3*m(xs,'overlappable_alone_s'):10.1f}"
+          f"{100*m(xs,'overlappable_hidden_share'):7.0f}%")
+print("wait: blocked in the tp collectives per step (the smaller rank's, median step; (other): the rank "
+      "that waits more, which includes waiting for the other rank to arrive); alone: the same "
+      "collectives replayed one by one; hidden = 1 - wait/alone; overlappable: only the collectives with "
+      "compute beside them (SP gathers before the GEMMs, backward reductions beside dW)")
 PY

@@ -94,29 +94,34 @@ void TensorParallel::begin_forward(int64_t B, int64_t T) const {
   if (grad_enabled()) issued_.clear();
 }
 
-void TensorParallel::wait(const comm::WorkPtr& w) const {
+void TensorParallel::wait(const comm::WorkPtr& w, bool overlapped) const {
   double t0 = now_s();
   w->wait();
-  stats_.wait_s += now_s() - t0;
+  double dt = now_s() - t0;
+  stats_.wait_s += dt;
+  if (overlapped) stats_.wait_overlapped_s += dt;
   ++stats_.collectives;
 }
 
-void TensorParallel::note(int kind, int64_t numel) const { issued_.emplace_back(kind, numel); }
+void TensorParallel::note(int kind, int64_t numel, bool overlapped) const {
+  issued_.push_back({kind, numel, overlapped});
+}
 
-double TensorParallel::time_collectives() {
-  if (!comm_) return 0;
+TpCollectiveTimes TensorParallel::time_collectives() {
+  TpCollectiveTimes t;
+  if (!comm_) return t;
   comm_->barrier();
-  double t0 = now_s();
-  for (auto [kind, n] : issued_) {
-    if (kind == 0) {
-      comm_->all_reduce(Tensor::zeros({n}));
-    } else if (kind == 1) {
-      comm_->all_gather(Tensor::zeros({n}), Tensor::empty({n * size_}));
-    } else {
-      comm_->reduce_scatter(Tensor::zeros({n * size_}), Tensor::empty({n}));
-    }
+  for (const Issued& c : issued_) {
+    Tensor a = Tensor::zeros({c.numel}), b = Tensor::zeros({c.numel * size_});
+    double t0 = now_s();
+    if (c.kind == 0) comm_->all_reduce(a);
+    else if (c.kind == 1) comm_->all_gather(a, b);
+    else comm_->reduce_scatter(b, a);
+    double dt = now_s() - t0;
+    t.all_s += dt;
+    if (c.overlapped) t.overlappable_s += dt;
   }
-  return now_s() - t0;
+  return t;
 }
 
 void TensorParallel::finish_backward() {
@@ -151,6 +156,13 @@ double TensorParallel::grad_norm() {
   }
   if (comm_) sharded = sum_double(comm_, sharded);
   return std::sqrt(sharded + replicated);
+}
+
+bool TensorParallel::any(bool mine) {
+  if (!comm_) return mine;
+  Tensor t = Tensor::full({1}, mine ? 1.f : 0.f);
+  comm_->all_reduce(t, comm::ReduceOp::max);
+  return t.item() > 0;
 }
 
 const TensorParallel::ParamInfo* TensorParallel::info_of(const std::string& name) const {

@@ -33,7 +33,11 @@ class Mesh;
 // blocked in wait(); standalone_s (from time_collectives) the same collectives run on their own.
 struct TpCommStats {
   double wait_s = 0;
+  double wait_overlapped_s = 0;  // of which in collectives that have compute to overlap
   int64_t collectives = 0;
+};
+struct TpCollectiveTimes {
+  double all_s = 0, overlappable_s = 0;
 };
 
 class TensorParallel final : public nn::TensorParallelContext {
@@ -82,15 +86,20 @@ class TensorParallel final : public nn::TensorParallelContext {
   // The reverse: the whole model's state -> this rank's pieces.
   void local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state);
 
+  // True on every rank of the group when it is true on any (a stop request, say).
+  bool any(bool mine);
+
   const TpCommStats& stats() const { return stats_; }
   // Replays the last forward+backward's tp collectives blocking, one after another, on scratch
   // buffers: seconds they take when nothing overlaps them.
-  double time_collectives();
+  TpCollectiveTimes time_collectives();
 
   // For the ops (tensor_parallel_ops.cpp).
   comm::Communicator* comm() const { return comm_; }
-  void wait(const comm::WorkPtr& w) const;
-  void note(int kind, int64_t numel) const;  // a collective issued (kind: 0 all-reduce, 1 gather, 2 scatter)
+  // overlapped: the op ran compute between issuing the collective and this wait.
+  void wait(const comm::WorkPtr& w, bool overlapped = false) const;
+  // A collective issued (kind: 0 all-reduce, 1 all-gather, 2 reduce-scatter; numel per rank).
+  void note(int kind, int64_t numel, bool overlapped = false) const;
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
 
@@ -110,7 +119,12 @@ class TensorParallel final : public nn::TensorParallelContext {
   mutable bool sharded_ = false;
   mutable int64_t B_ = 0, T_ = 0;
   mutable TpCommStats stats_;
-  mutable std::vector<std::pair<int, int64_t>> issued_;  // this step's collectives, for time_collectives
+  struct Issued {
+    int kind;
+    int64_t numel;
+    bool overlapped;
+  };
+  mutable std::vector<Issued> issued_;  // this step's collectives, for time_collectives
   std::vector<ParamInfo> params_;
   const nn::Model* model_ = nullptr;
 };

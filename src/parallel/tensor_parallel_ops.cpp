@@ -87,9 +87,9 @@ Tensor column(const TensorParallel& tp, const Tensor& x, const Tensor& w, const 
   if (sp) {
     xf = Tensor::empty({N, IN});
     comm::WorkPtr wk = tp.comm()->all_gather_async(x, xf);
-    tp.note(1, x.numel());
+    tp.note(1, x.numel(), true);
     gemm_rows(x.f32(), n, IN, w, w_t, bp, y.f32() + int64_t(r) * n * OUT, OUT);  // while the others' rows arrive
-    tp.wait(wk);
+    tp.wait(wk, true);
     for (int q = 0; q < S; ++q)
       if (q != r) gemm_rows(xf.f32() + int64_t(q) * n * IN, n, IN, w, w_t, bp, y.f32() + int64_t(q) * n * OUT, OUT);
   } else {
@@ -109,16 +109,16 @@ Tensor column(const TensorParallel& tp, const Tensor& x, const Tensor& w, const 
         if (multi && sp) {
           dxs = Tensor::empty({n, IN});
           wk = ctx->comm()->reduce_scatter_async(dxf, dxs);
-          ctx->note(2, dxs.numel());
+          ctx->note(2, dxs.numel(), true);
         } else if (multi) {
           wk = ctx->comm()->all_reduce_async(dxf);  // Megatron's f: identity forward, all-reduce backward
-          ctx->note(0, dxf.numel());
+          ctx->note(0, dxf.numel(), true);
         }
       }
       // dW and db while dx is being reduced.
       if (requires_grad(w)) gemm_dw(xf.f32(), dy.f32(), N, IN, OUT, w_t, grad_buffer(w).f32());
       if (b.defined() && requires_grad(b)) col_sum_into(grad_buffer(b).f32(), dy.f32(), N, OUT);
-      if (wk) ctx->wait(wk);
+      if (wk) ctx->wait(wk, true);
       if (requires_grad(x)) add_into(grad_buffer(x), multi && sp ? dxs : dxf);
     });
   }
@@ -177,9 +177,9 @@ Tensor TensorParallel::row_linear(const Tensor& x, const Tensor& w, const Tensor
       if (S > 1 && sp) {
         Tensor dyf = Tensor::empty({N, OUT});
         comm::WorkPtr wk = ctx->comm()->all_gather_async(dy, dyf);
-        ctx->note(1, dy.numel());
+        ctx->note(1, dy.numel(), true);
         chunk(dy.f32(), int64_t(r) * n, n);  // this rank's rows while the others' arrive
-        ctx->wait(wk);
+        ctx->wait(wk, true);
         for (int q = 0; q < S; ++q)
           if (q != r) chunk(dyf.f32() + int64_t(q) * n * OUT, int64_t(q) * n, n);
       } else {
@@ -233,14 +233,14 @@ Tensor TensorParallel::vocab_embedding(const Tensor& tokens, const Tensor& wte, 
       if (S > 1 && sp && requires_grad(wte)) {
         dfull = Tensor::empty({N, C});
         wk = ctx->comm()->all_gather_async(dy, dfull);
-        ctx->note(1, dy.numel());
+        ctx->note(1, dy.numel(), true);
       }
       if (wpe.defined() && requires_grad(wpe)) {  // overlaps the gather
         float* g = grad_buffer(wpe).f32();
         for (int64_t i = 0; i < n; ++i)
           for (int64_t c = 0; c < C; ++c) g[((row0 + i) % T) * C + c] += dy.f32()[i * C + c];
       }
-      if (wk) ctx->wait(wk);
+      if (wk) ctx->wait(wk, true);
       if (requires_grad(wte)) {
         float* g = grad_buffer(wte).f32();
         for (int64_t i = 0; i < N; ++i) {

@@ -190,7 +190,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.task->setup(*I.model, I.task_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
-  I.dp = parallel::make_data_parallel(*I.model, I.tp ? parallel::data_parallel_comm(*I.mesh) : I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
+  comm::Communicator* dp_comm = I.tp ? parallel::data_parallel_comm(*I.mesh) : I.comm.get();  // tp: the dp axis
+  I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                       placement.sharded, I.mesh.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
@@ -257,7 +258,7 @@ TrainResult Trainer::run(bool resume) {
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
-    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.world, I.comm->backend(),
+    log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
 
@@ -318,6 +319,7 @@ TrainResult Trainer::run(bool resume) {
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
     bool signalled = I.comm ? I.dp->average(stop_requested() ? 1.0 : 0.0) > 0 : stop_requested() != 0;
+    if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective

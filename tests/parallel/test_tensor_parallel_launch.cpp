@@ -127,5 +127,6 @@ TEST(LaunchTensorParallel, DataTimesTensorOnFourRanksFollowsOneRankAtDoubleBatch
   ASSERT_EQ(f.train("dp2tp2", 4, {"--parallel.tp=2", "--eval.every=0", "--checkpoint.every=0"}), 0);
   std::string log = f.log("dp2tp2");
   EXPECT_NE(log.find("mesh dp=2 tp=2"), std::string::npos) << log;
+  EXPECT_NE(log.find("data parallel: ddp over 2 ranks"), std::string::npos) << "DDP over the dp axis: " << log;
   expect_close(losses(f.root / "dp2tp2"), losses(f.root / "one8"), "dp2 x tp2 loss");
 }
