@@ -5,10 +5,15 @@
 // src/models/<family>/parallelize.cpp; src/parallel applies it on the device mesh and refuses a
 // mesh axis (tp = 2, say) that the model's plan does not cover.
 #pragma once
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace atl::nn {
+
+class Model;
+class TensorParallelContext;
 
 enum class ParallelStyle {
   shard_unit,     // FSDP/ZeRO-3 unit: gathered around its forward and backward
@@ -23,6 +28,9 @@ const char* parallel_style_name(ParallelStyle s);
 struct ModuleParallelism {
   std::string module;  // a module prefix ("transformer.h.3.attn.c_attn") or parameter name
   ParallelStyle style;
+  // Tensor parallelism: the split dimension as a concatenation of parts each split over the
+  // group (fused QKV: {q, k, v}; SwiGLU: {gate, up}); empty: one part (nn/tensor_parallel.h).
+  std::vector<int64_t> segments = {};
 };
 
 struct ParallelPlan {
@@ -32,7 +40,13 @@ struct ParallelPlan {
       if (e.style == s) return true;
     return false;
   }
-  void add(std::string module, ParallelStyle s) { entries.push_back({std::move(module), s}); }
+  void add(std::string module, ParallelStyle s, std::vector<int64_t> segments = {}) {
+    entries.push_back({std::move(module), s, std::move(segments)});
+  }
+  // Builds this model's shard for a tensor-parallel group (parameters at their local shapes, the
+  // forward calling through the context); throws naming parallel.tp when the model cannot split
+  // that way. Unset: the family has no tensor parallelism.
+  std::function<std::unique_ptr<Model>(const TensorParallelContext& tp)> make_tp_shard;
 };
 
 }  // namespace atl::nn

@@ -62,13 +62,20 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
       ATOLL_CHECK(m.dp_replicate == 1 || m.dp_shard == 1,
                   "parallel.cp = {}: context parallelism composes with ddp or zero1/2/3 over dp x cp, not with hsdp "
                   "(dp_replicate {} x dp_shard {})", m.cp, m.dp_replicate, m.dp_shard);
+      ATOLL_CHECK(m.tp == 1, "parallel.cp = {} with parallel.tp = {}: context and tensor parallelism do not compose "
+                  "yet; use one of them", m.cp, m.tp);
       continue;
     }
+    if (std::string(n.axis) == "tp") continue;  // parallel/tensor_parallel.h
     fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",
          n.axis, n.size, n.what, model.family());
   }
   ATOLL_CHECK(m.pp == 1, "parallel.pp = {}: pipeline parallelism is not implemented by this build yet", m.pp);
-  // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators.
+  // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data
+  // parallelism inside each island; model parallelism inside an island is not composed yet.
+  ATOLL_CHECK(m.island == 1 || (m.tp == 1 && m.cp == 1), "parallel.islands = {} with parallel.tp = {} and "
+              "parallel.cp = {}: islands run data parallelism inside each island only (tp and cp must be 1)",
+              m.island, m.tp, m.cp);
 }
 
 DataParallel::~DataParallel() = default;

@@ -23,7 +23,7 @@ class LanguageModelTask final : public Task {
   void setup(nn::Model& model, const TaskEnv& env) override {
     tok_ = load_tokenizer(o_.tokenizer);
     if (!fs::exists(fs::path(o_.data_dir) / "meta.json") && o_.auto_prepare) {
-      if (env.rank == 0) {
+      if (env.leads()) {
         log::info("preparing the default corpus (Debian fortunes) into {} ...", o_.data_dir);
         prepare_default_corpus(o_.data_dir, o_.tokenizer);
       }

@@ -26,8 +26,10 @@ struct Batch {
 
 // Where the task runs: this rank of the job, and the job's communicator (null: one process).
 struct TaskEnv {
-  int rank = 0, world = 1;
+  int rank = 0, world = 1;  // the data's split: this rank's share of `world` (dp coordinate under tp)
   comm::Communicator* comm = nullptr;
+  int job_rank = -1;  // this process's rank in the job when it differs from `rank` (-1: rank)
+  bool leads() const { return (job_rank < 0 ? rank : job_rank) == 0; }  // prepares shared files
 };
 
 class Task {

@@ -20,6 +20,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/optim/placement.h"
+#include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
@@ -115,6 +116,7 @@ struct Trainer::Impl {
   std::unique_ptr<parallel::DataParallel> dp;
   std::unique_ptr<nn::ContextAttention> cp;  // ring attention over the mesh's cp axis (cp > 1)
   std::unique_ptr<lowcomm::LowComm> lowcomm;  // training across islands (lowcomm/lowcomm.h); null without
+  std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -125,6 +127,7 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
+    if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
@@ -142,10 +145,12 @@ struct Trainer::Impl {
     double v = task->evaluate(*model);
     return lowcomm ? lowcomm->world_average(v) : dp->average(v);
   }
-  // The task reads data as a data-parallel rank: the ranks of a cp group share every batch.
+  // The task reads data as a data-parallel rank: the ranks of a tp group, and those of a cp group,
+  // share every batch (the task sees the dp coordinate and size).
   TaskEnv data_env() const {
+    if (tp) return TaskEnv{int(mesh->coord("dp_replicate")), int(pc.mesh.dp_replicate), comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
-    return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get()};
+    return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
 };
 
@@ -175,6 +180,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
+  I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
+                                         I.o.batch_size * I.o.seq_len);
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
@@ -198,6 +205,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
+  if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
   I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                       placement.sharded, I.mesh.get());
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
@@ -230,6 +238,7 @@ TrainResult Trainer::run(bool resume) {
       of.tensors = std::move(ck.optimizer);
       if (I.lowcomm) I.lowcomm->load_state(ck.model, of.tensors, ck.state, *p);  // this island's entries
       try {
+        if (I.tp) I.tp->local_state(ck.model, of);
         I.dp->load_full_state(ck.model, of, *p);
       } catch (const Error& e) {  // issue 10: another optimizer's checkpoint is named as such
         std::vector<std::string> names;
@@ -263,7 +272,8 @@ TrainResult Trainer::run(bool resume) {
   metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(I.task->sequence_length());
-  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum * I.world / I.pc.mesh.cp;  // the whole job's
+  int64_t tokens_per_step =
+      I.task->tokens_per_batch() * o.grad_accum * (I.world / (I.pc.mesh.cp * I.pc.mesh.tp));  // the whole job's
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
@@ -287,8 +297,9 @@ TrainResult Trainer::run(bool resume) {
       backward(loss, 1.f / float(o.grad_accum));
     }
     I.dp->finish_backward();
+    if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
     double loss = I.dp->average(loss_sum / double(o.grad_accum));  // the job's mean loss
-    double norm = I.dp->grad_norm();
+    double norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
            step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
@@ -333,6 +344,7 @@ TrainResult Trainer::run(bool resume) {
     bool signalled = !I.comm ? stop_requested() != 0
                      : I.lowcomm ? I.lowcomm->round_end(step) && I.lowcomm->world_average(stop_requested() ? 1.0 : 0.0) > 0
                                  : I.dp->average(stop_requested() ? 1.0 : 0.0) > 0;
+    if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective

@@ -7,34 +7,50 @@
 
 namespace atl::nn {
 
-Attention::Attention(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
+namespace {
+int64_t local_size(int64_t n, const TensorParallelContext* tp) {
+  if (!tp) return n;
+  auto [lo, hi] = shard_range(n, tp->rank(), tp->size());
+  return hi - lo;
+}
+int64_t tp_size(const TensorParallelContext* tp) { return tp ? tp->size() : 1; }
+}  // namespace
+
+Attention::Attention(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp)
+    : Module(std::move(prefix)), c_(c), tp_(tp), heads_(c.n_head / tp_size(tp)), kv_heads_(c.n_kv_head / tp_size(tp)) {
   int64_t hd = c.head_dim();
-  c_attn = child<Linear>("c_attn", c.n_embd, (c.n_head + 2 * c.n_kv_head) * hd, c.bias);
-  c_proj = child<Linear>("c_proj", c.n_head * hd, c.n_embd, c.bias);
+  c_attn = child<Linear>("c_attn", c.n_embd, (heads_ + 2 * kv_heads_) * hd, c.bias);
+  c_proj = child<Linear>("c_proj", heads_ * hd, c.n_embd, c.bias);
 }
 
 Tensor Attention::operator()(const Tensor& x) const {
-  Tensor qkv = (*c_attn)(x);
-  if (recompute_core && grad_enabled())
-    return (*c_proj)(checkpoint("recompute_attention", qkv, [this](const Tensor& q) { return core(q); }));
-  return (*c_proj)(core(qkv));
+  auto bias = [](const Linear* l) { return l->bias ? l->bias->value : Tensor(); };
+  Tensor qkv = tp_ ? tp_->column_linear(x, c_attn->weight->value, bias(c_attn)) : (*c_attn)(x);
+  Tensor a = recompute_core && grad_enabled()
+                 ? checkpoint("recompute_attention", qkv, [this](const Tensor& q) { return core(q); })
+                 : core(qkv);
+  return tp_ ? tp_->row_linear(a, c_proj->weight->value, bias(c_proj)) : (*c_proj)(a);
 }
 
-MLP::MLP(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)), c_(c) {
-  c_fc = child<Linear>("c_fc", c.n_embd, c.swiglu ? 2 * c.ffn() : c.ffn(), c.bias);
-  c_proj = child<Linear>("c_proj", c.ffn(), c.n_embd, c.bias);
+MLP::MLP(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp)
+    : Module(std::move(prefix)), c_(c), tp_(tp) {
+  int64_t f = local_size(c.ffn(), tp);
+  c_fc = child<Linear>("c_fc", c.n_embd, c.swiglu ? 2 * f : f, c.bias);
+  c_proj = child<Linear>("c_proj", f, c.n_embd, c.bias);
 }
 
 Tensor MLP::operator()(const Tensor& x) const {
-  Tensor h = (*c_fc)(x);
-  return (*c_proj)(c_.swiglu ? ops::swiglu(h) : ops::gelu(h));
+  auto bias = [](const Linear* l) { return l->bias ? l->bias->value : Tensor(); };
+  Tensor h = tp_ ? tp_->column_linear(x, c_fc->weight->value, bias(c_fc)) : (*c_fc)(x);
+  h = c_.swiglu ? ops::swiglu(h) : ops::gelu(h);
+  return tp_ ? tp_->row_linear(h, c_proj->weight->value, bias(c_proj)) : (*c_proj)(h);
 }
 
-Block::Block(std::string prefix, const GPTConfig& c) : Module(std::move(prefix)) {
+Block::Block(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp) : Module(std::move(prefix)) {
   ln_1 = child<Norm>("ln_1", c.n_embd, c.rms_norm, c.bias, c.norm_eps);
-  attn = child<Attention>("attn", c);
+  attn = child<Attention>("attn", c, tp);
   ln_2 = child<Norm>("ln_2", c.n_embd, c.rms_norm, c.bias, c.norm_eps);
-  mlp = child<MLP>("mlp", c);
+  mlp = child<MLP>("mlp", c, tp);
 }
 
 Tensor Block::operator()(const Tensor& x) const {
@@ -42,17 +58,30 @@ Tensor Block::operator()(const Tensor& x) const {
   return ops::add(r, (*mlp)((*ln_2)(r)));
 }
 
-GPT::GPT(const GPTConfig& c) : Model(""), c_(c) {
+GPT::GPT(const GPTConfig& c, const TensorParallelContext* tp) : Model(""), c_(c), tp_(tp) {
   c_.validate();
-  wte = child<Embedding>("transformer.wte", c_.vocab_size, c_.n_embd);
+  if (tp_) check_tensor_parallel(c_, tp_->size());  // parallelize.cpp
+  int64_t V = local_size(c_.vocab_size, tp_);
+  vocab_lo_ = tp_ ? shard_range(c_.vocab_size, tp_->rank(), tp_->size()).first : 0;
+  wte = child<Embedding>("transformer.wte", V, c_.n_embd);
   if (!c_.rope) wpe = child<Embedding>("transformer.wpe", c_.block_size, c_.n_embd);
-  for (int64_t i = 0; i < c_.n_layer; ++i) h.push_back(child<Block>("transformer.h." + std::to_string(i), c_));
+  for (int64_t i = 0; i < c_.n_layer; ++i) h.push_back(child<Block>("transformer.h." + std::to_string(i), c_, tp_));
   ln_f = child<Norm>("transformer.ln_f", c_.n_embd, c_.rms_norm, c_.bias, c_.norm_eps);
-  if (!c_.tied_head) lm_head = declare("lm_head.weight", {c_.vocab_size, c_.n_embd}, ParamRole::head);
+  if (!c_.tied_head) lm_head = declare("lm_head.weight", {V, c_.n_embd}, ParamRole::head);
   materialize();
 }
 
 void GPT::init_weights(uint64_t seed) {
+  if (tp_) {  // the whole model's initialisation, this rank's pieces of it (any tp size starts alike)
+    GPT full(c_);
+    full.init_weights(seed);
+    ParallelPlan plan = full.parallelize();
+    for (Parameter* p : parameters()) {
+      Parameter* f = full.find(p->name);
+      p->value.copy_from(take_shard(f->value, shard_rule(plan, p->name, f->shape), tp_->rank(), tp_->size()));
+    }
+    return;
+  }
   Rng rng(seed, 0);
   float proj_std = 0.02f / std::sqrt(2.f * float(c_.n_layer));
   for (Parameter* p : parameters()) {
@@ -70,7 +99,10 @@ Tensor GPT::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
   begin_forward();
-  Tensor x = ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
+  Tensor wpe_t = wpe ? wpe->weight->value : Tensor();
+  if (tp_) tp_->begin_forward(tokens.size(0), tokens.size(1));
+  Tensor x = tp_ ? tp_->vocab_embedding(tokens, wte->weight->value, vocab_lo_, wpe_t)
+                 : ops::embedding(tokens, wte->weight->value, wpe_t);
   x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
   return (*ln_f)(x);
 }
@@ -79,11 +111,20 @@ Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
   ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
               shape_str(tokens.shape()));
   if (context_) return loss_context_parallel(tokens, targets);
+  if (tp_) return tp_->vocab_cross_entropy(tp_logits(tokens), targets, vocab_lo_);
   Tensor logits = ops::linear_t(hidden(tokens), head_weight()->value);
   return ops::cross_entropy(logits, targets, /*reuse_logits=*/true);
 }
 
-Tensor GPT::logits(const Tensor& tokens) const { return ops::linear_t(hidden(tokens), head_weight()->value); }
+Tensor GPT::tp_logits(const Tensor& tokens) const { return tp_->vocab_logits(hidden(tokens), head_weight()->value); }
+
+Tensor GPT::logits(const Tensor& tokens) const {
+  if (tp_) {
+    ATOLL_CHECK(!grad_enabled(), "GPT::logits under tensor parallelism is for inference (the loss never gathers)");
+    return tp_->gather_vocab(tp_logits(tokens), c_.vocab_size).view({tokens.size(0), tokens.size(1), c_.vocab_size});
+  }
+  return ops::linear_t(hidden(tokens), head_weight()->value);
+}
 
 namespace {
 struct Gpt2Names : StateDictAdapter {
@@ -134,6 +175,13 @@ double GPT::flops_per_token(int64_t T) const {
   // Matmul parameters: everything except norms, biases and position embeddings; the tied or
   // untied head counts once as the output projection, the input embedding lookup is free.
   double n = 0;
+  if (tp_) {  // this rank holds pieces: count the whole model's matrices from the config
+    const double C = double(c_.n_embd), hd = double(c_.head_dim()), F = double(c_.ffn());
+    double layer = C * double(c_.n_head + 2 * c_.n_kv_head) * hd + double(c_.n_head) * hd * C +
+                   C * F * (c_.swiglu ? 2 : 1) + F * C;
+    n = double(c_.n_layer) * layer + double(c_.vocab_size) * C;
+    return 6.0 * n + 12.0 * double(c_.n_layer) * double(c_.n_head * c_.head_dim()) * double(T);
+  }
   for (Parameter* p : const_cast<GPT*>(this)->parameters()) {
     if (p->shape.size() < 2 || p == (wpe ? wpe->weight : nullptr)) continue;
     if (p == wte->weight && !c_.tied_head) continue;

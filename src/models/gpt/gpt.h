@@ -9,13 +9,16 @@
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/model.h"
+#include "nn/tensor_parallel.h"
 #include "tensor/rng.h"
 
 namespace atl::nn {
 
+// tp (optional): this rank's shard of a tensor-parallel group: heads, KV heads and the MLP's
+// hidden units split over the group, the linears column- and row-parallel (parallelize.cpp).
 class Attention : public Module {
  public:
-  Attention(std::string prefix, const GPTConfig& c);
+  Attention(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp = nullptr);
   Tensor operator()(const Tensor& x) const;
   // qkv -> the heads' outputs: RoPE (at global positions) and attention, local or context-parallel.
   Tensor core(const Tensor& qkv) const;
@@ -26,22 +29,25 @@ class Attention : public Module {
 
  private:
   const GPTConfig& c_;
+  const TensorParallelContext* tp_;
+  int64_t heads_, kv_heads_;  // this rank's
 };
 
 class MLP : public Module {
  public:
-  MLP(std::string prefix, const GPTConfig& c);
+  MLP(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp = nullptr);
   Tensor operator()(const Tensor& x) const;
-  Linear* c_fc;  // [C, F] (GELU) or [C, 2F] = [gate | up] (SwiGLU)
+  Linear* c_fc;  // [C, F] (GELU) or [C, 2F] = [gate | up] (SwiGLU); under tp this rank's [gate_r | up_r]
   Linear* c_proj;
 
  private:
   const GPTConfig& c_;
+  const TensorParallelContext* tp_;
 };
 
 class Block : public Module {
  public:
-  Block(std::string prefix, const GPTConfig& c);
+  Block(std::string prefix, const GPTConfig& c, const TensorParallelContext* tp = nullptr);
   Tensor operator()(const Tensor& x) const;
   Norm* ln_1;
   Attention* attn;
@@ -51,7 +57,9 @@ class Block : public Module {
 
 class GPT : public Model, public TokenGenerator, public SequenceSharded {
  public:
-  explicit GPT(const GPTConfig& c);
+  // tp: build rank tp->rank()'s shard of a tensor-parallel group (see parallelize.cpp); the
+  // context must outlive the model. Null: the whole model.
+  explicit GPT(const GPTConfig& c, const TensorParallelContext* tp = nullptr);
   const GPTConfig& config() const { return c_; }
   std::string family() const override { return "gpt"; }
   std::string describe() const override { return c_.describe(); }
@@ -111,12 +119,19 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded {
   std::vector<Block*> h;
   Norm* ln_f;
   Parameter* lm_head = nullptr;
+  const TensorParallelContext* tensor_parallel() const { return tp_; }
 
  private:
   Tensor loss_context_parallel(const Tensor& tokens, const Tensor& targets) const;  // gpt_context.cpp
+  Tensor tp_logits(const Tensor& tokens) const;  // [B*T, V_r] under tensor parallelism
   GPTConfig c_;
   const ContextAttention* context_ = nullptr;
+  const TensorParallelContext* tp_ = nullptr;
+  int64_t vocab_lo_ = 0;  // first vocabulary row of this rank's tables
 };
+
+// Refuses a tensor-parallel split of `tp` ranks this model cannot take, naming parallel.tp (parallelize.cpp).
+void check_tensor_parallel(const GPTConfig& c, int64_t tp);
 
 GPTConfig config_from_metadata(const std::map<std::string, std::string>& md);
 

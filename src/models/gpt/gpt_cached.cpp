@@ -15,6 +15,7 @@ KVCache GPT::make_kv_cache(int64_t batch, int64_t capacity) const {
 
 Tensor GPT::forward_cached(const Tensor& tokens, KVCache& cache, const std::vector<int64_t>& n_new) const {
   NoGradGuard ng;
+  ATOLL_CHECK(!tp_, "forward_cached: cached inference does not run tensor-parallel; load the checkpoint (full weights) at tp = 1");
   ATOLL_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i32, "forward_cached: tokens must be [B,T] i32");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, V = c_.vocab_size;
   const int64_t H = c_.n_head, KV = c_.n_kv_head, hd = c_.head_dim(), S = (H + 2 * KV) * hd;

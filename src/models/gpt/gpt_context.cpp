@@ -9,7 +9,7 @@
 namespace atl::nn {
 
 Tensor Attention::core(const Tensor& qkv_in) const {
-  const int64_t H = c_.n_head, KV = c_.n_kv_head, hd = c_.head_dim();
+  const int64_t H = heads_, KV = kv_heads_, hd = c_.head_dim();  // this rank's heads under tp
   Tensor qkv = qkv_in;
   if (!context) {
     if (c_.rope) qkv = ops::rope(qkv, H, KV, hd, c_.rope_theta);

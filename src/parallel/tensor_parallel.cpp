@@ -1,0 +1,224 @@
+#include "parallel/tensor_parallel.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "autograd/graph.h"
+#include "core/log.h"
+#include "parallel/mesh.h"
+
+namespace atl::parallel {
+
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A double through an f32 all-reduce as two floats (high part and remainder): ~1e-14 relative.
+double sum_double(comm::Communicator* c, double x) {
+  Tensor t = Tensor::empty({2});
+  t.f32()[0] = float(x);
+  t.f32()[1] = float(x - double(t.f32()[0]));
+  c->all_reduce(t);
+  return double(t.f32()[0]) + double(t.f32()[1]);
+}
+}  // namespace
+
+TensorParallel::TensorParallel(comm::Communicator* comm, bool sequence_parallel)
+    : comm_(comm && comm->size() > 1 ? comm : nullptr), sp_(sequence_parallel) {
+  if (comm_) {
+    rank_ = comm_->rank();
+    size_ = comm_->size();
+  }
+}
+
+TensorParallel::~TensorParallel() = default;
+
+std::unique_ptr<TensorParallel> TensorParallel::apply(std::unique_ptr<nn::Model>& model, Mesh& mesh,
+                                                      bool sequence_parallel) {
+  const int64_t tp = mesh.shape().tp;
+  nn::ParallelPlan plan = model->parallelize();
+  ATOLL_CHECK(plan.make_tp_shard, "parallel.tp = {}: model family '{}' cannot build a tensor-parallel shard (its "
+              "parallelize() gives no make_tp_shard)", tp, model->family());
+  std::map<std::string, Shape> full;
+  for (nn::Parameter* p : model->parameters()) full[p->name] = p->shape;
+  auto ctx = std::make_unique<TensorParallel>(mesh.axis("tp"), sequence_parallel);
+  ATOLL_CHECK(ctx->size() == tp, "tensor parallel: the tp group has {} ranks, the mesh says {}", ctx->size(), tp);
+  std::unique_ptr<nn::Model> shard = plan.make_tp_shard(*ctx);  // throws, naming parallel.tp, on a bad layout
+  for (nn::Parameter* p : shard->parameters()) {
+    auto it = full.find(p->name);
+    ATOLL_CHECK(it != full.end(), "tensor parallel: the shard has parameter {} the model has not", p->name);
+    nn::ShardRule rule = nn::shard_rule(plan, p->name, it->second);
+    Shape want = nn::shard_shape(rule, it->second, ctx->rank(), ctx->size());
+    ATOLL_CHECK(want == p->shape, "tensor parallel: {} is {} on rank {}, the plan says {}", p->name,
+                shape_str(p->shape), ctx->rank(), shape_str(want));
+    // Under sequence parallelism every replicated parameter (norms, biases after the row-parallel
+    // sum, positions) sees only this rank's tokens: its gradient is a part of the whole.
+    ctx->params_.push_back({p, rule, it->second, !rule.sharded() && sequence_parallel && ctx->size() > 1});
+  }
+  ctx->model_ = shard.get();
+  model = std::move(shard);
+  return ctx;
+}
+
+std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
+                                                      const std::string& strategy, int64_t tokens) {
+  const bool sp = cfg.get_bool("parallel.sequence_parallel", true);
+  const int64_t tp = mesh.shape().tp;
+  if (tp == 1) return nullptr;
+  ATOLL_CHECK(strategy == "ddp", "parallel.tp = {} composes with parallel.strategy = 'ddp' (over dp_replicate) in "
+              "this build, not '{}'", tp, strategy);
+  std::string opt = cfg.get_string("optim.type", "adamw");
+  ATOLL_CHECK(opt == "adamw" || opt == "adams" || opt == "lion",
+              "parallel.tp = {}: optim.type = '{}' works on whole matrices, which tensor parallelism splits over "
+              "ranks; use an elementwise optimizer (adamw, adams, lion)", tp, opt);
+  ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
+              "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));
+  ATOLL_CHECK(!sp || tokens % tp == 0, "parallel.sequence_parallel = true: a micro-batch of train.batch_size x "
+              "train.seq_len = {} tokens does not split over parallel.tp = {} ranks; make it a multiple of {} or set "
+              "parallel.sequence_parallel = false", tokens, tp, tp);
+  auto ctx = TensorParallel::apply(model, mesh, sp);
+  log::info("tensor parallel: tp = {}, sequence parallel {}", tp, sp ? "on" : "off");
+  return ctx;
+}
+
+comm::Communicator* data_parallel_comm(Mesh& mesh) { return mesh.axis("dp_replicate"); }
+
+void TensorParallel::begin_forward(int64_t B, int64_t T) const {
+  B_ = B;
+  T_ = T;
+  sharded_ = sp_ && size_ > 1 && (B * T) % size_ == 0;
+  if (sp_ && size_ > 1 && !sharded_)
+    ATOLL_CHECK(!grad_enabled(), "parallel.sequence_parallel = true: a batch of {} x {} = {} tokens does not split "
+                "over parallel.tp = {} ranks; make train.batch_size x train.seq_len a multiple of {} or set "
+                "parallel.sequence_parallel = false", B, T, B * T, size_, size_);
+  if (grad_enabled()) issued_.clear();
+}
+
+void TensorParallel::wait(const comm::WorkPtr& w, bool overlapped) const {
+  double t0 = now_s();
+  w->wait();
+  double dt = now_s() - t0;
+  stats_.wait_s += dt;
+  if (overlapped) stats_.wait_overlapped_s += dt;
+  ++stats_.collectives;
+}
+
+void TensorParallel::note(int kind, int64_t numel, bool overlapped) const {
+  issued_.push_back({kind, numel, overlapped});
+}
+
+TpCollectiveTimes TensorParallel::time_collectives() {
+  TpCollectiveTimes t;
+  if (!comm_) return t;
+  comm_->barrier();
+  for (const Issued& c : issued_) {
+    Tensor a = Tensor::zeros({c.numel}), b = Tensor::zeros({c.numel * size_});
+    double t0 = now_s();
+    if (c.kind == 0) comm_->all_reduce(a);
+    else if (c.kind == 1) comm_->all_gather(a, b);
+    else comm_->reduce_scatter(b, a);
+    double dt = now_s() - t0;
+    t.all_s += dt;
+    if (c.overlapped) t.overlappable_s += dt;
+  }
+  return t;
+}
+
+void TensorParallel::finish_backward() {
+  if (!comm_) return;
+  int64_t n = 0;
+  for (auto& pi : params_)
+    if (pi.partial) n += pi.p->grad.numel();
+  if (n == 0) return;
+  Tensor buf = Tensor::empty({n});
+  int64_t o = 0;
+  for (auto& pi : params_)
+    if (pi.partial) {
+      buf.slice(0, o, o + pi.p->grad.numel()).copy_from(pi.p->grad.contiguous().flatten());
+      o += pi.p->grad.numel();
+    }
+  comm_->all_reduce(buf);
+  o = 0;
+  for (auto& pi : params_)
+    if (pi.partial) {
+      pi.p->grad.copy_from(buf.slice(0, o, o + pi.p->grad.numel()).view(pi.p->grad.shape()));
+      o += pi.p->grad.numel();
+    }
+}
+
+double TensorParallel::grad_norm() {
+  double sharded = 0, replicated = 0;
+  for (auto& pi : params_) {
+    Tensor g = pi.p->grad.contiguous();
+    double s = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) s += double(g.f32()[i]) * double(g.f32()[i]);
+    (pi.rule.sharded() ? sharded : replicated) += s;
+  }
+  if (comm_) sharded = sum_double(comm_, sharded);
+  return std::sqrt(sharded + replicated);
+}
+
+bool TensorParallel::any(bool mine) {
+  if (!comm_) return mine;
+  Tensor t = Tensor::full({1}, mine ? 1.f : 0.f);
+  comm_->all_reduce(t, comm::ReduceOp::max);
+  return t.item() > 0;
+}
+
+const TensorParallel::ParamInfo* TensorParallel::info_of(const std::string& name) const {
+  for (auto& pi : params_)
+    if (pi.p->name == name) return &pi;
+  return nullptr;
+}
+
+Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) {
+  Tensor full = Tensor::empty(pi.full, local.dtype());
+  if (!comm_) {
+    full.copy_from(local);
+    return full;
+  }
+  int64_t most = 0;
+  for (int q = 0; q < size_; ++q) most = std::max(most, shape_numel(nn::shard_shape(pi.rule, pi.full, q, size_)));
+  Tensor pad = Tensor::zeros({most}, local.dtype()), all = Tensor::empty({most * size_}, local.dtype());
+  pad.slice(0, 0, local.numel()).copy_from(local.contiguous().flatten());
+  comm_->all_gather(pad, all);
+  for (int q = 0; q < size_; ++q) {
+    Shape s = nn::shard_shape(pi.rule, pi.full, q, size_);
+    nn::put_shard(full, all.slice(0, most * q, most * q + shape_numel(s)).view(s), pi.rule, q, size_);
+  }
+  return full;
+}
+
+namespace {
+// "transformer.h.0.attn.c_attn.weight.exp_avg" -> "transformer.h.0.attn.c_attn.weight"
+std::string owner_of(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+}  // namespace
+
+void TensorParallel::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                                std::vector<std::pair<std::string, Tensor>>& opt_state) {
+  // Every rank walks the same names in the same order: the gathers pair up.
+  const nn::StateDictAdapter& names = model_->state_dict_adapter();
+  for (auto& [name, t] : model_sd)
+    if (const ParamInfo* pi = info_of(names.from_file(name)); pi && pi->rule.sharded()) t = gather_full(*pi, t);
+  for (auto& [name, t] : opt_state)
+    if (const ParamInfo* pi = info_of(owner_of(name)); pi && pi->rule.sharded() && t.shape() == pi->p->shape)
+      t = gather_full(*pi, t);
+}
+
+void TensorParallel::local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state) {
+  const nn::StateDictAdapter& names = model_->state_dict_adapter();
+  for (auto& [name, t] : model_sd)
+    if (const ParamInfo* pi = info_of(names.from_file(name)); pi && pi->rule.sharded()) {
+      ATOLL_CHECK(t.shape() == pi->full, "checkpoint: {} is {}, the model's {}", name, shape_str(t.shape()),
+                  shape_str(pi->full));
+      t = nn::take_shard(t.dtype() == DType::f32 ? t : t.to(DType::f32), pi->rule, rank_, size_);
+    }
+  for (auto& [name, t] : opt_state.tensors)
+    if (const ParamInfo* pi = info_of(owner_of(name)); pi && pi->rule.sharded() && t.shape() == pi->full)
+      t = nn::take_shard(t, pi->rule, rank_, size_);
+}
+
+}  // namespace atl::parallel

@@ -1,0 +1,132 @@
+// Tensor parallelism through the trainer: `atoll launch --nproc-per-node 2 -- atoll train` with
+// [parallel] tp = 2 follows the one-rank loss curve on the same batch (the two ranks of the tp
+// group read the same rows), its checkpoint (the whole model) resumes on one rank, and a model
+// whose heads do not split is refused before step 1 with the reason.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+
+using namespace atl;
+using namespace atl::parallel::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
+
+std::vector<double> losses(const fs::path& run) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+  return out;
+}
+
+struct TpFixture {
+  fs::path root, cfg;
+  TpFixture() {
+    root = fs::temp_directory_path() / ("atoll_tp_launch_" + std::to_string(getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream txt(root / "corpus.txt");
+    const char* words[] = {"split", "the", "heads", "over", "two", "ranks", "and", "sum", "rows", "again"};
+    uint32_t s = 99;
+    for (int doc = 0; doc < 150; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        s = s * 1664525u + 1013904223u;
+        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+    txt.close();
+    int rc = run_command({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
+                          (root / "data").string(), "--val-fraction", "0.1"},
+                         {}, (root / "prepare.log").string(), 60);
+    EXPECT_EQ(rc, 0) << read_file((root / "prepare.log").string());
+    cfg = root / "tiny.toml";
+    std::ofstream c(cfg);
+    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
+      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+      << "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+      << "[optim.adamw]\nlr = 1e-3\n[eval]\nevery = 3\nsteps = 2\n[sample]\nevery = 0\n[checkpoint]\nevery = 3\n"
+      << "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n";
+  }
+  ~TpFixture() { if (!std::getenv("ATOLL_TP_KEEP")) fs::remove_all(root); }
+  int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
+    std::vector<std::string> argv;
+    if (ranks > 1) argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks), "--timeout", "30", "--"};
+    for (auto& a : std::vector<std::string>{atoll_exe(), "train", cfg.string(), "--run.dir=" + (root / run).string()})
+      argv.push_back(a);
+    for (auto& a : extra) argv.push_back(a);
+    int rc = run_command(argv, {}, log_path(run), 120);
+    if (rc != 0 && !expect_fail) ADD_FAILURE() << "atoll train (" << run << ") exited " << rc << ":\n" << log(run);
+    return rc;
+  }
+  std::string log_path(const std::string& run) { return (root / (run + ".log")).string(); }
+  std::string log(const std::string& run) { return read_file(log_path(run)); }
+};
+
+// The printed losses are the job's fp32 loss; tensor parallelism moves them by ~1e-7 relative
+// (test_tensor_parallel.cpp), far inside 1e-5.
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_FALSE(a.empty()) << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << what << " at step " << i + 1;
+}
+
+}  // namespace
+
+TEST(LaunchTensorParallel, TwoRanksFollowOneRankAndResumeOnOne) {
+  TpFixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+  // tp2 with sequence parallelism (the default), stopped after 3 steps with a checkpoint.
+  ASSERT_EQ(f.train("tp", 2, {"--parallel.tp=2", "--train.stop_after=3"}), 0);
+  std::string log = f.log("tp");
+  EXPECT_NE(log.find("tensor parallel: tp = 2, sequence parallel on"), std::string::npos) << log;
+  EXPECT_NE(log.find("mesh dp=1 tp=2"), std::string::npos) << log;
+  expect_close(losses(f.root / "tp"), std::vector<double>(one.begin(), one.begin() + 3), "tp2 loss");
+  // The checkpoint holds the whole model: one rank resumes it and ends on the one-rank curve.
+  ASSERT_EQ(f.train("tp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "tp"), one, "tp2, then resumed on one rank");
+  // Without sequence parallelism, all 6 steps.
+  ASSERT_EQ(f.train("tp_nosp", 2, {"--parallel.tp=2", "--parallel.sequence_parallel=false"}), 0);
+  expect_close(losses(f.root / "tp_nosp"), one, "tp2 without sequence parallelism");
+}
+
+TEST(LaunchTensorParallel, HeadsThatDoNotSplitAreRefusedBeforeStepOne) {
+  TpFixture f;
+  EXPECT_NE(f.train("bad", 2, {"--parallel.tp=2", "--model.n_head=1", "--model.n_kv_head=1"}, true), 0);
+  std::string log = f.log("bad");
+  EXPECT_NE(log.find("parallel.tp = 2: model.n_head = 1 is not divisible"), std::string::npos) << log;
+  EXPECT_EQ(log.find("step     1"), std::string::npos) << "refused before training: " << log;
+  EXPECT_FALSE(fs::exists(f.root / "bad" / "metrics.jsonl")) << log;
+  // Sequence parallelism splits each micro-batch's tokens over the tp ranks: 31 tokens do not split.
+  EXPECT_NE(f.train("odd", 2, {"--parallel.tp=2", "--train.batch_size=1", "--train.seq_len=31"}, true), 0);
+  log = f.log("odd");
+  EXPECT_NE(log.find("31 tokens does not split over parallel.tp = 2"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(f.root / "odd" / "metrics.jsonl")) << log;
+}
+
+TEST(LaunchTensorParallel, DataTimesTensorOnFourRanksFollowsOneRankAtDoubleBatch) {
+  // dp2 x tp2: the two tp groups read different rows (split by the dp coordinate), so the job's
+  // batch is 2 x 4 rows, one rank's at batch_size 8.
+  TpFixture f;
+  ASSERT_EQ(f.train("one8", 1, {"--train.batch_size=8", "--eval.every=0", "--checkpoint.every=0"}), 0);
+  ASSERT_EQ(f.train("dp2tp2", 4, {"--parallel.tp=2", "--eval.every=0", "--checkpoint.every=0"}), 0);
+  std::string log = f.log("dp2tp2");
+  EXPECT_NE(log.find("mesh dp=2 tp=2"), std::string::npos) << log;
+  EXPECT_NE(log.find("data parallel: ddp over 2 ranks"), std::string::npos) << "DDP over the dp axis: " << log;
+  expect_close(losses(f.root / "dp2tp2"), losses(f.root / "one8"), "dp2 x tp2 loss");
+}
