@@ -6,10 +6,9 @@
 namespace atl {
 namespace {
 
-struct Tape {
-  std::vector<Node> nodes;
-};
-thread_local Tape g_tape;
+thread_local Tape g_thread_tape;
+thread_local Tape* g_tape = &g_thread_tape;
+thread_local WeightGradDeferral* g_deferral = nullptr;
 thread_local bool g_grad_enabled = true;
 
 AutogradMeta& meta(const Tensor& t) {
@@ -76,13 +75,12 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
   n.inputs = std::move(inputs);
   n.output = out;
   n.backward = std::move(backward);
-  g_tape.nodes.push_back(std::move(n));
+  g_tape->nodes.push_back(std::move(n));
 }
 
-void backward(const Tensor& loss, float seed) {
-  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
-  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
-  auto& nodes = g_tape.nodes;
+namespace {
+void run_tape() {
+  auto& nodes = g_tape->nodes;
   // A leaf's gradient is final once the node of its first forward use has run backward. Leaves
   // that share that node fire in the order of its inputs: never in an order that depends on
   // addresses, because DDP issues its collectives from these hooks and every rank must issue
@@ -95,7 +93,6 @@ void backward(const Tensor& loss, float seed) {
           seen.insert(in.autograd().get()).second)
         fire_at[i].push_back(in.autograd().get());
 
-  grad_buffer(loss).fill(seed);
   for (size_t i = nodes.size(); i-- > 0;) {
     Node& n = nodes[i];
     AutogradMeta* om = n.output.autograd().get();
@@ -112,8 +109,42 @@ void backward(const Tensor& loss, float seed) {
   }
   nodes.clear();
 }
+}  // namespace
 
-void clear_tape() { g_tape.nodes.clear(); }
-size_t tape_size() { return g_tape.nodes.size(); }
+void backward(const Tensor& loss, float seed) {
+  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
+  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
+  grad_buffer(loss).fill(seed);
+  run_tape();
+}
+
+void backward(const Tensor& out, const Tensor& grad) {
+  ATOLL_CHECK(requires_grad(out), "backward(): the output does not depend on anything that requires grad");
+  ATOLL_CHECK(grad.shape() == out.shape(), "backward(): gradient of shape {} for an output of shape {}",
+              shape_str(grad.shape()), shape_str(out.shape()));
+  grad_buffer(out).copy_from(grad);
+  run_tape();
+}
+
+void clear_tape() { g_tape->nodes.clear(); }
+size_t tape_size() { return g_tape->nodes.size(); }
+
+TapeScope::TapeScope(Tape& t) : prev_(g_tape) { g_tape = &t; }
+TapeScope::~TapeScope() { g_tape = prev_; }
+
+WeightGradDeferral::WeightGradDeferral() : prev_(g_deferral) { g_deferral = this; }
+WeightGradDeferral::~WeightGradDeferral() {
+  if (active_) g_deferral = prev_;
+}
+std::vector<std::function<void()>> WeightGradDeferral::take() {
+  if (active_) g_deferral = prev_;
+  active_ = false;
+  return std::move(work_);
+}
+bool defer_weight_grad(std::function<void()>& work) {
+  if (!g_deferral) return false;
+  g_deferral->work_.push_back(std::move(work));
+  return true;
+}
 
 }  // namespace atl

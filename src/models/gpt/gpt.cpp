@@ -82,6 +82,23 @@ Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
   return ops::cross_entropy(logits, targets, /*reuse_logits=*/true);
 }
 
+Tensor GPT::stage_input(const Tensor& tokens) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
+  return ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
+}
+
+Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
+  ATOLL_CHECK(0 <= first && first <= last && last <= c_.n_layer, "blocks [{}, {}) of {}", first, last, c_.n_layer);
+  Tensor y = x;
+  for (int64_t i = first; i < last; ++i) y = (*h[size_t(i)])(y);
+  return y;
+}
+
+Tensor GPT::stage_loss(const Tensor& x, const Tensor& targets) const {
+  return ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), targets, /*reuse_logits=*/true);
+}
+
 Tensor GPT::logits(const Tensor& tokens) const { return ops::linear_t(hidden(tokens), head_weight()->value); }
 
 namespace {
