@@ -169,6 +169,8 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   r_ = int(mesh.coord("pp"));
   ATOLL_CHECK(pp_comm_ && pp_comm_->size() == p_ && pp_comm_->rank() == r_, "pipeline axis communicator");
   if (ms.dp() > 1) dp_comm_ = mesh.axis(ms.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+  pp_p2p_ = pp_comm_->split(0, r_);
+  world_p2p_ = world->split(0, world->rank());
   zero1_ = dp_comm_ && dp_strategy == "zero1";
   sched_ = make_pipe_schedule(pc.schedule, p_, m_, v_);
   const int S = p_ * v_;
@@ -277,7 +279,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
         x = stages_->stage_input(inputs[size_t(a.mb)]);
       } else {
         x = Tensor::empty(stages_->stage_hidden_shape(inputs[size_t(a.mb)].shape()));
-        pp_comm_->recv(x, prev, tag(false, a.mb, s - 1));
+        pp_p2p_->recv(x, prev, tag(false, a.mb, s - 1));
         t0 = now_s();
         set_requires_grad(x, true, fmt::format("pipeline input of stage {}", s));
         f.in = x;
@@ -290,13 +292,13 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
         loss_sum += double(f.loss.item());
       } else {
         f.out = y;
-        sends.push_back(pp_comm_->send_async(y, next, tag(false, a.mb, s)));
+        sends.push_back(pp_p2p_->send_async(y, next, tag(false, a.mb, s)));
       }
     } else if (a.op == PipeOp::backward) {
       Tensor g;
       if (s < S - 1) {
         g = Tensor::empty(f.out.shape());
-        pp_comm_->recv(g, next, tag(true, a.mb, s + 1));
+        pp_p2p_->recv(g, next, tag(true, a.mb, s + 1));
       }
       t0 = now_s();
       {
@@ -310,7 +312,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
       if (s > 0) {
         Tensor gi = grad_of(f.in);
         if (!gi.defined()) gi = Tensor::zeros(f.in.shape());  // the stage ignored its input
-        sends.push_back(pp_comm_->send_async(gi, prev, tag(true, a.mb, s)));
+        sends.push_back(pp_p2p_->send_async(gi, prev, tag(true, a.mb, s)));
       }
       f.out = Tensor();
       f.loss = Tensor();
@@ -339,8 +341,8 @@ void PipelineParallel::finish_backward() {
     for (size_t i = 0; i < tied_.size(); ++i) {
       theirs.push_back(Tensor::empty(tied_[i]->shape));
       const int tag = (1 << 20) - 1 - int(i);  // above the activations' tags (see the constructor)
-      ws.push_back(pp_comm_->send_async(tied_[i]->grad, peer, tag));
-      ws.push_back(pp_comm_->recv_async(theirs.back(), peer, tag));
+      ws.push_back(pp_p2p_->send_async(tied_[i]->grad, peer, tag));
+      ws.push_back(pp_p2p_->recv_async(theirs.back(), peer, tag));
     }
     for (auto& w : ws) w->wait();
     for (size_t i = 0; i < tied_.size(); ++i) cpu::add_inplace(tied_[i]->grad.f32(), theirs[i].f32(), theirs[i].numel());
@@ -403,7 +405,7 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
   opt_->save_state(mine, "");
   opt_state.clear();
   if (rank() != 0) {
-    send_named(*comm_, mine, 0);
+    send_named(*world_p2p_, mine, 0);
     return;
   }
   std::set<std::string> have;
@@ -412,7 +414,7 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
       if (have.insert(n).second) opt_state.emplace_back(n, t);
   };
   merge(std::move(mine));
-  for (int src = 1; src < world(); ++src) merge(recv_named(*comm_, src));
+  for (int src = 1; src < world(); ++src) merge(recv_named(*world_p2p_, src));
 }
 
 void PipelineParallel::load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,

@@ -89,12 +89,18 @@ class PipelineParallel final : public DataParallel {
   const std::vector<ActionSpan>& timeline() const { return spans_; }
   // The parameters this rank computes gradients for and steps (its stages', tied copies included).
   const std::vector<nn::Parameter*>& owned() const { return owned_; }
+  // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
+  // copy on the last stage not counted).
+  const std::vector<int>& owners() const { return owner_pp_; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   const nn::PipelineStages* stages_;
   comm::Communicator *pp_comm_ = nullptr, *dp_comm_ = nullptr;
+  // Point-to-point traffic goes over copies of the pp and world groups: ranks send and receive
+  // different numbers of messages, and a communicator's collectives count on equal sequences.
+  std::unique_ptr<comm::Communicator> pp_p2p_, world_p2p_;
   int p_ = 1, r_ = 0, v_ = 1, m_ = 1;
   PipeSchedule sched_;
   std::vector<std::pair<int64_t, int64_t>> blocks_;  // per virtual stage
