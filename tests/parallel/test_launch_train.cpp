@@ -242,3 +242,24 @@ TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
             0);
   EXPECT_NE(f.log("orphans").find(fmt::format("at step {}", s)), std::string::npos) << f.log("orphans");
 }
+
+// Pipeline parallelism end to end (parallel/pipeline.h): `atoll train --parallel.pp=2` on 2 ranks
+// follows the one-rank curve at the same batch (every stage reads the same micro-batches),
+// evaluation included; its checkpoint (the full model, HF names) resumes on one rank; a model
+// with fewer layers than stages is refused before step 1, naming the key.
+TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  ASSERT_EQ(f.train("pp", 2, {"--parallel.pp=2", "--parallel.pp_schedule=zb-h1", "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("pp").find("pipeline zb-h1 (pp = 2)"), std::string::npos) << f.log("pp");
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  auto pp = losses(f.root / "pp");
+  expect_close(pp, std::vector<double>(one.begin(), one.begin() + 3), 1e-5, "pp loss");
+  ASSERT_EQ(f.train("pp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "pp"), one, 1e-5, "pp then resumed on one rank loss");
+  expect_close(losses(f.root / "pp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp val loss");
+
+  EXPECT_NE(f.train("bad", 2, {"--parallel.pp=2", "--model.n_layer=1"}, true), 0);
+  EXPECT_NE(f.log("bad").find("fewer than the 2 pipeline stages"), std::string::npos) << f.log("bad");
+}
