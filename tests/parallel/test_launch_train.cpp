@@ -245,7 +245,8 @@ TEST(LaunchTrain, KilledLauncherStopsItsRanksWithACheckpoint) {
 
 // Pipeline parallelism end to end (parallel/pipeline.h): `atoll train --parallel.pp=2` on 2 ranks
 // follows the one-rank curve at the same batch (every stage reads the same micro-batches),
-// evaluation included; its checkpoint (the full model, HF names) resumes on one rank; a model
+// evaluation included; its checkpoint (the full model, HF names) resumes on one rank and a
+// one-rank checkpoint resumes as a pipeline with uneven stages; a model
 // with fewer layers than stages is refused before step 1, naming the key.
 TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
   Fixture f;
@@ -259,6 +260,12 @@ TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
   ASSERT_EQ(f.train("pp", 1, {"--resume"}), 0);
   expect_close(losses(f.root / "pp"), one, 1e-5, "pp then resumed on one rank loss");
   expect_close(losses(f.root / "pp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp val loss");
+
+  // And the other way: a one-rank checkpoint resumes as a pipeline (1F1B, uneven [1, 2] blocks).
+  ASSERT_EQ(f.train("to_pp", 1, {"--model.n_layer=3", "--train.stop_after=3"}), 0);
+  ASSERT_EQ(f.train("to_pp", 2, {"--model.n_layer=3", "--parallel.pp=2", "--parallel.pp_layers=[1,2]", "--resume"}), 0);
+  ASSERT_EQ(f.train("one3", 1, {"--model.n_layer=3"}), 0);
+  expect_close(losses(f.root / "to_pp"), losses(f.root / "one3"), 1e-5, "one rank then resumed as pp loss");
 
   EXPECT_NE(f.train("bad", 2, {"--parallel.pp=2", "--model.n_layer=1"}, true), 0);
   EXPECT_NE(f.log("bad").find("fewer than the 2 pipeline stages"), std::string::npos) << f.log("bad");
