@@ -4,7 +4,8 @@
 // started and ended. For the median step (by makespan) rank 0 gathers the timelines and prints
 // one JSON line: the measured bubble, 1 - (sum of the ranks' busy time) / (P x makespan), next to
 // the schedule's ideal, (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v·m+p-1) interleaved, and the
-// unit-cost simulation's for zb-h1 (pipeline_schedule.h); the idle time per rank in ms; and the
+// unit-cost simulation's for zb-h1 (pipeline_schedule.h), and the simulation's with this run's own
+// mean F/B/W costs (imbalance between stages aside); the idle time per rank in ms; and the
 // path of an SVG timeline of that step (written by hand: one row per rank, one box per action).
 // There is no peer here: PyTorch 1.13 on CPU has no pipeline schedules, so the ideal is the
 // formula. Timings come from steady_clock, the same clock in every process of one machine.
@@ -171,6 +172,10 @@ int main(int argc, char** argv) {
                      : schedule == "zb-h1"      ? parallel::simulate(pipe.schedule()).bubble
                                                 : (p - 1.0) / (double(m) + p - 1.0);
       double n_act = double(m) * p;
+      // The schedule's bubble with this run's mean action costs (a chunk's share of them), free sends.
+      double sim = parallel::simulate(pipe.schedule(), by_op[0] / n_act / v, by_op[1] / n_act / v,
+                                      pipe.schedule().split_backward ? by_op[2] / n_act / v : 0.0)
+                       .bubble;
       write_svg(svg, spans, p, Tm,
                 fmt::format("{} pp={} m={}{}: bubble {:.1f}% (ideal {:.1f}%), step {:.1f} ms", schedule, p, m,
                             v > 1 ? fmt::format(" v={}", v) : "", bubble * 100, ideal * 100, Tm * 1e3));
@@ -187,6 +192,7 @@ int main(int argc, char** argv) {
                             {"step_ms", Tm * 1e3},
                             {"bubble", bubble},
                             {"ideal", ideal},
+                            {"sim_measured_costs", sim},
                             {"idle_ms_per_rank", (double(p) * Tm - total_busy) / p * 1e3},
                             {"F_ms", by_op[0] / n_act * 1e3},
                             {"B_ms", by_op[1] / n_act * 1e3},

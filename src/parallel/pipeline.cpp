@@ -13,6 +13,7 @@
 #include "autograd/graph.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/adamw.h"
+#include "parallel/page_release.h"
 
 namespace atl::parallel {
 
@@ -243,6 +244,23 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   std::vector<ParamRef> refs;
   for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
   opt_ = std::make_unique<AdamW>(std::move(refs), ac);
+  release_unowned();
+}
+
+void PipelineParallel::release_unowned() {
+  // Parameters of other stages: values and gradients zeroed and their pages given back (they read
+  // as zeros and cost no memory until sync_full_model writes them).
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  const float *v0 = model_.flat_values().f32(), *g0 = model_.flat_grads().f32();
+  for (nn::Parameter* q : model_.parameters()) {
+    if (mine.count(q)) continue;
+    int64_t off = q->value.f32() - v0, n = q->value.numel();
+    release_range(const_cast<float*>(v0), off, off + n);
+    int64_t goff = q->grad.f32() - g0;
+    release_range(const_cast<float*>(g0), goff, goff + n);
+  }
+  full_resident_ = false;
+  stale_ = true;
 }
 
 PipelineParallel::~PipelineParallel() = default;
@@ -252,11 +270,14 @@ std::string PipelineParallel::name() const {
                      dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
 }
 
-void PipelineParallel::zero_grad() { model_.zero_grad(); }
+void PipelineParallel::zero_grad() {
+  for (nn::Parameter* q : owned_) q->grad.zero();  // the others' gradient pages stay released
+}
 
 double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
   ATOLL_CHECK(int(inputs.size()) == m_ && int(targets.size()) == m_,
               "the pipeline was laid out for {} micro-batches (train.grad_accum), got {}", m_, inputs.size());
+  if (full_resident_) release_unowned();  // after an evaluation, a checkpoint or a load
   const int S = p_ * v_;
   const int next = (r_ + 1) % p_, prev = (r_ + p_ - 1) % p_;
   // Tags: one per (direction, micro-batch, sending stage), in a window that alternates by step.
@@ -393,6 +414,7 @@ void PipelineParallel::sync_full_model() {
   }
   for (auto& w : ws) w->wait();
   stale_ = false;
+  full_resident_ = true;
 }
 
 void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
@@ -422,6 +444,7 @@ void PipelineParallel::load_full_state(const std::vector<std::pair<std::string, 
   model_.load_state_dict(model_sd, what);
   opt_->load_state(opt_state, "");
   stale_ = false;
+  full_resident_ = true;
 }
 
 }  // namespace atl::parallel

@@ -19,9 +19,11 @@
 // loss is the mean over micro-batches of each micro-batch's mean loss (backward seeded with 1/m),
 // as one process accumulating m micro-batches computes it.
 //
-// Every rank builds the whole model but computes, holds gradients for and steps only its stages'
-// parameters; sync_full_model() brings every rank's copy up to date (for evaluation, sampling and
-// checkpoints, which hold the full model under its usual names and load under any layout).
+// Every rank builds the whole model, then gives back the pages of the other stages' parameters
+// and gradients (page_release.h): it computes, holds and steps only its stages' parameters.
+// sync_full_model() brings every rank's copy up to date (for evaluation, sampling and
+// checkpoints, which hold the full model under its usual names and load under any layout); the
+// next step releases the others' parameters again.
 #pragma once
 #include <memory>
 #include <string>
@@ -108,7 +110,8 @@ class PipelineParallel final : public DataParallel {
   std::vector<int> owner_pp_;       // per model parameter: the pp rank that owns it
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
-  bool zero1_ = false, stale_ = false;
+  bool zero1_ = false, stale_ = false, full_resident_ = false;
+  void release_unowned();
   uint64_t steps_run_ = 0;
   std::vector<ActionSpan> spans_;
 };

@@ -314,6 +314,19 @@ void run_rank(const PJob& j, comm::Communicator* world) {
     if (s == kSteps - 1) rec.grads10 = gathered_grads(model, pipe, mesh);
     pipe.step({1.f, clip_coefficient(pipe.grad_norm(), 0.5f)});
   }
+  // Between steps a stage holds only its own parameters and gradients: the others' are zero and
+  // their pages released.
+  int64_t owned = 0;
+  for (nn::Parameter* q : pipe.owned()) owned += q->value.numel();
+  auto nonzero = [](const Tensor& t) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) n += t.f32()[i] != 0.f;
+    return n;
+  };
+  ATOLL_CHECK(nonzero(model.flat_values()) <= owned && nonzero(model.flat_grads()) <= owned,
+              "rank {}: {} weights and {} gradients are nonzero, but the rank owns {} of {}", world->rank(),
+              nonzero(model.flat_values()), nonzero(model.flat_grads()), owned, model.flat_values().numel());
+  ATOLL_CHECK(owned < model.flat_values().numel(), "rank {} owns every parameter", world->rank());
   std::vector<std::pair<std::string, Tensor>> msd, osd;
   pipe.full_state(msd, osd);
   for (auto& [n, t] : msd) rec.params.insert(rec.params.end(), t.f32(), t.f32() + t.numel());
