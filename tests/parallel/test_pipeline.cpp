@@ -151,7 +151,10 @@ struct PJob {
   std::string out;
   std::string encode() const {
     std::string l;
-    for (auto x : layers) l += (l.empty() ? "" : ":") + std::to_string(x);
+    for (auto x : layers) {
+      if (!l.empty()) l += ':';
+      l += std::to_string(x);
+    }
     return fmt::format("{},{},{},{},{},{},{},{}", schedule, v, n_layer, world, pp, dp, l.empty() ? "-" : l, out);
   }
   static PJob decode(const std::string& s) {
@@ -497,6 +500,25 @@ TEST(Pipeline, APipelineCheckpointLoadsAtOneRank) {
   double d = test::rel_diff(a, b);
   std::printf("[pipeline checkpoint] loaded at one rank, one more step: parameters differ by %.2e (relative)\n", d);
   EXPECT_LE(d, 1e-6);
+}
+
+}  // namespace atl::parallel
+
+namespace atl::parallel {
+
+// Middle stages (receive from one side, send to the other) and interleaving's wrap from the last
+// rank back to the first: 4 stages x 2 chunks over 8 blocks, and 3 stages over 4 blocks (2, 1, 1).
+TEST(Pipeline, ThreeAndFourStagesMatchOneRank) {
+  PJob j;
+  j.world = j.pp = 4;
+  j.n_layer = 8;
+  j.schedule = "interleaved";
+  j.v = 2;
+  expect_matches_one_rank(j, reference(j));
+  PJob k;
+  k.world = k.pp = 3;
+  k.schedule = "zb-h1";
+  expect_matches_one_rank(k, reference(k));
 }
 
 }  // namespace atl::parallel
