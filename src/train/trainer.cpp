@@ -189,6 +189,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
+  if (ppc.pp == 1) I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
+
   I.model->init_weights(uint64_t(I.o.seed));
   if (ppc.pp > 1) {
     ATOLL_CHECK(!placement.full && !placement.sharded,
@@ -204,7 +206,6 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     I.comm->barrier();
     if (I.rank != 0) I.task->setup(*I.model, TaskEnv{I.task_env().rank, I.task_env().world, nullptr});
   } else {
-    I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
     I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
   }
