@@ -6,10 +6,9 @@
 namespace atl {
 namespace {
 
-struct Tape {
-  std::vector<Node> nodes;
-};
-thread_local Tape g_tape;
+thread_local Tape g_thread_tape;
+thread_local Tape* g_tape = &g_thread_tape;
+thread_local WeightGradDeferral* g_deferral = nullptr;
 thread_local bool g_grad_enabled = true;
 
 AutogradMeta& meta(const Tensor& t) {
@@ -76,11 +75,11 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
   n.inputs = std::move(inputs);
   n.output = out;
   n.backward = std::move(backward);
-  g_tape.nodes.push_back(std::move(n));
+  g_tape->nodes.push_back(std::move(n));
 }
 
 namespace {
-// Walks `nodes` (a tape taken out of the thread's, so that a node's backward may record and run
+// Walks `nodes` (a tape taken out of the active one, so that a node's backward may record and run
 // a tape of its own: recomputation) in reverse, firing leaf hooks as their gradients become final.
 void walk(std::vector<Node>& nodes) {
   // A leaf's gradient is final once the node of its first forward use has run backward. Leaves
@@ -111,31 +110,58 @@ void walk(std::vector<Node>& nodes) {
   }
   nodes.clear();
 }
-}  // namespace
 
-void backward(const Tensor& loss, float seed) {
-  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
-  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
-  std::vector<Node> nodes = std::move(g_tape.nodes);
-  g_tape.nodes.clear();
-  grad_buffer(loss).fill(seed);
+void run_tape() {
+  std::vector<Node> nodes = std::move(g_tape->nodes);
+  g_tape->nodes.clear();
   walk(nodes);
 }
+}  // namespace
 
 void backward_from(const Tensor& out, const Tensor& grad) {
   ATOLL_CHECK(requires_grad(out), "backward_from(): the output does not depend on anything that requires grad");
   ATOLL_CHECK(grad.shape() == out.shape(), "backward_from(): gradient {} for an output of shape {}",
               shape_str(grad.shape()), shape_str(out.shape()));
-  std::vector<Node> nodes = std::move(g_tape.nodes);
-  g_tape.nodes.clear();
   out.autograd()->grad = grad;
-  walk(nodes);
+  run_tape();
 }
 
-TapeScope::TapeScope() : saved_(std::make_unique<std::vector<Node>>(std::move(g_tape.nodes))) { g_tape.nodes.clear(); }
-TapeScope::~TapeScope() { g_tape.nodes = std::move(*saved_); }
+TapeScope::TapeScope() : owned_(std::make_unique<Tape>()), prev_(g_tape) { g_tape = owned_.get(); }
 
-void clear_tape() { g_tape.nodes.clear(); }
-size_t tape_size() { return g_tape.nodes.size(); }
+void backward(const Tensor& loss, float seed) {
+  ATOLL_CHECK(loss.numel() == 1, "backward() needs a scalar loss, got shape {}", shape_str(loss.shape()));
+  ATOLL_CHECK(requires_grad(loss), "backward(): the loss does not depend on anything that requires grad");
+  grad_buffer(loss).fill(seed);
+  run_tape();
+}
+
+void backward(const Tensor& out, const Tensor& grad) {
+  ATOLL_CHECK(requires_grad(out), "backward(): the output does not depend on anything that requires grad");
+  ATOLL_CHECK(grad.shape() == out.shape(), "backward(): gradient of shape {} for an output of shape {}",
+              shape_str(grad.shape()), shape_str(out.shape()));
+  grad_buffer(out).copy_from(grad);
+  run_tape();
+}
+
+void clear_tape() { g_tape->nodes.clear(); }
+size_t tape_size() { return g_tape->nodes.size(); }
+
+TapeScope::TapeScope(Tape& t) : prev_(g_tape) { g_tape = &t; }
+TapeScope::~TapeScope() { g_tape = prev_; }
+
+WeightGradDeferral::WeightGradDeferral() : prev_(g_deferral) { g_deferral = this; }
+WeightGradDeferral::~WeightGradDeferral() {
+  if (active_) g_deferral = prev_;
+}
+std::vector<std::function<void()>> WeightGradDeferral::take() {
+  if (active_) g_deferral = prev_;
+  active_ = false;
+  return std::move(work_);
+}
+bool defer_weight_grad(std::function<void()>& work) {
+  if (!g_deferral) return false;
+  g_deferral->work_.push_back(std::move(work));
+  return true;
+}
 
 }  // namespace atl

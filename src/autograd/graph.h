@@ -62,21 +62,58 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
 // Runs backward from a scalar (one-element) tensor, seeding its gradient with `seed`, then clears
 // the tape (freeing saved activations). Gradients of non-leaf tensors are freed as they are used.
 void backward(const Tensor& loss, float seed = 1.f);
-// Runs the thread's tape backward from a tensor of any shape whose gradient is `grad` (the
-// buffer is handed over, not copied), then clears the tape. For ops that record a graph of their
-// own inside a node's backward (activation recomputation, autograd/checkpoint.h).
+// Runs the active tape backward from a tensor of any shape whose gradient is `grad` (the buffer
+// is handed over, not copied), then clears the tape. For ops that record a graph of their own
+// inside a node's backward (activation recomputation, autograd/checkpoint.h).
 void backward_from(const Tensor& out, const Tensor& grad);
-// While alive the thread records onto a fresh tape; the one before it comes back on destruction.
+// Backward from a tensor of any shape whose gradient is given (a pipeline stage's output, seeded
+// with the gradient the next stage sent back); `grad` has out's shape and is copied.
+void backward(const Tensor& out, const Tensor& grad);
+
+// A recorded graph. Ops record into the active tape: the thread's own unless a TapeScope names
+// another. Pipeline schedules keep one tape per micro-batch in flight (1F1B holds several
+// forwards before their backwards) and run backward() under the micro-batch's scope;
+// recomputation records onto a fresh tape of its own inside a node's backward.
+struct Tape {
+  std::vector<Node> nodes;
+};
 class TapeScope {
  public:
-  TapeScope();
+  explicit TapeScope(Tape& t);  // records onto t while alive
+  TapeScope();                  // records onto a fresh tape while alive
   ~TapeScope();
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
 
  private:
-  std::unique_ptr<std::vector<Node>> saved_;
+  std::unique_ptr<Tape> owned_;
+  Tape* prev_;
 };
+
+// Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", 2023) split backward
+// into the input-gradient pass B, which the previous stage waits for, and the weight-gradient
+// pass W, which nobody waits for and so fills the pipeline's idle time. While a WeightGradDeferral
+// is alive, ops whose weight gradient is a separate GEMM (linear, linear_t) compute only the
+// input gradient and hand the weight-gradient work to it; run() does that work later, in the
+// order it was deferred (so gradients accumulate in the same order as an unsplit backward).
+class WeightGradDeferral {
+ public:
+  WeightGradDeferral();
+  ~WeightGradDeferral();
+  WeightGradDeferral(const WeightGradDeferral&) = delete;
+  WeightGradDeferral& operator=(const WeightGradDeferral&) = delete;
+  // Stops collecting (so the deferred work can outlive the scope) and returns what was deferred.
+  std::vector<std::function<void()>> take();
+
+ private:
+  WeightGradDeferral* prev_;
+  std::vector<std::function<void()>> work_;
+  bool active_ = true;
+  friend bool defer_weight_grad(std::function<void()>& work);
+};
+// For ops: when a deferral is collecting, takes `work` and returns true; else returns false and the
+// op runs its weight gradient at once.
+bool defer_weight_grad(std::function<void()>& work);
 // Drops the recorded graph without running it (e.g. after an evaluation forward with grad on).
 void clear_tape();
 size_t tape_size();

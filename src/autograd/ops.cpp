@@ -46,8 +46,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (should_record({&x, &w, &b})) {
     record("linear", out, {x, w, b}, [N, C, OC](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1], &bi = n.inputs[2];
-      K(xi).linear.backward(grad_ptr(xi), grad_ptr(wi), bi.defined() ? grad_ptr(bi) : nullptr,
-                           grad_of(n.output).f32(), xi.f32(), wi.f32(), N, C, OC);
+      Tensor g = grad_of(n.output);
+      // Weight and bias gradients, deferrable for zero-bubble schedules (graph.h).
+      std::function<void()> dw = [xi, wi, bi, g, N, C, OC] {
+        K(xi).linear.backward(nullptr, grad_ptr(wi), bi.defined() ? grad_ptr(bi) : nullptr, g.f32(), xi.f32(),
+                              wi.f32(), N, C, OC);
+      };
+      if (!(requires_grad(wi) || (bi.defined() && requires_grad(bi))) || defer_weight_grad(dw)) {
+        K(xi).linear.backward(grad_ptr(xi), nullptr, nullptr, g.f32(), xi.f32(), wi.f32(), N, C, OC);
+      } else {
+        K(xi).linear.backward(grad_ptr(xi), grad_ptr(wi), bi.defined() ? grad_ptr(bi) : nullptr, g.f32(), xi.f32(),
+                              wi.f32(), N, C, OC);
+      }
     });
   }
   return out;
@@ -357,9 +367,14 @@ Tensor linear_t(const Tensor& x, const Tensor& w) {
   if (should_record({&x, &w})) {
     record("linear_t", out, {x, w}, [N, C, OC](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1];
-      const float* g = grad_of(n.output).f32();
+      Tensor gt = grad_of(n.output);
+      const float* g = gt.f32();
       if (requires_grad(xi)) K(xi).gemm.gemm(false, false, N, C, OC, 1.f, g, OC, wi.f32(), C, 1.f, grad_ptr(xi), C);
-      if (requires_grad(wi)) K(xi).gemm.gemm(true, false, OC, C, N, 1.f, g, OC, xi.f32(), C, 1.f, grad_ptr(wi), C);
+      if (!requires_grad(wi)) return;
+      std::function<void()> dw = [xi, wi, gt, N, C, OC] {  // deferrable (graph.h)
+        K(xi).gemm.gemm(true, false, OC, C, N, 1.f, gt.f32(), OC, xi.f32(), C, 1.f, grad_ptr(wi), C);
+      };
+      if (!defer_weight_grad(dw)) dw();
     });
   }
   return out;

@@ -70,12 +70,14 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
     fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",
          n.axis, n.size, n.what, model.family());
   }
-  ATOLL_CHECK(m.pp == 1, "parallel.pp = {}: pipeline parallelism is not implemented by this build yet", m.pp);
+  // parallel.pp > 1 runs as a pipeline (parallel/pipeline.h), which checks its own layout.
+  ATOLL_CHECK(m.pp == 1 || (m.tp == 1 && m.cp == 1), "parallel.pp = {} with parallel.tp = {} and parallel.cp = {}: "
+              "pipeline parallelism composes with data parallelism only so far (tp and cp must be 1)", m.pp, m.tp, m.cp);
   // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data
   // parallelism inside each island; model parallelism inside an island is not composed yet.
-  ATOLL_CHECK(m.island == 1 || (m.tp == 1 && m.cp == 1), "parallel.islands = {} with parallel.tp = {} and "
-              "parallel.cp = {}: islands run data parallelism inside each island only (tp and cp must be 1)",
-              m.island, m.tp, m.cp);
+  ATOLL_CHECK(m.island == 1 || (m.tp == 1 && m.cp == 1 && m.pp == 1), "parallel.islands = {} with parallel.tp = {}, "
+              "parallel.cp = {} and parallel.pp = {}: islands run data parallelism inside each island only (tp, cp "
+              "and pp must be 1)", m.island, m.tp, m.cp, m.pp);
 }
 
 DataParallel::~DataParallel() = default;

@@ -20,6 +20,7 @@
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/optim/placement.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/metrics.h"
@@ -117,6 +118,7 @@ struct Trainer::Impl {
   std::unique_ptr<nn::ContextAttention> cp;  // ring attention over the mesh's cp axis (cp > 1)
   std::unique_ptr<lowcomm::LowComm> lowcomm;  // training across islands (lowcomm/lowcomm.h); null without
   std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
+  parallel::PipelineParallel* pipe = nullptr;  // dp, when [parallel] pp > 1 (parallel/pipeline.h)
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -142,12 +144,17 @@ struct Trainer::Impl {
   }
 
   double evaluate() {
+    if (pipe) pipe->sync_full_model();
     double v = task->evaluate(*model);
     return lowcomm ? lowcomm->world_average(v) : dp->average(v);
   }
-  // The task reads data as a data-parallel rank: the ranks of a tp group, and those of a cp group,
-  // share every batch (the task sees the dp coordinate and size).
+  // The task reads data as a data-parallel rank: the stages of a pipeline, the ranks of a tp group
+  // and those of a cp group share every batch (the task sees the dp coordinate and size).
   TaskEnv data_env() const {
+    if (pipe) {
+      const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+      return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
+    }
     if (tp) return TaskEnv{int(mesh->coord("dp_replicate")), int(pc.mesh.dp_replicate), comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
@@ -182,6 +189,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
+  const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
+  parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
@@ -202,12 +211,28 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
-  I.task->setup(*I.model, I.data_env());
+  if (ppc.pp == 1) I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
-  if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
-  I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
-                                      placement.sharded, I.mesh.get());
+  if (ppc.pp > 1) {
+    ATOLL_CHECK(!placement.full && !placement.sharded,
+                "parallel.pp = {}: pipeline stages step their parameters with AdamW only in this build; remove "
+                "the [optim] type / group keys",
+                ppc.pp);
+    auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.comm.get(), *I.mesh, ppc, I.o.grad_accum,
+                                                             I.pc.strategy, placement.adamw);
+    I.pipe = pipe.get();
+    I.dp = std::move(pipe);
+    // Stages of one pipeline share data ranks: rank 0 prepares the data before the others look.
+    const TaskEnv e = I.data_env();
+    if (I.rank == 0) I.task->setup(*I.model, TaskEnv{e.rank, e.world, nullptr});
+    I.comm->barrier();
+    if (I.rank != 0) I.task->setup(*I.model, TaskEnv{e.rank, e.world, nullptr});
+  } else {
+    if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
+    I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
+                                        placement.sharded, I.mesh.get());
+  }
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
@@ -272,8 +297,8 @@ TrainResult Trainer::run(bool resume) {
   metrics.begin_segment(start, o.steps, resumed_from);
   double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
   double flops_tok = I.model->flops_per_token(I.task->sequence_length());
-  int64_t tokens_per_step =
-      I.task->tokens_per_batch() * o.grad_accum * (I.world / (I.pc.mesh.cp * I.pc.mesh.tp));  // the whole job's
+  int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum *
+                            (I.world / (I.pc.mesh.cp * I.pc.mesh.tp * I.pc.mesh.pp));  // the whole job's
   log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
             I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
   if (I.world > 1)
@@ -289,7 +314,16 @@ TrainResult Trainer::run(bool resume) {
     I.dp->zero_grad();
     if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
     double loss_sum = 0;
-    for (int64_t m = 0; m < o.grad_accum; ++m) {
+    if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
+      std::vector<Tensor> ins, tgts;
+      for (int64_t m = 0; m < o.grad_accum; ++m) {
+        const Batch& batch = I.task->next_batch();
+        ins.push_back(batch.input.clone());
+        tgts.push_back(batch.target.clone());
+      }
+      loss_sum = I.pipe->forward_backward(ins, tgts) * double(o.grad_accum);
+    }
+    for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
       const Batch& batch = I.task->next_batch();
       I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
       Tensor loss = I.task->loss(*I.model, batch);
@@ -332,6 +366,7 @@ TrainResult Trainer::run(bool resume) {
       log::info("step {:>5} | val loss {:.4f}", step + 1, vl);
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
+      if (I.pipe) I.pipe->sync_full_model();
       std::string s = I.task->sample(*I.model, I.sample_rng);
       if (s.empty()) s = "(the model does not generate)";
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8

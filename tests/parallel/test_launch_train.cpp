@@ -278,3 +278,38 @@ TEST(LaunchTrain, ContextParallelMatchesOneRank) {
   EXPECT_NE(f.log("bad").find("must be a multiple of 4"), std::string::npos) << f.log("bad");
   EXPECT_EQ(f.log("bad").find("step     1/"), std::string::npos) << "refused after training began";
 }
+
+// Pipeline parallelism end to end (parallel/pipeline.h): `atoll train --parallel.pp=2` on 2 ranks
+// follows the one-rank curve at the same batch (every stage reads the same micro-batches), and
+// pp2 x dp2 (ZeRO-1) on 4 ranks at half the batch,
+// evaluation included; its checkpoint (the full model, HF names) resumes on one rank and a
+// one-rank checkpoint resumes as a pipeline with uneven stages; a model
+// with fewer layers than stages is refused before step 1, naming the key.
+TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  ASSERT_EQ(f.train("pp", 2, {"--parallel.pp=2", "--parallel.pp_schedule=zb-h1", "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("pp").find("pipeline zb-h1 (pp = 2)"), std::string::npos) << f.log("pp");
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  auto pp = losses(f.root / "pp");
+  expect_close(pp, std::vector<double>(one.begin(), one.begin() + 3), 1e-5, "pp loss");
+  ASSERT_EQ(f.train("pp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "pp"), one, 1e-5, "pp then resumed on one rank loss");
+  expect_close(losses(f.root / "pp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp val loss");
+
+  // pp2 x dp2 with ZeRO-1 on 4 ranks at half the batch: the same curve.
+  ASSERT_EQ(f.train("pp_dp", 4, {"--parallel.pp=2", "--parallel.strategy=zero1", "--train.batch_size=2"}), 0);
+  EXPECT_NE(f.log("pp_dp").find("x zero1 over dp = 2"), std::string::npos) << f.log("pp_dp");
+  expect_close(losses(f.root / "pp_dp"), one, 1e-5, "pp2 x dp2 zero1 loss");
+  expect_close(losses(f.root / "pp_dp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x dp2 val loss");
+
+  // And the other way: a one-rank checkpoint resumes as a pipeline (1F1B, uneven [1, 2] blocks).
+  ASSERT_EQ(f.train("to_pp", 1, {"--model.n_layer=3", "--train.stop_after=3"}), 0);
+  ASSERT_EQ(f.train("to_pp", 2, {"--model.n_layer=3", "--parallel.pp=2", "--parallel.pp_layers=[1,2]", "--resume"}), 0);
+  ASSERT_EQ(f.train("one3", 1, {"--model.n_layer=3"}), 0);
+  expect_close(losses(f.root / "to_pp"), losses(f.root / "one3"), 1e-5, "one rank then resumed as pp loss");
+
+  EXPECT_NE(f.train("bad", 2, {"--parallel.pp=2", "--model.n_layer=1"}, true), 0);
+  EXPECT_NE(f.log("bad").find("fewer than the 2 pipeline stages"), std::string::npos) << f.log("bad");
+}

@@ -126,6 +126,30 @@ Tensor GPT::logits(const Tensor& tokens) const {
   return ops::linear_t(hidden(tokens), head_weight()->value);
 }
 
+// Pipeline stages (nn/pipeline_stages.h): together exactly loss(), for the whole (not tp-sharded) model.
+Tensor GPT::stage_input(const Tensor& tokens) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
+  return ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
+}
+
+Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
+  ATOLL_CHECK(0 <= first && first <= last && last <= c_.n_layer, "blocks [{}, {}) of {}", first, last, c_.n_layer);
+  Tensor y = x;
+  for (int64_t i = first; i < last; ++i) {
+    const size_t b = size_t(i);
+    if (recompute(b) == Recompute::full && grad_enabled())  // [train] recompute, as run_blocks does
+      y = checkpoint("recompute_block", y, [this, b](const Tensor& xi) { return (*h[b])(xi); });
+    else
+      y = (*h[b])(y);
+  }
+  return y;
+}
+
+Tensor GPT::stage_loss(const Tensor& x, const Tensor& targets) const {
+  return ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), targets, /*reuse_logits=*/true);
+}
+
 namespace {
 struct Gpt2Names : StateDictAdapter {
   bool ignorable(const std::string& key) const override { return key == "lm_head.weight"; }

@@ -9,6 +9,7 @@
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/model.h"
+#include "nn/pipeline_stages.h"
 #include "nn/tensor_parallel.h"
 #include "tensor/rng.h"
 
@@ -55,7 +56,7 @@ class Block : public Module {
   MLP* mlp;
 };
 
-class GPT : public Model, public TokenGenerator, public SequenceSharded {
+class GPT : public Model, public TokenGenerator, public SequenceSharded, public PipelineStages {
  public:
   // tp: build rank tp->rank()'s shard of a tensor-parallel group (see parallelize.cpp); the
   // context must outlive the model. Null: the whole model.
@@ -78,6 +79,13 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded {
   Tensor forward(const Tensor& tokens) const override { return logits(tokens); }
 
   Parameter* head_weight() const;  // [V, C]: wte when tied, else lm_head
+
+  // The forward cut at block boundaries, for pipeline stages (nn/pipeline_stages.h): embedding,
+  // blocks [first, last), final norm + head + loss. Together they are loss().
+  Tensor stage_input(const Tensor& tokens) const override;
+  Tensor stage_blocks(const Tensor& x, int64_t first, int64_t last) const override;
+  Tensor stage_loss(const Tensor& x, const Tensor& targets) const override;
+  Shape stage_hidden_shape(const Shape& in) const override { return {in.at(0), in.at(1), c_.n_embd}; }
 
   // The sharding units are the transformer blocks; a tied head reads the embedding table.
   std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }

@@ -1,0 +1,450 @@
+// Pipeline parallelism (pipeline.h): the layout of stages over blocks, and the one runner that
+// executes any schedule's action lists.
+#include "parallel/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "autograd/graph.h"
+#include "kernels/cpu/kernels.h"
+#include "optim/adamw.h"
+#include "parallel/page_release.h"
+
+namespace atl::parallel {
+
+PipelineConfig PipelineConfig::from_config(Config& cfg, int64_t pp) {
+  PipelineConfig c;
+  c.pp = pp;
+  c.schedule = cfg.get_string("parallel.pp_schedule", c.schedule, pipeline_schedule_registry().names());
+  c.virtual_stages = cfg.get_int("parallel.pp_virtual", c.virtual_stages, 1, 1024);
+  c.layers = cfg.get_int_list("parallel.pp_layers", {});
+  if (pp == 1) {
+    ATOLL_CHECK(c.virtual_stages == 1 || !cfg.has("parallel.pp_virtual"),
+                "parallel.pp_virtual = {} ({}) needs a pipeline: parallel.pp > 1", c.virtual_stages,
+                cfg.where("parallel.pp_virtual"));
+  }
+  return c;
+}
+
+std::vector<std::pair<int64_t, int64_t>> pipeline_stage_blocks(int64_t blocks, int64_t stages,
+                                                               const std::vector<int64_t>& layers) {
+  ATOLL_CHECK(stages >= 1, "pipeline with {} stages", stages);
+  std::vector<int64_t> n = layers;
+  if (n.empty()) {
+    ATOLL_CHECK(blocks >= stages,
+                "parallel.pp: the model has {} blocks (layers), fewer than the {} pipeline stages (parallel.pp x "
+                "parallel.pp_virtual); every stage needs at least one block",
+                blocks, stages);
+    for (int64_t s = 0; s < stages; ++s) n.push_back(blocks / stages + (s < blocks % stages ? 1 : 0));
+  }
+  ATOLL_CHECK(int64_t(n.size()) == stages,
+              "parallel.pp_layers lists {} stages, but the pipeline has {} (parallel.pp x parallel.pp_virtual)",
+              n.size(), stages);
+  int64_t sum = 0;
+  for (size_t s = 0; s < n.size(); ++s) {
+    ATOLL_CHECK(n[s] >= 1, "parallel.pp_layers: stage {} has {} blocks; every stage needs at least one", s, n[s]);
+    sum += n[s];
+  }
+  ATOLL_CHECK(sum == blocks, "parallel.pp_layers adds up to {} blocks, the model has {}", sum, blocks);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t a = 0;
+  for (int64_t k : n) {
+    out.push_back({a, a + k});
+    a += k;
+  }
+  return out;
+}
+
+void check_pipeline_layout(const nn::Model& model, const PipelineConfig& pc, int64_t m) {
+  if (pc.pp == 1) return;
+  ATOLL_CHECK(dynamic_cast<const nn::PipelineStages*>(&model) != nullptr,
+              "parallel.pp = {}: model family '{}' cannot be cut into pipeline stages (it does not implement "
+              "nn::PipelineStages)",
+              pc.pp, model.family());
+  int64_t blocks = int64_t(const_cast<nn::Model&>(model).blocks().size());
+  pipeline_stage_blocks(blocks, pc.pp * pc.virtual_stages, pc.layers);
+  make_pipe_schedule(pc.schedule, int(pc.pp), int(m), int(pc.virtual_stages));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// A double through f32 collectives: high part and remainder, summed in double by the receiver.
+Tensor split_double(double x) {
+  Tensor t = Tensor::empty({2});
+  t.f32()[0] = float(x);
+  t.f32()[1] = float(x - double(t.f32()[0]));
+  return t;
+}
+
+// Named tensors from `src` to `dst` over comm (header, names, data), for gathering state.
+void send_named(comm::Communicator& c, const std::vector<std::pair<std::string, Tensor>>& ts, int dst) {
+  std::vector<int64_t> meta = {int64_t(ts.size())};
+  std::string names;
+  for (auto& [n, t] : ts) {
+    meta.push_back(int64_t(n.size()));
+    meta.push_back(int64_t(t.dtype()));
+    meta.push_back(int64_t(t.dim()));
+    for (int64_t d : t.shape()) meta.push_back(d);
+    names += n;
+  }
+  Tensor len = Tensor::empty({2}, DType::i64);
+  len.data<int64_t>()[0] = int64_t(meta.size());
+  len.data<int64_t>()[1] = int64_t(names.size());
+  c.send(len, dst, 1);
+  Tensor mt = Tensor::empty({int64_t(meta.size())}, DType::i64);
+  std::copy(meta.begin(), meta.end(), mt.data<int64_t>());
+  c.send(mt, dst, 2);
+  Tensor nt = Tensor::empty({std::max<int64_t>(1, int64_t(names.size()))}, DType::i32);
+  for (size_t i = 0; i < names.size(); ++i) nt.i32()[i] = int32_t(static_cast<unsigned char>(names[i]));
+  c.send(nt, dst, 3);
+  for (auto& [n, t] : ts) c.send(t.contiguous(), dst, 4);
+}
+
+std::vector<std::pair<std::string, Tensor>> recv_named(comm::Communicator& c, int src) {
+  Tensor len = Tensor::empty({2}, DType::i64);
+  c.recv(len, src, 1);
+  Tensor mt = Tensor::empty({len.data<int64_t>()[0]}, DType::i64);
+  c.recv(mt, src, 2);
+  Tensor nt = Tensor::empty({std::max<int64_t>(1, len.data<int64_t>()[1])}, DType::i32);
+  c.recv(nt, src, 3);
+  const int64_t* m = mt.data<int64_t>();
+  int64_t count = *m++, pos = 0;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t nl = *m++;
+    DType dt = DType(*m++);
+    int64_t nd = *m++;
+    Shape shape(m, m + nd);
+    m += nd;
+    std::string name;
+    for (int64_t k = 0; k < nl; ++k) name += char(nt.i32()[pos + k]);
+    pos += nl;
+    Tensor t = Tensor::empty(shape, dt);
+    c.recv(t, src, 4);
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+}  // namespace
+
+// One micro-batch's state on one chunk between its forward and its last backward pass.
+struct InFlight {
+  Tape tape;
+  Tensor in, out, loss;  // in: the received activation (a leaf); out: what was sent on
+  std::vector<std::function<void()>> weight_work;  // ZB: the deferred W pass
+};
+
+struct PipelineParallel::Impl {
+  std::map<std::pair<int, int>, InFlight> inflight;  // (micro-batch, chunk)
+};
+
+PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
+                                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac)
+    : DataParallel(model, world), impl_(std::make_unique<Impl>()) {
+  stages_ = dynamic_cast<const nn::PipelineStages*>(&model);
+  check_pipeline_layout(model, pc, micro_batches);
+  const MeshShape& ms = mesh.shape();
+  ATOLL_CHECK(ms.pp == pc.pp && pc.pp > 1, "pipeline of {} stages on a mesh with pp = {}", pc.pp, ms.pp);
+  ATOLL_CHECK(ms.tp == 1 && ms.cp == 1 && ms.ep == 1 && ms.island == 1,
+              "parallel.pp = {} composes with data parallelism only in this build (mesh {})", pc.pp, ms.describe());
+  ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
+              "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
+              ms.dp_replicate, ms.dp_shard);
+  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1",
+              "parallel.strategy = '{}' with parallel.pp = {}: a pipeline's stages replicate (ddp) or shard their "
+              "optimizer state (zero1) over dp; zero2/zero3/hsdp are not implemented with pipelines yet",
+              dp_strategy, pc.pp);
+  p_ = int(pc.pp);
+  v_ = int(pc.virtual_stages);
+  m_ = int(micro_batches);
+  pp_comm_ = mesh.axis("pp");
+  r_ = int(mesh.coord("pp"));
+  ATOLL_CHECK(pp_comm_ && pp_comm_->size() == p_ && pp_comm_->rank() == r_, "pipeline axis communicator");
+  if (ms.dp() > 1) dp_comm_ = mesh.axis(ms.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+  pp_p2p_ = pp_comm_->split(0, r_);
+  world_p2p_ = world->split(0, world->rank());
+  zero1_ = dp_comm_ && dp_strategy == "zero1";
+  sched_ = make_pipe_schedule(pc.schedule, p_, m_, v_);
+  const int S = p_ * v_;
+  // Point-to-point tags are below 2^20: two steps' windows of activation and gradient tags, then
+  // the tied gradients'.
+  ATOLL_CHECK(int64_t(4) * S * m_ < (int64_t(1) << 19),
+              "parallel.pp x parallel.pp_virtual x train.grad_accum = {} x {} x {} is too many micro-batch transfers "
+              "for one step",
+              p_, v_, m_);
+  auto blocks = model.blocks();
+  blocks_ = pipeline_stage_blocks(int64_t(blocks.size()), S, pc.layers);
+
+  // Which stage owns each parameter: its block's, or stage 0 (below the blocks), or the last.
+  std::map<nn::Parameter*, int> block_of;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (nn::Parameter* q : blocks[b]->parameters()) block_of[q] = int(b);
+  auto stage_of_block = [&](int b) {
+    for (int s = 0; s < S; ++s)
+      if (b >= blocks_[size_t(s)].first && b < blocks_[size_t(s)].second) return s;
+    return S - 1;
+  };
+  bool seen_block = false;
+  std::vector<nn::Parameter*> lower;
+  for (nn::Parameter* q : model.parameters()) {
+    int stage;
+    auto it = block_of.find(q);
+    if (it != block_of.end()) {
+      seen_block = true;
+      stage = stage_of_block(it->second);
+    } else if (!seen_block) {
+      stage = 0;
+      lower.push_back(q);
+    } else {
+      stage = S - 1;
+    }
+    int owner = stage % p_;
+    owner_pp_.push_back(owner);
+    if (owner == r_) {
+      owned_.push_back(q);
+      norm_params_.push_back(q);
+    }
+  }
+  // The tied head's copy of the lower root on the last stage (rank p-1; the first is rank 0).
+  if (model.head_reads_lower_root()) {
+    tied_ = lower;
+    if (r_ == p_ - 1) owned_.insert(owned_.end(), lower.begin(), lower.end());
+  }
+
+  // ZeRO-1 over dp: each owned parameter's optimizer state on one dp rank (largest first onto the
+  // least loaded), the updated values broadcast from there after each step.
+  std::vector<nn::Parameter*> stepped = owned_;
+  if (zero1_) {
+    const int D = dp_comm_->size();
+    std::vector<size_t> order(owned_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return shape_numel(owned_[a]->shape) > shape_numel(owned_[b]->shape);
+    });
+    std::vector<int64_t> load(size_t(D), 0);
+    dp_owner_.assign(owned_.size(), 0);
+    for (size_t i : order) {
+      int best = int(std::min_element(load.begin(), load.end()) - load.begin());
+      dp_owner_[i] = best;
+      load[size_t(best)] += shape_numel(owned_[i]->shape);
+    }
+    stepped.clear();
+    for (size_t i = 0; i < owned_.size(); ++i)
+      if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
+  }
+  std::vector<ParamRef> refs;
+  for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
+  opt_ = std::make_unique<AdamW>(std::move(refs), ac);
+  release_unowned();
+}
+
+void PipelineParallel::release_unowned() {
+  // Parameters of other stages: values and gradients zeroed and their pages given back (they read
+  // as zeros and cost no memory until sync_full_model writes them).
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  const float *v0 = model_.flat_values().f32(), *g0 = model_.flat_grads().f32();
+  for (nn::Parameter* q : model_.parameters()) {
+    if (mine.count(q)) continue;
+    int64_t off = q->value.f32() - v0, n = q->value.numel();
+    release_range(const_cast<float*>(v0), off, off + n);
+    int64_t goff = q->grad.f32() - g0;
+    release_range(const_cast<float*>(g0), goff, goff + n);
+  }
+  full_resident_ = false;
+  stale_ = true;
+}
+
+PipelineParallel::~PipelineParallel() = default;
+
+std::string PipelineParallel::name() const {
+  return fmt::format("pipeline {} (pp = {}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
+                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
+}
+
+void PipelineParallel::zero_grad() {
+  for (nn::Parameter* q : owned_) q->grad.zero();  // the others' gradient pages stay released
+}
+
+double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+  ATOLL_CHECK(int(inputs.size()) == m_ && int(targets.size()) == m_,
+              "the pipeline was laid out for {} micro-batches (train.grad_accum), got {}", m_, inputs.size());
+  if (full_resident_) release_unowned();  // after an evaluation, a checkpoint or a load
+  const int S = p_ * v_;
+  const int next = (r_ + 1) % p_, prev = (r_ + p_ - 1) % p_;
+  // Tags: one per (direction, micro-batch, sending stage), in a window that alternates by step.
+  const int base = int(steps_run_ % 2) * (2 * S * m_);
+  auto tag = [&](bool grad, int mb, int stage) { return base + (stage * m_ + mb) * 2 + (grad ? 1 : 0); };
+  std::vector<comm::WorkPtr> sends;
+  spans_.clear();
+  double loss_sum = 0;
+  auto& inflight = impl_->inflight;
+  inflight.clear();
+  for (const PipeAction& a : sched_.ranks[size_t(r_)]) {
+    const int s = a.chunk * p_ + r_;
+    InFlight& f = inflight[{a.mb, a.chunk}];
+    double t0 = now_s();
+    if (a.op == PipeOp::forward) {
+      Tensor x;
+      if (s == 0) {
+        TapeScope scope(f.tape);
+        t0 = now_s();
+        x = stages_->stage_input(inputs[size_t(a.mb)]);
+      } else {
+        x = Tensor::empty(stages_->stage_hidden_shape(inputs[size_t(a.mb)].shape()));
+        pp_p2p_->recv(x, prev, tag(false, a.mb, s - 1));
+        t0 = now_s();
+        set_requires_grad(x, true, fmt::format("pipeline input of stage {}", s));
+        f.in = x;
+      }
+      TapeScope scope(f.tape);
+      const auto& [first, last] = blocks_[size_t(s)];
+      Tensor y = stages_->stage_blocks(x, first, last);
+      if (s == S - 1) {
+        f.loss = stages_->stage_loss(y, targets[size_t(a.mb)]);
+        loss_sum += double(f.loss.item());
+      } else {
+        f.out = y;
+        sends.push_back(pp_p2p_->send_async(y, next, tag(false, a.mb, s)));
+      }
+    } else if (a.op == PipeOp::backward) {
+      Tensor g;
+      if (s < S - 1) {
+        g = Tensor::empty(f.out.shape());
+        pp_p2p_->recv(g, next, tag(true, a.mb, s + 1));
+      }
+      t0 = now_s();
+      {
+        TapeScope scope(f.tape);
+        std::unique_ptr<WeightGradDeferral> defer;
+        if (sched_.split_backward) defer = std::make_unique<WeightGradDeferral>();
+        if (s == S - 1) backward(f.loss, 1.f / float(m_));
+        else backward(f.out, g);
+        if (defer) f.weight_work = defer->take();
+      }
+      if (s > 0) {
+        Tensor gi = grad_of(f.in);
+        if (!gi.defined()) gi = Tensor::zeros(f.in.shape());  // the stage ignored its input
+        sends.push_back(pp_p2p_->send_async(gi, prev, tag(true, a.mb, s)));
+      }
+      f.out = Tensor();
+      f.loss = Tensor();
+      if (!sched_.split_backward) inflight.erase({a.mb, a.chunk});
+    } else {
+      for (auto& w : f.weight_work) w();
+      inflight.erase({a.mb, a.chunk});
+    }
+    spans_.push_back({a.op, a.mb, a.chunk, t0, now_s()});
+  }
+  for (auto& w : sends) w->wait();
+  ++steps_run_;
+  // The mean loss, from the last stage to every stage.
+  Tensor l = split_double(r_ == p_ - 1 ? loss_sum / double(m_) : 0.0);
+  pp_comm_->broadcast(l, p_ - 1);
+  return double(l.f32()[0]) + double(l.f32()[1]);
+}
+
+void PipelineParallel::finish_backward() {
+  // Tied embedding: the first and the last stage each add the other's gradient (a + b == b + a,
+  // so both copies get the same bits and step alike).
+  if (!tied_.empty() && (r_ == 0 || r_ == p_ - 1)) {
+    const int peer = r_ == 0 ? p_ - 1 : 0;
+    std::vector<Tensor> theirs;
+    std::vector<comm::WorkPtr> ws;
+    for (size_t i = 0; i < tied_.size(); ++i) {
+      theirs.push_back(Tensor::empty(tied_[i]->shape));
+      const int tag = (1 << 20) - 1 - int(i);  // above the activations' tags (see the constructor)
+      ws.push_back(pp_p2p_->send_async(tied_[i]->grad, peer, tag));
+      ws.push_back(pp_p2p_->recv_async(theirs.back(), peer, tag));
+    }
+    for (auto& w : ws) w->wait();
+    for (size_t i = 0; i < tied_.size(); ++i) cpu::add_inplace(tied_[i]->grad.f32(), theirs[i].f32(), theirs[i].numel());
+  }
+  if (dp_comm_) {
+    std::vector<comm::WorkPtr> ws;
+    for (nn::Parameter* q : owned_) ws.push_back(dp_comm_->all_reduce_async(q->grad, comm::ReduceOp::avg));
+    for (auto& w : ws) w->wait();
+  }
+}
+
+double PipelineParallel::grad_norm() {
+  double sq = 0;
+  for (nn::Parameter* q : norm_params_) sq += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+  // Every stage's squared norm, summed in double on every rank (so all ranks agree bit for bit).
+  Tensor mine = split_double(sq), all = Tensor::empty({2 * int64_t(p_)});
+  pp_comm_->all_gather(mine, all);
+  double total = 0;
+  for (int i = 0; i < p_; ++i) total += double(all.f32()[2 * i]) + double(all.f32()[2 * i + 1]);
+  return std::sqrt(total);
+}
+
+void PipelineParallel::step(const StepContext& ctx) {
+  opt_->step(ctx);
+  if (zero1_) {
+    std::vector<comm::WorkPtr> ws;
+    for (size_t i = 0; i < owned_.size(); ++i) ws.push_back(dp_comm_->broadcast_async(owned_[i]->value, dp_owner_[i]));
+    for (auto& w : ws) w->wait();
+  }
+  stale_ = true;
+}
+
+void PipelineParallel::sync_full_model() {
+  // Runs of parameters that are contiguous in the flat buffer and have one owner go as one broadcast.
+  const Tensor& flat = model_.flat_values();
+  auto params = model_.parameters();
+  std::vector<comm::WorkPtr> ws;
+  size_t i = 0;
+  while (i < params.size()) {
+    int64_t off = params[i]->value.f32() - flat.f32(), len = params[i]->value.numel();
+    size_t j = i + 1;
+    while (j < params.size() && owner_pp_[j] == owner_pp_[i] && params[j]->value.f32() == flat.f32() + off + len) {
+      len += params[j]->value.numel();
+      ++j;
+    }
+    ws.push_back(pp_comm_->broadcast_async(flat.slice(0, off, off + len), owner_pp_[i]));
+    i = j;
+  }
+  for (auto& w : ws) w->wait();
+  stale_ = false;
+  full_resident_ = true;
+}
+
+void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                                  std::vector<std::pair<std::string, Tensor>>& opt_state) {
+  if (stale_) sync_full_model();
+  model_sd = model_.state_dict();
+  // Each rank's optimizer state (its stages', its dp shard) gathered on rank 0; the tied copy and
+  // the step counter arrive more than once, equal, and are kept once.
+  std::vector<std::pair<std::string, Tensor>> mine;
+  opt_->save_state(mine, "");
+  opt_state.clear();
+  if (rank() != 0) {
+    send_named(*world_p2p_, mine, 0);
+    return;
+  }
+  std::set<std::string> have;
+  auto merge = [&](std::vector<std::pair<std::string, Tensor>>&& ts) {
+    for (auto& [n, t] : ts)
+      if (have.insert(n).second) opt_state.emplace_back(n, t);
+  };
+  merge(std::move(mine));
+  for (int src = 1; src < world(); ++src) merge(recv_named(*world_p2p_, src));
+}
+
+void PipelineParallel::load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,
+                                       const TensorFile& opt_state, const std::string& what) {
+  model_.load_state_dict(model_sd, what);
+  opt_->load_state(opt_state, "");
+  stale_ = false;
+  full_resident_ = true;
+}
+
+}  // namespace atl::parallel

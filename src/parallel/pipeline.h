@@ -1,0 +1,119 @@
+// Pipeline parallelism: the model's blocks cut into stages over the mesh's pp axis, micro-batches
+// flowing forward as activations and backward as their gradients (the communicator's send_async /
+// recv_async), in the order a schedule (pipeline_schedule.h) lists for each rank.
+//
+// Layout. [parallel] pp = p stages (mesh.h), pp_virtual = v chunks per rank (interleaved only),
+// pp_layers = [..] blocks per virtual stage (v·p entries; default: as even as possible, earlier
+// stages taking the remainder). Virtual stage s = c·p + r runs on pp rank r as its chunk c.
+// Stage 0 also owns the lower root (embeddings), stage v·p-1 the upper root (final norm, head)
+// and computes the loss. A head tied to the embedding (Model::head_reads_lower_root) keeps a copy
+// of the lower root on the last stage too; after backward the first and last stage add their
+// gradients of it (as Megatron-LM does for tied word embeddings), so both copies step alike.
+//
+// A step (PipelineParallel, driven like any DataParallel by the trainer):
+//   zero_grad(); loss = forward_backward(inputs, targets);   // m = inputs.size() micro-batches
+//   finish_backward();    // tied gradients summed, then averaged over the dp axis
+//   coef = clip_coefficient(grad_norm(), max);               // global: squared norms summed over pp
+//   step({lr_scale, coef});  // each stage's optimizer on its own parameters (ZeRO-1 shards them over dp)
+// Every stage gets the same micro-batches; the first reads the inputs, the last the targets. The
+// loss is the mean over micro-batches of each micro-batch's mean loss (backward seeded with 1/m),
+// as one process accumulating m micro-batches computes it.
+//
+// Every rank builds the whole model, then gives back the pages of the other stages' parameters
+// and gradients (page_release.h): it computes, holds and steps only its stages' parameters.
+// sync_full_model() brings every rank's copy up to date (for evaluation, sampling and
+// checkpoints, which hold the full model under its usual names and load under any layout); the
+// next step releases the others' parameters again.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/pipeline_stages.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace atl::parallel {
+
+struct PipelineConfig {
+  int64_t pp = 1;
+  std::string schedule = "1f1b";  // parallel.pp_schedule
+  int64_t virtual_stages = 1;     // parallel.pp_virtual
+  std::vector<int64_t> layers;    // parallel.pp_layers (empty: even)
+  // Reads pp_schedule, pp_virtual, pp_layers of [parallel] (pp comes from the mesh).
+  static PipelineConfig from_config(Config& cfg, int64_t pp);
+};
+
+// [first, last) blocks of each of `stages` virtual stages; `layers` as parallel.pp_layers. Throws
+// naming the key when there are fewer blocks than stages or the list does not fit.
+std::vector<std::pair<int64_t, int64_t>> pipeline_stage_blocks(int64_t blocks, int64_t stages,
+                                                               const std::vector<int64_t>& layers);
+
+// Refuses a pipeline layout that cannot apply to the model, before anything is built: a model
+// that cannot be cut into stages, fewer blocks than stages, a pp_layers list that does not fit,
+// a schedule that cannot run p stages with m micro-batches and v chunks.
+void check_pipeline_layout(const nn::Model& model, const PipelineConfig& pc, int64_t micro_batches);
+
+// One action as it ran: steady-clock seconds (the same clock on every process of a machine).
+struct ActionSpan {
+  PipeOp op;
+  int mb, chunk;
+  double t0, t1;
+};
+
+class PipelineParallel final : public DataParallel {
+ public:
+  // world: the job's communicator; mesh: over it, with pp > 1 (and at most one data-parallel
+  // axis: dp_replicate under ddp, dp_shard under zero1). micro_batches: m per step.
+  PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
+                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac);
+  ~PipelineParallel() override;
+  std::string name() const override;
+
+  // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
+  double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
+  void zero_grad() override;
+  void finish_backward() override;
+  double grad_norm() override;
+  void step(const StepContext& ctx) override;
+  void full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                  std::vector<std::pair<std::string, Tensor>>& opt_state) override;
+  void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd, const TensorFile& opt_state,
+                       const std::string& what) override;
+  // Collective over the world: every parameter copied from the stage (and dp rank) that owns it.
+  void sync_full_model();
+
+  int stage_rank() const { return r_; }
+  int stages() const { return p_; }
+  const PipeSchedule& schedule() const { return sched_; }
+  const std::vector<std::pair<int64_t, int64_t>>& stage_blocks() const { return blocks_; }
+  // This rank's actions in the last forward_backward.
+  const std::vector<ActionSpan>& timeline() const { return spans_; }
+  // The parameters this rank computes gradients for and steps (its stages', tied copies included).
+  const std::vector<nn::Parameter*>& owned() const { return owned_; }
+  // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
+  // copy on the last stage not counted).
+  const std::vector<int>& owners() const { return owner_pp_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  const nn::PipelineStages* stages_;
+  comm::Communicator *pp_comm_ = nullptr, *dp_comm_ = nullptr;
+  // Point-to-point traffic goes over copies of the pp and world groups: ranks send and receive
+  // different numbers of messages, and a communicator's collectives count on equal sequences.
+  std::unique_ptr<comm::Communicator> pp_p2p_, world_p2p_;
+  int p_ = 1, r_ = 0, v_ = 1, m_ = 1;
+  PipeSchedule sched_;
+  std::vector<std::pair<int64_t, int64_t>> blocks_;  // per virtual stage
+  std::vector<nn::Parameter*> owned_, norm_params_, tied_;
+  std::vector<int> owner_pp_;       // per model parameter: the pp rank that owns it
+  std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
+  std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
+  bool zero1_ = false, stale_ = false, full_resident_ = false;
+  void release_unowned();
+  uint64_t steps_run_ = 0;
+  std::vector<ActionSpan> spans_;
+};
+
+}  // namespace atl::parallel
