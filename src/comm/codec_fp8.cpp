@@ -89,6 +89,7 @@ class Fp8Codec final : public Codec {
       for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
       // The scale stays a normal float, so x / s never overflows and tiny blocks keep their digits.
       float s = amax == 0.f ? 0.f : std::max(amax / f_.max, std::numeric_limits<float>::min());
+      while (!std::isfinite(s * f_.max)) s = std::nextafter(s, 0.f);  // near FLT_MAX: decodes stay finite
       std::memcpy(&scales[b], &s, 4);
       for (int64_t i = lo; i < hi; ++i)
         q[i] = s == 0.f ? 0 : code_of(f_, x[i] / s, rng ? rng->uniform(uint64_t(i)) : -1.f);

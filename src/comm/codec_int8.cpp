@@ -27,6 +27,7 @@ class Int8Codec final : public Codec {
       float amax = 0.f;
       for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
       float s = amax == 0.f ? 0.f : std::max(amax / 127.f, std::numeric_limits<float>::min());
+      while (!std::isfinite(s * 127.f)) s = std::nextafter(s, 0.f);  // near FLT_MAX: decodes stay finite
       std::memcpy(out + 4 * b, &s, 4);
       for (int64_t i = lo; i < hi; ++i) {
         if (s == 0.f) {

@@ -48,6 +48,7 @@ class Nvfp4Codec final : public Codec {
     float amax = 0.f;
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
     float st = amax == 0.f ? 0.f : std::max(amax / (6.f * fp8::kE4M3Max), std::numeric_limits<float>::min());
+    while (!std::isfinite(st * 6.f * fp8::kE4M3Max)) st = std::nextafter(st, 0.f);  // decodes stay finite
     std::memcpy(out, &st, 4);
     uint8_t* sb = out + 4;
     uint8_t* q = sb + nb;
