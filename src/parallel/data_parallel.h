@@ -39,6 +39,7 @@ struct ParallelConfig {
   int hsdp_shard_size = 0;       // ranks per sharding group (hsdp); 0: the ranks of one node
   MeshShape mesh;                // after resolve_mesh
   comm::CodecSpec codec;         // [parallel] codec, error_feedback, codec_rounding, ... (DDP; comm/codec.h)
+  double scape_sparsity = 0.9;   // [parallel] scape_sparsity: strategy "scape" (scape.h)
   // [parallel] strategy, bucket_mb, hsdp_shard_size
   static ParallelConfig from_config(Config& cfg);
   // Reads the mesh axes of [parallel] (mesh.h) for world ranks; a config that names no strategy
