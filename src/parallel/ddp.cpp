@@ -2,7 +2,10 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "autograd/graph.h"
+#include "core/log.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/clip.h"
 
@@ -16,6 +19,8 @@ DDP::DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const
          std::unique_ptr<Optimizer> opt, const comm::CodecSpec& codec)
     : DataParallel(model, comm) {
   opt_ = opt ? std::move(opt) : std::make_unique<AdamW>(model.param_refs(), ac);
+  if (!codec.none() && (!comm_ || comm_->size() == 1))  // nothing to compress, but a typo is still one
+    comm::make_codec(codec.codec, "parallel.codec" + (codec.where.empty() ? "" : " (" + codec.where + ")"));
   if (!comm_ || comm_->size() == 1) return;
   comm_->broadcast(model.flat_values(), 0);
   // Every rank states its codec (also "none"), so a rank that disagrees is refused now, by all.
@@ -42,6 +47,12 @@ DDP::DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const
 }
 
 DDP::~DDP() {
+  if (compressor_) {
+    const comm::CompressionStats& s = compressor_->stats();
+    log::info("ddp codec {}: {} bytes sent by this rank in {} reductions, {:.2f}x fewer than f32 ({} bytes){}",
+              compressor_->spec().codec, s.bytes_sent, s.calls, s.ratio(), s.f32_bytes,
+              compressor_->gift() ? fmt::format("; GIFT on {} of {} matrices", s.gift_active, s.gift_matrices) : "");
+  }
   for (nn::Parameter* p : layout_.params) clear_grad_hooks(p->value);
   // An exception may leave reductions in flight; they hold views of our buffers.
   for (auto& w : work_)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/log.h"
 #include "optim/clip.h"
 #include "optim/optim_util.h"
 #include "optim/param_groups.h"
@@ -111,6 +112,10 @@ Scape::Scape(nn::Model& model, comm::Communicator* comm, const AdamSConfig& cfg,
 }
 
 Scape::~Scape() {
+  if (stats_.steps > 0 && world() > 1)
+    log::info("scape {:.4g}: {} value bytes and {} index bytes sent by this rank in {} steps, {:.4f} of DDP's f32 "
+              "({} bytes)", sparsity_, stats_.value_bytes, stats_.index_bytes, stats_.steps, stats_.ratio(),
+              stats_.dense_bytes);
   if (pending_) try {
       pending_->wait();
     } catch (...) {
