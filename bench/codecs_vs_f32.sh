@@ -28,6 +28,8 @@ declare -A ARGS=(
   [adams]="$ADAMS"
   [scape90]="$ADAMS --parallel.strategy=scape --parallel.scape_sparsity=0.9"
   [scape99]="$ADAMS --parallel.strategy=scape --parallel.scape_sparsity=0.99"
+  [scape90d]="$ADAMS --parallel.strategy=scape --parallel.scape_sparsity=0.9 --parallel.scape_update=dense"
+  [scape99d]="$ADAMS --parallel.strategy=scape --parallel.scape_sparsity=0.99 --parallel.scape_update=dense"
 )
 METHODS=${METHODS:-"f32 fp8_e4m3 gift_fp8 nvfp4_sr int8_ef adams scape90 scape99"}
 for m in $METHODS; do

@@ -28,8 +28,11 @@ std::unique_ptr<Codec> make_codec(const std::string& name, const std::string& ke
 }
 
 std::string CodecSpec::describe() const {
-  return fmt::format("codec={} error_feedback={} rounding={} seed={} gather={}", codec, error_feedback,
-                     stochastic ? "stochastic" : "nearest", seed, gather_encoded ? "encoded" : "f32");
+  std::string g = codec.rfind("gift", 0) == 0 ? fmt::format(" gift=k{},shrink{},aniso{},beta{}", gift.rank, gift.max_shrink,
+                                                          gift.min_anisotropy, gift.beta)
+                                              : "";
+  return fmt::format("codec={} error_feedback={} rounding={} seed={} gather={}{}", codec, error_feedback,
+                     stochastic ? "stochastic" : "nearest", seed, gather_encoded ? "encoded" : "f32", g);
 }
 
 CodecSpec CodecSpec::from_config(Config& cfg, const std::string& section) {
@@ -40,8 +43,13 @@ CodecSpec CodecSpec::from_config(Config& cfg, const std::string& section) {
   s.stochastic = cfg.get_string(section + ".codec_rounding", "nearest", {"nearest", "stochastic"}) == "stochastic";
   s.seed = uint64_t(cfg.get_int(section + ".codec_seed", 0, 0, INT64_MAX));
   s.gather_encoded = cfg.get_string(section + ".codec_gather", "encoded", {"encoded", "f32"}) == "encoded";
-  ATOLL_CHECK(!s.none() || !s.error_feedback, "{}.error_feedback = true needs a codec ({}.codec is 'none'){}", section,
-              section, s.where.empty() ? "" : " (" + cfg.where(section + ".error_feedback") + ")");
+  s.gift.rank = int(cfg.get_int(section + ".gift_rank", s.gift.rank, 1, 64));
+  s.gift.max_shrink = cfg.get_float(section + ".gift_max_shrink", s.gift.max_shrink, 1.0, 1e4);
+  s.gift.min_anisotropy = cfg.get_float(section + ".gift_min_anisotropy", s.gift.min_anisotropy, 1.0, 1e6);
+  s.gift.beta = cfg.get_float(section + ".gift_beta", s.gift.beta, 0.0, 0.999);
+  std::string ef_where = cfg.where(section + ".error_feedback");
+  ATOLL_CHECK(!s.none() || !s.error_feedback, "{}.error_feedback = true{} needs a codec ({}.codec is 'none')", section,
+              ef_where.empty() ? "" : " (" + ef_where + ")", section);
   return s;
 }
 

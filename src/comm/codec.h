@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/codec_gift.h"
 #include "core/config.h"
 #include "core/registry.h"
 
@@ -62,11 +63,13 @@ struct CodecSpec {
   bool stochastic = false;   // codec_rounding = "stochastic"
   uint64_t seed = 0;         // of the stochastic rounding (mixed with the rank and the call)
   bool gather_encoded = true;  // the all-gather phase re-encodes the reduced chunk (else f32)
+  GiftOptions gift;            // gift_rank, gift_max_shrink, gift_min_anisotropy, gift_beta
   std::string where;         // where codec was set, for messages ("file:line")
   bool none() const { return codec == "none"; }
   // One line that ranks compare at setup (exchange_codec_spec): equal specs, equal lines.
   std::string describe() const;
-  // Reads section.codec, .error_feedback, .codec_rounding, .codec_seed. The codec name is not
+  // Reads section.codec, .error_feedback, .codec_rounding, .codec_seed, .codec_gather and the
+  // gift_* keys. The codec name is not
   // checked here: ranks first compare their specs (a name unknown to one rank is reported by all
   // of them), then look the name up.
   static CodecSpec from_config(Config& cfg, const std::string& section);

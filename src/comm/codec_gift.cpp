@@ -111,7 +111,14 @@ void GiftTransform::observe(const float* g) {
   q_ = std::move(y);
   orthonormalize(q_, n, k_, uint64_t(rows_ * 1000003 + cols_));
   const int64_t rest = std::min(rows_, cols_) - k_;
-  double ref2 = rest > 0 ? std::max(fro - top, 0.0) / double(rest) : 0.0;
+  double ref2_now = rest > 0 ? std::max(fro - top, 0.0) / double(rest) : 0.0;
+  const double b = seen_ ? opt_.beta : 0.0;
+  seen_ = true;
+  if (sig2_.empty()) sig2_.assign(size_t(k_), 0.0);
+  for (int j = 0; j < k_; ++j) sig2_[size_t(j)] = b * sig2_[size_t(j)] + (1 - b) * sig2[size_t(j)];
+  ref2_ = b * ref2_ + (1 - b) * ref2_now;
+  sig2 = sig2_;
+  const double ref2 = ref2_;
   double smax = 0;
   for (double s : sig2) smax = std::max(smax, s);
   anisotropy_ = ref2 > 0 ? std::sqrt(smax / ref2) : (smax > 0 ? INFINITY : 1.0);

@@ -7,7 +7,10 @@
 // sigma_i, and the RMS sigma_ref of the rest of the spectrum,
 //   T = I + Q diag(d - 1) Q^T,   d_i = clamp(sigma_ref / sigma_i, 1 / max_shrink, 1),
 //   T^-1 = I + Q diag(1/d - 1) Q^T,
-// which shrinks the k dominant directions to the level of the others. Block scales then stop being
+// which shrinks the k dominant directions to the level of the others. sigma_i and sigma_ref are
+// moving averages over steps (beta): the transform is built from the previous steps' gradients,
+// and a direction that was dominant once but is not now would get its quantization noise
+// amplified by 1/d_i on the way back, so d follows the spectrum smoothly and is floored. Block scales then stop being
 // set by the few dominant directions, so the others keep their digits. The estimate is one warm-
 // started subspace iteration per step on the previous step's REDUCED gradient, which every rank
 // holds bit-identically, so every rank builds the same T with no extra communication. "Applied
@@ -20,10 +23,11 @@
 namespace atl::comm {
 
 struct GiftOptions {
-  int rank = 4;
-  double min_anisotropy = 3.0;
+  int rank = 4;                 // k
+  double min_anisotropy = 3.0;  // transform only when sigma_1 / sigma_ref reaches this
   int64_t min_numel = 4096;
-  double max_shrink = 64.0;
+  double max_shrink = 16.0;     // d_i >= 1 / max_shrink: how much inverse() may amplify rounding
+  double beta = 0.9;            // EMA of the spectrum estimates over steps (0: the last step only)
 };
 
 class GiftTransform {
@@ -46,7 +50,9 @@ class GiftTransform {
   int k_;
   GiftOptions opt_;
   std::vector<double> q_;  // k columns of length cols_, column-major
-  std::vector<double> d_;
+  std::vector<double> d_, sig2_;
+  double ref2_ = 0;
+  bool seen_ = false;
   bool active_ = false;
   double anisotropy_ = 1.0;
 };

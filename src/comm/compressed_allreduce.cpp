@@ -60,8 +60,8 @@ struct CompressedAllReducer::State {
   uint64_t calls = 0;
 };
 
-CompressedAllReducer::CompressedAllReducer(Communicator* comm, CodecSpec spec, GiftOptions gift, bool exchange)
-    : comm_(comm), spec_(std::move(spec)), gift_opt_(gift) {
+CompressedAllReducer::CompressedAllReducer(Communicator* comm, CodecSpec spec, bool exchange)
+    : comm_(comm), spec_(std::move(spec)) {
   if (comm_ && comm_->size() > 1 && exchange) exchange_codec_spec(*comm_, spec_, "codec");
   ATOLL_CHECK(!spec_.none(), "CompressedAllReducer: codec 'none' has nothing to compress (use the communicator)");
   std::string w = spec_.where.empty() ? "codec" : "codec (" + spec_.where + ")";
@@ -83,7 +83,7 @@ CompressedAllReducer::State& CompressedAllReducer::state(const std::string& key,
         ATOLL_CHECK(m.offset >= 0 && m.rows > 0 && m.cols > 0 && m.offset + m.rows * m.cols <= n,
                     "compressed all-reduce '{}': matrix at {} ({} x {}) lies outside the tensor of {}", key, m.offset,
                     m.rows, m.cols, n);
-        s->gift.emplace_back(m, GiftTransform(m.rows, m.cols, gift_opt_));
+        s->gift.emplace_back(m, GiftTransform(m.rows, m.cols, spec_.gift));
       }
   }
   ATOLL_CHECK(s->n == n, "compressed all-reduce '{}': the tensor had {} elements, now {}", key, s->n, n);
@@ -198,7 +198,7 @@ int64_t compressed_all_reduce(Communicator& comm, const Tensor& t, const std::st
   s.codec = codec;
   s.stochastic = stochastic;
   s.seed = seed;
-  CompressedAllReducer r(&comm, s, {}, false);
+  CompressedAllReducer r(&comm, s, false);
   r.all_reduce(t, op, "tensor");
   return r.stats().bytes_sent;
 }

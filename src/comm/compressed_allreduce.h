@@ -40,7 +40,7 @@ struct CompressionStats {
 class CompressedAllReducer {
  public:
   // exchange false skips the setup check (the caller vouches that every rank passes the same spec).
-  CompressedAllReducer(Communicator* comm, CodecSpec spec, GiftOptions gift = {}, bool exchange = true);
+  CompressedAllReducer(Communicator* comm, CodecSpec spec, bool exchange = true);
   ~CompressedAllReducer();
   // In place over every rank's t (f32, contiguous): the sum (or avg) over ranks, bit-identical on
   // every rank. key names the tensor for its error-feedback residual and GIFT state; mats (used on
@@ -56,7 +56,6 @@ class CompressedAllReducer {
   State& state(const std::string& key, int64_t n, const std::vector<MatrixSpan>& mats);
   Communicator* comm_;
   CodecSpec spec_;
-  GiftOptions gift_opt_;
   bool gift_ = false;
   std::unique_ptr<Codec> codec_;
   std::map<std::string, std::unique_ptr<State>> states_;

@@ -17,6 +17,7 @@ ParallelConfig ParallelConfig::from_config(Config& cfg) {
   pc.hsdp_shard_size = int(cfg.get_int("parallel.hsdp_shard_size", pc.hsdp_shard_size, 0, 1 << 20));
   pc.codec = comm::CodecSpec::from_config(cfg, "parallel");
   pc.scape_sparsity = cfg.get_float("parallel.scape_sparsity", pc.scape_sparsity, 0.0, 0.9999);
+  pc.scape_lazy = cfg.get_string("parallel.scape_update", "lazy", {"lazy", "dense"}) == "lazy";
   // `atoll plan`'s words for the same thing: zero = 0..3 (0: DDP), hsdp = shard size.
   if (cfg.has("parallel.zero") || cfg.has("parallel.hsdp")) {
     int zero = int(cfg.get_int("parallel.zero", 0, 0, 3));

@@ -40,6 +40,7 @@ struct ParallelConfig {
   MeshShape mesh;                // after resolve_mesh
   comm::CodecSpec codec;         // [parallel] codec, error_feedback, codec_rounding, ... (DDP; comm/codec.h)
   double scape_sparsity = 0.9;   // [parallel] scape_sparsity: strategy "scape" (scape.h)
+  bool scape_lazy = true;        // [parallel] scape_update = "lazy" | "dense"
   // [parallel] strategy, bucket_mb, hsdp_shard_size
   static ParallelConfig from_config(Config& cfg);
   // Reads the mesh axes of [parallel] (mesh.h) for world ranks; a config that names no strategy

@@ -27,7 +27,7 @@ DDP::DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const
   comm::exchange_codec_spec(*comm_, codec, "parallel.codec");
   layout_ = size_buckets(model, bucket_elems, 1, 0);
   if (!codec.none()) {
-    compressor_ = std::make_unique<comm::CompressedAllReducer>(comm_, codec, comm::GiftOptions{}, false);
+    compressor_ = std::make_unique<comm::CompressedAllReducer>(comm_, codec, false);
     for (const BucketLayout& b : layout_.buckets) {
       bucket_mats_.emplace_back();
       for (int i : b.params) {

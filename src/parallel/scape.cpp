@@ -97,8 +97,8 @@ class ScapeAdamS final : public Optimizer {
   const std::vector<int32_t>* mask_ = nullptr;
 };
 
-Scape::Scape(nn::Model& model, comm::Communicator* comm, const AdamSConfig& cfg, double sparsity)
-    : DataParallel(model, comm), sparsity_(sparsity) {
+Scape::Scape(nn::Model& model, comm::Communicator* comm, const AdamSConfig& cfg, double sparsity, bool lazy)
+    : DataParallel(model, comm), sparsity_(sparsity), lazy_(lazy) {
   opt_ = std::make_unique<ScapeAdamS>(model, cfg);
   n_ = model.flat_values().numel();
   ATOLL_CHECK(n_ < (int64_t(1) << 31), "parallel.strategy = 'scape': {} parameters exceed int32 mask indices", n_);
@@ -186,7 +186,7 @@ void Scape::finish_backward() {
 double Scape::grad_norm() { return atl::grad_norm(model_.flat_grads()); }
 
 void Scape::step(const StepContext& ctx) {
-  opt()->set_mask(dense_ ? nullptr : &mask_);
+  opt()->set_mask(dense_ || !lazy_ ? nullptr : &mask_);
   opt_->step(ctx);
   if (sparsity_ > 0) make_next_mask();
 }
@@ -257,7 +257,7 @@ struct Register {
                     ATOLL_CHECK(a, "parallel.strategy = 'scape' runs AdamS on every parameter: set [optim] type = "
                                 "'adams' (and no optim.embed/head/vector overrides); got '{}'",
                                 opt ? opt->name() : "adamw");
-                    return std::make_unique<Scape>(model, comm, a->config(), pc.scape_sparsity);
+                    return std::make_unique<Scape>(model, comm, a->config(), pc.scape_sparsity, pc.scape_lazy);
                   }});
   }
 } reg;

@@ -14,7 +14,8 @@
 //    step t+1's forward and backward, used by step t+1's exchange. The first step, with no mask
 //    yet, is dense.
 // Coordinates outside the mask keep their first moment and weights (lazy, like SparseAdam) apart
-// from weight decay, which applies every step. At sparsity 0 every coordinate is sent every step
+// from weight decay, which applies every step; or (scape_update = "dense") AdamS steps them all
+// on the sparse buffer. At sparsity 0 every coordinate is sent every step
 // and the strategy is DDP with AdamS (equal bitwise on two ranks: a two-term sum is exact in
 // any order). The mask-selection statistic and the lazy update are this implementation's reading
 // of the abstract, not the paper's code.
@@ -34,7 +35,10 @@ struct ScapeStats {
 class ScapeAdamS;
 class Scape final : public DataParallel {
  public:
-  Scape(nn::Model& model, comm::Communicator* comm, const AdamSConfig& cfg, double sparsity);
+  // lazy: coordinates outside the mask keep their weights and first moment (but decay); dense:
+  // AdamS steps every coordinate on the sparse buffer (zero outside the mask), its momentum
+  // carrying unmasked coordinates on.
+  Scape(nn::Model& model, comm::Communicator* comm, const AdamSConfig& cfg, double sparsity, bool lazy = true);
   ~Scape() override;
   std::string name() const override { return "scape"; }
   void zero_grad() override;
@@ -54,6 +58,7 @@ class Scape final : public DataParallel {
 
   ScapeAdamS* opt();
   double sparsity_;
+  bool lazy_;
   int64_t n_ = 0, shard_ = 0, kmax_ = 0, words_ = 0;
   bool bitmap_ = false;
   std::vector<float> residual_;

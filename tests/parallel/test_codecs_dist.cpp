@@ -101,6 +101,42 @@ int check_reductions(comm::Communicator* comm, const std::string& out) {
   Tensor t = Tensor::from_vector(input_of(me, n, 99), {n});
   r.all_reduce(t, comm::ReduceOp::avg, "t");
   if (!out.empty()) write_floats(out + ".nvfp4_sr." + std::to_string(me), t.to_vector());
+
+  // GIFT through the reducer: a 96 x 128 matrix of rank-4 structure plus noise per rank. Every
+  // rank must build the same transform from the reduced gradient (the results are compared
+  // across ranks bitwise), the transform must switch on after the first call, and the result
+  // stays within FP8's relative error of the exact sum (2^-4 per element of the transformed
+  // matrix, kappa <= 64 back: checked loosely as 0.1 of the Frobenius norm).
+  comm::CodecSpec gs;
+  gs.codec = "gift_fp8";
+  comm::CompressedAllReducer gr(comm, gs);
+  const int64_t R = 96, C = 128;
+  for (int call = 0; call < 4; ++call) {
+    std::vector<float> sum(size_t(R * C), 0.f), mine;
+    for (int q = 0; q < W; ++q) {
+      std::vector<float> g(size_t(R * C));
+      for (int64_t i = 0; i < R; ++i)
+        for (int64_t j = 0; j < C; ++j) {
+          double v = 0.05 * (double(mix(uint64_t(q * 7 + call) * 1000003 + uint64_t(i * C + j)) >> 11) / 9.007e15 - 0.5);
+          for (int k = 0; k < 4; ++k)
+            v += (4.0 - k) * std::sin(0.1 * double((k + 1) * i) + call * 0.01) * std::cos(0.07 * double((k + 2) * j));
+          g[size_t(i * C + j)] = float(v);
+        }
+      for (size_t e = 0; e < g.size(); ++e) sum[e] += g[e];
+      if (q == me) mine = g;
+    }
+    Tensor t2 = Tensor::from_vector(mine, {R * C});
+    gr.all_reduce(t2, comm::ReduceOp::sum, "w", {{0, R, C}});
+    double err = 0, nrm = 0;
+    for (size_t e = 0; e < sum.size(); ++e) {
+      err += (double(t2.f32()[e]) - sum[e]) * (double(t2.f32()[e]) - sum[e]);
+      nrm += double(sum[e]) * sum[e];
+    }
+    EXPECT_LT(std::sqrt(err / nrm), 0.1) << "GIFT call " << call;
+    if (!out.empty()) write_floats(out + ".gift" + std::to_string(call) + "." + std::to_string(me), t2.to_vector());
+  }
+  EXPECT_EQ(gr.stats().gift_active, 1) << "GIFT should transform an anisotropic matrix after the first call";
+  failed += gr.stats().gift_active != 1;
   return failed;
 }
 
@@ -121,7 +157,7 @@ TEST(CompressedAllReduce, TwoAndFourRanksEqualTheF32SumOfTheDecodedInputs) {
   for (int world : {2, 4}) {
     std::string tag = fmt::format("/tmp/atoll_codec_{}_{}", getpid(), world);
     std::vector<int> codes = run_rank_programs(world, "CompressedAllReduce.RankProgram", {"ATOLL_CODEC_JOB=" + tag}, tag, 60);
-    std::vector<std::string> kinds = {"nvfp4_sr"};
+    std::vector<std::string> kinds = {"nvfp4_sr", "gift0", "gift1", "gift2", "gift3"};
     for (const char* c : kCodecs)
       for (const char* g : {"_f32", "_enc"}) kinds.push_back(std::string(c) + g);
     auto res = collect_kinds(tag, codes, kinds, fmt::format("compressed all-reduce on {} ranks", world));
