@@ -20,6 +20,7 @@ class AdamS : public Optimizer {
   void step(const StepContext& ctx) override;
   void save_state(std::vector<std::pair<std::string, Tensor>>& out, const std::string& prefix) const override;
   void load_state(const TensorFile& f, const std::string& prefix) override;
+  const AdamSConfig& config() const { return cfg_; }
 
  private:
   std::vector<ParamRef> params_;

@@ -15,6 +15,9 @@ ParallelConfig ParallelConfig::from_config(Config& cfg) {
   pc.strategy = cfg.get_string("parallel.strategy", pc.strategy, strategy_registry().names());
   pc.bucket_mb = cfg.get_float("parallel.bucket_mb", pc.bucket_mb, 1e-4, 1e5);
   pc.hsdp_shard_size = int(cfg.get_int("parallel.hsdp_shard_size", pc.hsdp_shard_size, 0, 1 << 20));
+  pc.codec = comm::CodecSpec::from_config(cfg, "parallel");
+  pc.scape_sparsity = cfg.get_float("parallel.scape_sparsity", pc.scape_sparsity, 0.0, 0.9999);
+  pc.scape_lazy = cfg.get_string("parallel.scape_update", "lazy", {"lazy", "dense"}) == "lazy";
   // `atoll plan`'s words for the same thing: zero = 0..3 (0: DDP), hsdp = shard size.
   if (cfg.has("parallel.zero") || cfg.has("parallel.hsdp")) {
     int zero = int(cfg.get_int("parallel.zero", 0, 0, 3));
@@ -120,7 +123,7 @@ Registry<StrategyEntry>& strategy_registry() {
     g.add("ddp", {false, [](nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc, const AdamWConfig& ac,
                             std::unique_ptr<Optimizer> opt, const ShardedOptimizerFactory&, Mesh*) -> std::unique_ptr<DataParallel> {
                     int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
-                    return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt));
+                    return std::make_unique<DDP>(model, comm, cap, ac, std::move(opt), pc.codec);
                   }});
     for (int stage : {1, 2, 3})
       g.add("zero" + std::to_string(stage),
@@ -153,6 +156,9 @@ std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communi
               "built for the whole model; use parallel.strategy = 'ddp', or [optim] type = 'muon' or 'prmuon' "
               "with AdamW on embeddings, head and vectors (sharded by ZeRO)",
               pc.strategy, opt ? opt->name() : "");
+  ATOLL_CHECK(pc.codec.none() || pc.strategy == "ddp", "parallel.codec = '{}'{}: gradient codecs run under "
+              "parallel.strategy = 'ddp' only in this build, not '{}'", pc.codec.codec,
+              pc.codec.where.empty() ? "" : " (" + pc.codec.where + ")", pc.strategy);
   return e.make(model, comm, pc, ac, std::move(opt), sharded, mesh);
 }
 

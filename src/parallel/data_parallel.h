@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/codec.h"
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/registry.h"
@@ -37,6 +38,9 @@ struct ParallelConfig {
   double bucket_mb = 25;         // MiB of f32 gradients per bucket (DDP, ZeRO-1/2)
   int hsdp_shard_size = 0;       // ranks per sharding group (hsdp); 0: the ranks of one node
   MeshShape mesh;                // after resolve_mesh
+  comm::CodecSpec codec;         // [parallel] codec, error_feedback, codec_rounding, ... (DDP; comm/codec.h)
+  double scape_sparsity = 0.9;   // [parallel] scape_sparsity: strategy "scape" (scape.h)
+  bool scape_lazy = true;        // [parallel] scape_update = "lazy" | "dense"
   // [parallel] strategy, bucket_mb, hsdp_shard_size
   static ParallelConfig from_config(Config& cfg);
   // Reads the mesh axes of [parallel] (mesh.h) for world ranks; a config that names no strategy

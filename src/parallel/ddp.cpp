@@ -2,7 +2,10 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "autograd/graph.h"
+#include "core/log.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/clip.h"
 
@@ -13,20 +16,43 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 }  // namespace
 
 DDP::DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
-         std::unique_ptr<Optimizer> opt)
+         std::unique_ptr<Optimizer> opt, const comm::CodecSpec& codec)
     : DataParallel(model, comm) {
   opt_ = opt ? std::move(opt) : std::make_unique<AdamW>(model.param_refs(), ac);
+  if (!codec.none() && (!comm_ || comm_->size() == 1))  // nothing to compress, but a typo is still one
+    comm::make_codec(codec.codec, "parallel.codec" + (codec.where.empty() ? "" : " (" + codec.where + ")"));
   if (!comm_ || comm_->size() == 1) return;
   comm_->broadcast(model.flat_values(), 0);
+  // Every rank states its codec (also "none"), so a rank that disagrees is refused now, by all.
+  comm::exchange_codec_spec(*comm_, codec, "parallel.codec");
   layout_ = size_buckets(model, bucket_elems, 1, 0);
+  if (!codec.none()) {
+    compressor_ = std::make_unique<comm::CompressedAllReducer>(comm_, codec, false);
+    for (const BucketLayout& b : layout_.buckets) {
+      bucket_mats_.emplace_back();
+      for (int i : b.params) {
+        const Span& s = layout_.spans[size_t(i)];
+        const Shape& sh = layout_.params[size_t(i)]->shape;
+        if (sh.size() < 2 || s.lo < b.range.lo || s.hi > b.range.hi) continue;
+        bucket_mats_.back().push_back({s.lo - b.range.lo, s.size() / sh.back(), sh.back()});
+      }
+    }
+  }
   pending_.assign(layout_.buckets.size(), 0);
   work_.resize(layout_.buckets.size());
+  ready_.assign(layout_.buckets.size(), false);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) pending_[b] = int(layout_.buckets[b].params.size());
   for (size_t i = 0; i < layout_.params.size(); ++i)
     add_grad_hook(layout_.params[i]->value, [this, i](const Tensor&) { on_grad_ready(int(i)); });
 }
 
 DDP::~DDP() {
+  if (compressor_) {
+    const comm::CompressionStats& s = compressor_->stats();
+    log::info("ddp codec {}: {} bytes sent by this rank in {} reductions, {:.2f}x fewer than f32 ({} bytes){}",
+              compressor_->spec().codec, s.bytes_sent, s.calls, s.ratio(), s.f32_bytes,
+              compressor_->gift() ? fmt::format("; GIFT on {} of {} matrices", s.gift_active, s.gift_matrices) : "");
+  }
   for (nn::Parameter* p : layout_.params) clear_grad_hooks(p->value);
   // An exception may leave reductions in flight; they hold views of our buffers.
   for (auto& w : work_)
@@ -39,7 +65,7 @@ DDP::~DDP() {
 void DDP::on_grad_ready(int param) {
   if (!sync_) return;
   for (int b : layout_.buckets_of_param[size_t(param)]) {
-    ATOLL_CHECK(!work_[size_t(b)],
+    ATOLL_CHECK(!work_[size_t(b)] && !ready_[size_t(b)],
                 "DDP: a second backward with gradient sync on before finish_backward(); turn sync off "
                 "(set_sync(false)) on gradient-accumulation micro-steps");
     if (--pending_[size_t(b)] == 0) launch(size_t(b));
@@ -48,6 +74,10 @@ void DDP::on_grad_ready(int param) {
 
 void DDP::launch(size_t b) {
   const Span& r = layout_.buckets[b].range;
+  if (compressor_) {  // reduced in finish_backward
+    ready_[b] = true;
+    return;
+  }
   work_[b] = comm_->all_reduce_async(model_.flat_grads().slice(0, r.lo, r.hi), comm::ReduceOp::sum);
 }
 
@@ -61,11 +91,17 @@ void DDP::finish_backward() {
   }
   // Parameters that got no gradient (unused in this forward) leave their buckets pending.
   for (size_t b = 0; b < work_.size(); ++b)
-    if (!work_[b]) launch(b);
+    if (!work_[b] && !ready_[b]) launch(b);
   double t0 = now_s();
   for (size_t b = 0; b < work_.size(); ++b) {
-    work_[b]->wait();
+    if (work_[b]) work_[b]->wait();
     work_[b].reset();
+    if (compressor_) {
+      ready_[b] = false;
+      const Span& r = layout_.buckets[b].range;
+      compressor_->all_reduce(model_.flat_grads().slice(0, r.lo, r.hi), comm::ReduceOp::sum, "bucket" + std::to_string(b),
+                              bucket_mats_[b]);
+    }
     pending_[b] = int(layout_.buckets[b].params.size());
   }
   timing_.wait_s += now_s() - t0;

@@ -3,7 +3,10 @@
 // summed in buckets of the flat gradient buffer (views, no copies), each bucket's all-reduce
 // started from a gradient hook as soon as its last gradient is final, so communication overlaps
 // the rest of backward; finish_backward() waits for them. Parameters start as rank 0's.
+// With a codec ([parallel] codec, comm/codec.h) each bucket goes through the compressed
+// all-reduce instead (in finish_backward, not overlapped), GIFT seeing the bucket's whole matrices.
 #pragma once
+#include "comm/compressed_allreduce.h"
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
 
@@ -18,7 +21,7 @@ class DDP final : public DataParallel {
  public:
   // opt: the optimizer over the model's full parameters; null builds AdamW from ac.
   DDP(nn::Model& model, comm::Communicator* comm, int64_t bucket_elems, const AdamWConfig& ac,
-      std::unique_ptr<Optimizer> opt = nullptr);
+      std::unique_ptr<Optimizer> opt = nullptr, const comm::CodecSpec& codec = {});
   ~DDP() override;
   std::string name() const override { return "ddp"; }
   void zero_grad() override;
@@ -34,6 +37,8 @@ class DDP final : public DataParallel {
   // Seconds the bucket all-reduces take on their own (blocking, on a scratch buffer): with
   // timing().wait_s it gives the share of communication hidden behind backward.
   double time_reductions();
+  // The compressed all-reduce (null without a codec): its byte counts.
+  const comm::CompressedAllReducer* compressor() const { return compressor_.get(); }
 
  private:
   void on_grad_ready(int param);
@@ -42,7 +47,10 @@ class DDP final : public DataParallel {
   FlatLayout layout_;
   std::vector<int> pending_;
   std::vector<comm::WorkPtr> work_;
+  std::vector<bool> ready_;  // with a codec: the bucket's gradients are final
   CommTiming timing_;
+  std::unique_ptr<comm::CompressedAllReducer> compressor_;
+  std::vector<std::vector<comm::MatrixSpan>> bucket_mats_;  // GIFT: whole matrices per bucket
 };
 
 }  // namespace atl::parallel

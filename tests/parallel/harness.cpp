@@ -18,6 +18,7 @@
 #include "autograd/graph.h"
 #include "comm/tcp_store.h"
 #include "core/threads.h"
+#include "optim/adams.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "tensor/safetensors.h"
@@ -103,7 +104,8 @@ std::vector<std::string> Job::to_args() const {
   return {"strategy=" + strategy, "steps=" + std::to_string(steps), "start_step=" + std::to_string(start_step),
           "batch=" + std::to_string(batch), "accum=" + std::to_string(accum), "bucket_mb=" + fmt::format("{}", bucket_mb),
           "hsdp_shard=" + std::to_string(hsdp_shard), "data_steps=" + ds, "load=" + load, "save=" + save,
-          "out=" + out};
+          "out=" + out, "codec=" + codec, "error_feedback=" + std::to_string(int(error_feedback)), "optim=" + optim,
+          "scape_sparsity=" + fmt::format("{}", scape_sparsity)};
 }
 
 Job Job::from_args(int argc, char** argv) {
@@ -123,6 +125,10 @@ Job Job::from_args(int argc, char** argv) {
     else if (k == "load") j.load = v;
     else if (k == "save") j.save = v;
     else if (k == "out") j.out = v;
+    else if (k == "codec") j.codec = v;
+    else if (k == "error_feedback") j.error_feedback = v == "1";
+    else if (k == "optim") j.optim = v;
+    else if (k == "scape_sparsity") j.scape_sparsity = std::stod(v);
     else if (k == "data_steps") {
       std::stringstream ss(v);
       std::string item;
@@ -141,8 +147,13 @@ std::vector<float> run_job(comm::Communicator* comm, const Job& job) {
   pc.strategy = job.strategy;
   pc.bucket_mb = job.bucket_mb;
   pc.hsdp_shard_size = job.hsdp_shard;
+  pc.codec.codec = job.codec;
+  pc.codec.error_feedback = job.error_feedback;
+  pc.scape_sparsity = job.scape_sparsity;
   AdamWConfig ac{1e-2f, 0.9f, 0.95f, kEps, 0.1f};
-  auto dp = make_data_parallel(model, comm, pc, ac);
+  std::unique_ptr<Optimizer> opt;
+  if (job.optim == "adams") opt = std::make_unique<AdamS>(model.param_refs(), AdamSConfig{1e-2f, 0.9f, 0.95f, kEps, 0.1f});
+  auto dp = make_data_parallel(model, comm, pc, ac, std::move(opt));
   if (!job.load.empty()) {
     TensorFile f = load_safetensors(job.load);
     std::vector<std::pair<std::string, Tensor>> msd;

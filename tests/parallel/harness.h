@@ -32,6 +32,10 @@ struct Job {
   std::vector<int> data_steps;
   std::string load, save;  // full-state checkpoint files (safetensors), optional
   std::string out;         // where rank 0 writes the final full parameters (raw f32)
+  std::string codec = "none";  // [parallel] codec (DDP)
+  bool error_feedback = false;
+  std::string optim = "adamw";  // or "adams" (the optimizer handed to the strategy)
+  double scape_sparsity = 0.9;  // strategy "scape"
 
   std::vector<std::string> to_args() const;
   static Job from_args(int argc, char** argv);
