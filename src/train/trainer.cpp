@@ -18,6 +18,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/optim/placement.h"
 #include "resilience/checkpoint.h"
+#include "train/fault_hooks.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
@@ -47,6 +48,7 @@ TrainOptions TrainOptions::from_config(Config& c) {
   o.schedule.total_steps = o.steps;
   o.stop_after = c.get_int("train.stop_after", 0, 0);
   o.fault_nan_at_step = c.get_int("fault.nan_at_step", 0, 0);
+  read_fault_options(c, o);  // issue 14: [fault] tolerance, lighthouse, heartbeat_ms, gate, phase_guard
   o.matmul_dtype = c.get_string("train.dtype", "f32", {"f32", "bf16"});
   o.eval_every = c.get_int("eval.every", o.eval_every, 0);
   o.eval_steps = c.get_int("eval.steps", o.eval_steps, 1);
@@ -116,6 +118,8 @@ struct Trainer::Impl {
   Rng sample_rng;
   std::string config_text;
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
+  std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
+  std::string init_param_hash;
 
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
@@ -143,7 +147,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
 
   comm::DistEnv env = comm::DistEnv::from_environment();
-  if (env.world_size > 1) {
+  // issue 14: a quorum replica trains alone between its steps' quorums (fault_hooks.h).
+  if (I.o.fault_tolerance == "quorum") I.ft = std::make_unique<QuorumHook>(I.o, env);
+  if (env.world_size > 1 && !I.ft) {
     I.comm = comm::make_communicator(I.backend);
     I.rank = I.comm->rank();
     I.world = I.comm->size();
@@ -176,9 +182,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     threads = std::max(1, int(std::thread::hardware_concurrency()) / env.local_world_size);
   set_num_threads(threads);
   set_matmul_dtype(dtype_from_name(I.o.matmul_dtype));
-  I.task->setup(*I.model, TaskEnv{I.rank, I.world, I.comm.get()});
+  I.task->setup(*I.model, I.ft ? I.ft->task_env() : TaskEnv{I.rank, I.world, I.comm.get()});
 
   I.model->init_weights(uint64_t(I.o.seed));
+  I.init_param_hash = parameter_hash(*I.model);  // issue 14: for the pre-run gate, before any sharding
   I.dp = parallel::make_data_parallel(*I.model, I.comm.get(), I.pc, placement.adamw, std::move(placement.full),
                                       placement.sharded, I.mesh.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
@@ -220,7 +227,7 @@ TrainResult Trainer::run(bool resume) {
       Rng::State st;
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
-      I.task->set_data_state(ck.state.at("train_data"), TaskEnv{I.rank, I.world, I.comm.get()});
+      I.task->set_data_state(ck.state.at("train_data"), I.ft ? I.ft->task_env() : TaskEnv{I.rank, I.world, I.comm.get()});
       log::info("resumed from {} at step {}", *p, start);
       store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
@@ -249,31 +256,54 @@ TrainResult Trainer::run(bool resume) {
               I.pc.mesh.describe());
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
 
+  // issue 14: every rank agrees on what must agree before step 1, or the launch is refused.
+  if (I.comm && o.fault_gate) run_pre_run_gate(*I.comm, o, I.config_text, I.init_param_hash, *I.model, *I.task,
+                                               I.pc.mesh.describe() + " strategy=" + I.pc.strategy, I.world);
+  const bool guard = I.comm && o.fault_phase_guard && I.world > 1;
+  if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
+
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
-    I.dp->zero_grad();
-    if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
-    double loss_sum = 0;
-    for (int64_t m = 0; m < o.grad_accum; ++m) {
-      const Batch& batch = I.task->next_batch();
-      I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
-      Tensor loss = I.task->loss(*I.model, batch);
-      loss_sum += loss.item();
-      backward(loss, 1.f / float(o.grad_accum));
+    if (guard) resilience::check_phase(*I.comm, "step", step + 1);
+    // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
+    auto compute = [&] {
+      I.dp->zero_grad();
+      if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
+      double loss_sum = 0;
+      for (int64_t m = 0; m < o.grad_accum; ++m) {
+        const Batch& batch = I.task->next_batch();
+        I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
+        Tensor loss = I.task->loss(*I.model, batch);
+        loss_sum += loss.item();
+        backward(loss, 1.f / float(o.grad_accum));
+      }
+      I.dp->finish_backward();
+      return loss_sum / double(o.grad_accum);
+    };
+    double loss = 0, norm = 0;
+    float lr_scale = 0;
+    double opt_s = 0;
+    auto apply = [&] {
+      norm = I.dp->grad_norm();
+      if (!std::isfinite(loss) || !std::isfinite(norm)) {
+        fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
+             step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
+      }
+      lr_scale = o.schedule.at(step);
+      auto t_opt = Clock::now();
+      I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
+      opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
+    };
+    if (I.ft) {
+      // issue 14: the step runs on this step's quorum and counts only when every member finished it;
+      // a discarded step is redone (same data); a replica behind the others healed first.
+      if (!I.ft->step(step, compute, loss, apply)) continue;
+    } else {
+      loss = I.dp->average(compute());  // the job's mean loss
+      apply();
     }
-    I.dp->finish_backward();
-    double loss = I.dp->average(loss_sum / double(o.grad_accum));  // the job's mean loss
-    double norm = I.dp->grad_norm();
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
-           step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
-    }
-    float lr_scale = o.schedule.at(step);
-    auto t_opt = Clock::now();
-    I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
-    const double opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
     double tps = double(tokens_per_step) / dt;
@@ -290,12 +320,14 @@ TrainResult Trainer::run(bool resume) {
                                        ema_step_s * double(o.steps - step - 1)}));
     }
     if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      if (guard) resilience::check_phase(*I.comm, "eval", step + 1);
       double vl = I.evaluate();
       res.final_val_loss = vl;
       rec["val_loss"] = vl;
       log::info("step {:>5} | val loss {:.4f}", step + 1, vl);
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
+      if (guard) resilience::check_phase(*I.comm, "sample", step + 1);
       std::string s = I.task->sample(*I.model, I.sample_rng);
       if (s.empty()) s = "(the model does not generate)";
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8
@@ -307,6 +339,7 @@ TrainResult Trainer::run(bool resume) {
     bool signalled = I.comm ? I.dp->average(stop_requested() ? 1.0 : 0.0) > 0 : stop_requested() != 0;
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
+      if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
         std::string p = store.save(step + 1, ck);
