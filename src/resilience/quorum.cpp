@@ -218,6 +218,14 @@ void QuorumReplica::heal(ReplicaState& state, int source, int64_t target) {
   }
 }
 
+void QuorumReplica::finish(const ReplicaState& state) {
+  set_phase("finished");
+  LineConn c(connect_to(o_.lighthouse_host, o_.lighthouse_port, o_.connect_within));
+  std::string reply;
+  if (!c.send_line(fmt::format("Q {} {} {} 0", o_.replica_id, nonce_, state.step)) || !c.read_line(reply))
+    log::warn("replica {}: the lighthouse did not answer the final quorum request", o_.replica_id);
+}
+
 bool QuorumReplica::step(ReplicaState& state, const std::function<void(comm::Communicator&)>& compute,
                          const std::function<void()>& apply) {
   try {
@@ -236,12 +244,22 @@ bool QuorumReplica::step(ReplicaState& state, const std::function<void(comm::Com
     if (hb_->lost) throw;
     comm_failed_ = true;
     ++stats_.discarded;
+    if (!recovering_) failed_at_ = Clock::now();
+    recovering_ = true;
     log::warn("replica {}: step {} discarded on quorum {}: {}", o_.replica_id, state.step + 1, quorum_id_, e.what());
     return false;
   }
   apply();
   ++state.step;
   ++stats_.committed;
+  if (recovering_) {
+    recovering_ = false;
+    stats_.last_recovery_ms = ms_since(failed_at_);
+    log::info("replica {}: step {} committed on quorum {} ({} members) {:.0f} ms after the failure was noticed "
+              "(wall clock {} ms)",
+              o_.replica_id, state.step, quorum_id_, members_.size(), stats_.last_recovery_ms,
+              std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch()).count());
+  }
   std::lock_guard<std::mutex> lk(hb_->mu);
   hb_->step = state.step;
   return true;

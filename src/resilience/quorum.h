@@ -54,6 +54,7 @@ struct ReplicaState {
 struct QuorumStats {
   int64_t committed = 0, discarded = 0, heals = 0, reconfigurations = 0;
   double last_heal_ms = 0, last_reconfigure_ms = 0;
+  double last_recovery_ms = 0;  // from the discarded step to the next commit
 };
 
 class QuorumReplica {
@@ -69,6 +70,9 @@ class QuorumReplica {
   int64_t quorum_id() const { return quorum_id_; }
   const std::vector<int>& members() const { return members_; }
   const QuorumStats& stats() const { return stats_; }
+  // At the end of training: waits at the lighthouse until every alive replica has finished too, so
+  // that no replica leaves (and so aborts the others' last commit) while one is still finishing.
+  void finish(const ReplicaState& state);
   // What the heartbeat reports (the observer shows it): the trainer's phase.
   void set_phase(const std::string& phase);
 
@@ -88,6 +92,9 @@ class QuorumReplica {
   int64_t quorum_id_ = -1;
   std::vector<int> members_;
   bool comm_failed_ = false;
+  // Since when a failure is being recovered from (a discarded step), for the recovery log line.
+  std::chrono::steady_clock::time_point failed_at_{};
+  bool recovering_ = false;
   QuorumStats stats_;
 };
 

@@ -1,9 +1,12 @@
 #include "train/fault_hooks.h"
 
+#include <cmath>
+#include <exception>
 #include <filesystem>
 
 #include "core/log.h"
 #include "resilience/invariant_gate.h"
+#include "resilience/step_signature.h"
 #include "tensor/safetensors.h"
 
 namespace atl {
@@ -14,6 +17,7 @@ void read_fault_options(Config& c, TrainOptions& o) {
   o.fault_heartbeat_ms = c.get_int("fault.heartbeat_ms", o.fault_heartbeat_ms, 10, 10000);
   o.fault_gate = c.get_bool("fault.gate", o.fault_gate);
   o.fault_phase_guard = c.get_bool("fault.phase_guard", o.fault_phase_guard);
+  o.fault_signatures = c.get_bool("fault.signatures", o.fault_signatures);
   if (!o.fault_lighthouse.empty()) {
     auto colon = o.fault_lighthouse.rfind(':');
     int port = colon == std::string::npos ? 0 : std::atoi(o.fault_lighthouse.c_str() + colon + 1);
@@ -46,6 +50,35 @@ void run_pre_run_gate(comm::Communicator& comm, const TrainOptions& o, const std
   resilience::check_run_invariants(comm, f);
 }
 
+void SignatureHook::step_start(const nn::Model& model) {
+  t0_ = std::chrono::steady_clock::now();
+  const Tensor& v = model.flat_values();
+  param_hash_ = resilience::buffer_hash(v.raw(), size_t(v.nbytes()));
+}
+
+void SignatureHook::backward_done() { t1_ = std::chrono::steady_clock::now(); }
+
+void SignatureHook::check(comm::Communicator& comm, int64_t step, double loss, const nn::Model& model) {
+  resilience::StepSignature s;
+  s.step = step;
+  s.compute_ms = std::chrono::duration<double, std::milli>(t1_ - t0_).count();
+  s.loss = loss;
+  const Tensor& g = model.flat_grads();
+  s.grad_hash = resilience::buffer_hash(g.raw(), size_t(g.nbytes()));
+  double sq = 0;
+  const float* p = g.f32();
+  for (int64_t i = 0, n = g.numel(); i < n; ++i) sq += double(p[i]) * p[i];
+  s.grad_norm = std::sqrt(sq);
+  s.param_hash = param_hash_;
+  s.fingerprint = ++exchanges_ * 1000003u + uint64_t(g.numel());
+  auto all = resilience::exchange_signatures(comm, s);
+  auto c = resilience::find_outliers(all);
+  if (c.verdict != resilience::Consensus::clean) {
+    ++detections_;
+    if (comm.rank() == 0) log::warn("signatures: {}", c.message);
+  }
+}
+
 QuorumHook::QuorumHook(TrainOptions& o, const comm::DistEnv& env) : id_(env.rank), replicas_(env.world_size) {
   qo_ = resilience::QuorumOptions::from_environment();
   if (!o.fault_lighthouse.empty()) {
@@ -59,6 +92,15 @@ QuorumHook::QuorumHook(TrainOptions& o, const comm::DistEnv& env) : id_(env.rank
   qo_.replica_id = id_;
   qo_.heartbeat = std::chrono::milliseconds(o.fault_heartbeat_ms);
   o.run_dir = (std::filesystem::path(o.run_dir) / ("replica" + std::to_string(id_))).string();
+}
+
+QuorumHook::~QuorumHook() {
+  if (!replica_ || std::uncaught_exceptions() > 0) return;
+  try {
+    replica_->finish(state_);
+  } catch (const std::exception& e) {
+    log::warn("replica {}: {}", id_, e.what());
+  }
 }
 
 void QuorumHook::begin(int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task, Rng& sample_rng) {

@@ -2,6 +2,7 @@
 // the [fault] keys, the pre-run gate's facts, and QuorumHook, which runs each step of a
 // [fault] tolerance = "quorum" replica through resilience::QuorumReplica.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +28,21 @@ void run_pre_run_gate(comm::Communicator& comm, const TrainOptions& o, const std
                       const std::string& param_hash, const nn::Model& model, const Task& task,
                       const std::string& layout, int world);
 
+// [fault] signatures = true (DDP only): SCOUT-style per-step signatures exchanged after the
+// gradient all-reduce; rank 0 names an outlier rank (or says the vote is inconclusive) in the log.
+class SignatureHook {
+ public:
+  void step_start(const nn::Model& model);
+  void backward_done();  // before the gradient wait: the rank's own compute time ends here
+  void check(comm::Communicator& comm, int64_t step, double loss, const nn::Model& model);
+  int64_t detections() const { return detections_; }
+
+ private:
+  std::chrono::steady_clock::time_point t0_, t1_;
+  uint64_t param_hash_ = 0, exchanges_ = 0;
+  int64_t detections_ = 0;
+};
+
 // A replica of fault-tolerant data parallelism inside the trainer: the data-parallel strategy runs
 // on one process (no communicator); the hook averages gradients and loss over each step's quorum
 // and heals the whole training state (weights, optimizer state, sampling RNG, data position) from
@@ -35,6 +51,7 @@ void run_pre_run_gate(comm::Communicator& comm, const TrainOptions& o, const std
 class QuorumHook {
  public:
   QuorumHook(TrainOptions& o, const comm::DistEnv& env);
+  ~QuorumHook();  // after a normal end, waits for the other replicas to finish (QuorumReplica::finish)
   TaskEnv task_env() const { return {id_, replicas_, nullptr}; }
   void begin(int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task, Rng& sample_rng);
   // One step: false when it was discarded (redo: `step` is set so that the loop's ++step lands on

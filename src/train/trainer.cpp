@@ -119,7 +119,8 @@ struct Trainer::Impl {
   std::string config_text;
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
   std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
-  std::string init_param_hash;
+  std::unique_ptr<SignatureHook> sig;  // issue 14: [fault] signatures
+  std::string init_param_hash, config_canonical;
 
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
@@ -176,6 +177,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();
+  I.config_canonical = cfg.canonical();  // issue 14: what the pre-run gate compares
 
   int threads = int(I.o.threads);
   if (threads == 0 && env.local_world_size > 1)  // share the cores among this node's ranks
@@ -257,9 +259,14 @@ TrainResult Trainer::run(bool resume) {
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
 
   // issue 14: every rank agrees on what must agree before step 1, or the launch is refused.
-  if (I.comm && o.fault_gate) run_pre_run_gate(*I.comm, o, I.config_text, I.init_param_hash, *I.model, *I.task,
+  if (I.comm && o.fault_gate) run_pre_run_gate(*I.comm, o, I.config_canonical, I.init_param_hash, *I.model, *I.task,
                                                I.pc.mesh.describe() + " strategy=" + I.pc.strategy, I.world);
   const bool guard = I.comm && o.fault_phase_guard && I.world > 1;
+  if (o.fault_signatures && I.comm && I.world > 1) {
+    ATOLL_CHECK(I.pc.strategy == "ddp", "fault.signatures compares the replicas' gradients, which needs "
+                "parallel.strategy = \"ddp\" (\"{}\" shards them)", I.pc.strategy);
+    I.sig = std::make_unique<SignatureHook>();
+  }
   if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
 
   double ema_step_s = 0;
@@ -279,6 +286,7 @@ TrainResult Trainer::run(bool resume) {
         loss_sum += loss.item();
         backward(loss, 1.f / float(o.grad_accum));
       }
+      if (I.sig) I.sig->backward_done();
       I.dp->finish_backward();
       return loss_sum / double(o.grad_accum);
     };
@@ -301,7 +309,9 @@ TrainResult Trainer::run(bool resume) {
       // a discarded step is redone (same data); a replica behind the others healed first.
       if (!I.ft->step(step, compute, loss, apply)) continue;
     } else {
+      if (I.sig) I.sig->step_start(*I.model);
       loss = I.dp->average(compute());  // the job's mean loss
+      if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
     }
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -46,10 +46,11 @@ struct TrainOptions {
   // [fault] (issue 14, docs/fault_tolerance.md): tolerance = "quorum" runs each rank as a replica of
   // fault-tolerant data parallelism (resilience/quorum.h) against a lighthouse ("HOST:PORT", else
   // ATOLL_LIGHTHOUSE); gate: the pre-run invariant gate; phase_guard: collective fingerprints at
-  // every phase boundary (both on distributed runs only).
+  // every phase boundary (both on distributed runs only); signatures: per-step SCOUT signatures
+  // and consensus (DDP).
   std::string fault_tolerance = "none", fault_lighthouse;
   int64_t fault_heartbeat_ms = 100;
-  bool fault_gate = true, fault_phase_guard = true;
+  bool fault_gate = true, fault_phase_guard = true, fault_signatures = false;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
   std::string matmul_dtype = "f32";
 

@@ -111,6 +111,7 @@ int replica_main(int argc, char** argv) {
       if (ok) std::printf("commit %lld %lld\n", static_cast<long long>(ran), static_cast<long long>(wall_ms()));
       std::fflush(stdout);
     }
+    ft.finish(st);
     from_tensors();
     std::printf("final %lld %016" PRIx64 " heals %lld discarded %lld\n", static_cast<long long>(st.step), m.hash(),
                 static_cast<long long>(ft.stats().heals), static_cast<long long>(ft.stats().discarded));

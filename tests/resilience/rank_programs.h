@@ -7,7 +7,9 @@
 namespace atl::resilience::test {
 
 int rank_program_main(const std::string& name);
-// Runs `world` rank programs `name` with a fresh port; returns each exit status, logs in tag.log<r>.
-std::vector<int> run_ranks(int world, const std::string& name, const std::string& tag, double timeout_s);
+int signatures_rank_program();  // test_signatures.cpp
+// Runs `world` rank programs `name` with a fresh port (and `env`); returns each exit status, logs in tag.log<r>.
+std::vector<int> run_ranks(int world, const std::string& name, const std::string& tag, double timeout_s,
+                           const std::vector<std::string>& env = {});
 
 }  // namespace atl::resilience::test

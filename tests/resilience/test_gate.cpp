@@ -135,6 +135,7 @@ TEST(PhaseGuard, AnEvaluationOnlyOneRankRunsIsCaughtNotHung) {
 }
 
 int rank_program_main(const std::string& name) {
+  if (name == "signatures") return signatures_rank_program();
   try {
     auto comm = comm::make_communicator("gloo", std::chrono::milliseconds(30000));
     const int r = comm->rank(), world = comm->size();
@@ -190,15 +191,18 @@ int rank_program_main(const std::string& name) {
   }
 }
 
-std::vector<int> run_ranks(int world, const std::string& name, const std::string& tag, double timeout_s) {
+std::vector<int> run_ranks(int world, const std::string& name, const std::string& tag, double timeout_s,
+                           const std::vector<std::string>& env) {
   int port = comm::pick_free_port();
   std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r)
-    pids.push_back(spawn({self_exe(), "--rank-program", name},
-                         {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> e = env;
+    for (auto& x : std::vector<std::string>{"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
                           "LOCAL_WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1",
-                          "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1"},
-                         tag + ".log" + std::to_string(r)));
+                          "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1"})
+      e.push_back(x);
+    pids.push_back(spawn({self_exe(), "--rank-program", name}, e, tag + ".log" + std::to_string(r)));
+  }
   std::vector<int> codes;
   for (pid_t p : pids) codes.push_back(wait_for(p, timeout_s));
   return codes;
