@@ -6,12 +6,12 @@
 #     restarting the whole job from its last disk checkpoint (`atoll launch` tears the job down on a
 #     death; the relaunch resumes; time to its first step, plus the steps redone).
 # There is no PyTorch peer here: torchft is not a Debian package; the baseline is atoll's own DDP.
-# Usage: bench/ft_vs_ddp.sh [BUILD_DIR]   (env: RANKS=3 STEPS=300)
+# Usage: bench/ft_vs_ddp.sh [BUILD_DIR]   (env: RANKS=3 STEPS=200)
 set -euo pipefail
 BUILD=${1:-build}
 A=$(realpath "$BUILD/atoll")
 RANKS=${RANKS:-3}
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-200}
 W=$(mktemp -d /tmp/atoll_ftbench.XXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$W"' EXIT
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'); $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -51,6 +51,12 @@ every = 50
 [hardware]
 peak_gflops = 100.0
 CFG
+
+steps_in() {  # step records in a metrics.jsonl so far (0 while it does not exist)
+  local n
+  n=$(grep -c '"step"' "$1" 2>/dev/null || true)
+  echo "${n:-0}"
+}
 
 median_ms() {  # median step_ms of a metrics.jsonl, the first 10 steps left out (warm-up)
   python3 -c '
@@ -100,7 +106,7 @@ echo "== recovery after kill -9 of rank 1 at about step $((STEPS / 2)) =="
 start_lighthouse
 pids=()
 for r in $(seq 0 $((RANKS - 1))); do replica "$r" qkill & pids+=($!); done
-while [ "$(grep -c '"step"' "$W/qkill/replica0/metrics.jsonl" 2>/dev/null || echo 0)" -lt $((STEPS / 2)) ]; do sleep 0.01; done
+while [ "$(steps_in "$W/qkill/replica0/metrics.jsonl")" -lt $((STEPS / 2)) ]; do sleep 0.01; done
 pkill -9 -P "${pids[1]}" 2>/dev/null || true
 kill -9 "${pids[1]}" 2>/dev/null || true
 t_kill=$(date +%s%3N)
@@ -114,8 +120,8 @@ echo "  quorum mode: survivors committed the next step $((t_commit - t_kill)) ms
 # Restart from disk: the launcher tears the job down; relaunch with --resume.
 "$A" launch --nproc-per-node "$RANKS" --timeout 60 -- "$A" train "$W/cfg.toml" --run.dir="$W/dkill" > "$W/dkill.log" 2>&1 &
 LP=$!
-while [ "$(grep -c '"step"' "$W/dkill/metrics.jsonl" 2>/dev/null || echo 0)" -lt $((STEPS / 2)) ]; do sleep 0.01; done
-killed_at_step=$(grep -c '"step"' "$W/dkill/metrics.jsonl")
+while [ "$(steps_in "$W/dkill/metrics.jsonl")" -lt $((STEPS / 2)) ]; do sleep 0.01; done
+killed_at_step=$(steps_in "$W/dkill/metrics.jsonl")
 victim=$(pgrep -f -- "--run.dir=$W/dkill" | while read -r p; do [ "$(ps -o ppid= -p "$p" | tr -d ' ')" = "$LP" ] && echo "$p"; done | sed -n 2p)
 kill -9 "$victim"
 t_kill=$(date +%s%3N)

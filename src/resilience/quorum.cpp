@@ -229,12 +229,15 @@ void QuorumReplica::finish(const ReplicaState& state) {
 bool QuorumReplica::step(ReplicaState& state, const std::function<void(comm::Communicator&)>& compute,
                          const std::function<void()>& apply) {
   try {
+    set_phase("quorum");
     join_quorum(state);
     {
       std::lock_guard<std::mutex> lk(hb_->mu);
       hb_->step = state.step;
+      hb_->phase = "compute";
     }
     compute(*comm_);
+    set_phase("commit");
     Tensor vote = Tensor::empty({1}, DType::i64);
     vote.data<int64_t>()[0] = 1;
     comm_->all_reduce(vote);
@@ -242,6 +245,9 @@ bool QuorumReplica::step(ReplicaState& state, const std::function<void(comm::Com
                 comm_->size());
   } catch (const std::exception& e) {
     if (hb_->lost) throw;
+    // A step that fails again and again is not a peer's failure but this replica's own (bad data, a
+    // bug): give up instead of retrying forever.
+    if (++consecutive_discards_ > 20) throw;
     comm_failed_ = true;
     ++stats_.discarded;
     if (!recovering_) failed_at_ = Clock::now();
@@ -249,9 +255,11 @@ bool QuorumReplica::step(ReplicaState& state, const std::function<void(comm::Com
     log::warn("replica {}: step {} discarded on quorum {}: {}", o_.replica_id, state.step + 1, quorum_id_, e.what());
     return false;
   }
+  consecutive_discards_ = 0;
   apply();
   ++state.step;
   ++stats_.committed;
+  set_phase("apply");
   if (recovering_) {
     recovering_ = false;
     stats_.last_recovery_ms = ms_since(failed_at_);

@@ -95,6 +95,7 @@ class QuorumReplica {
   // Since when a failure is being recovered from (a discarded step), for the recovery log line.
   std::chrono::steady_clock::time_point failed_at_{};
   bool recovering_ = false;
+  int consecutive_discards_ = 0;
   QuorumStats stats_;
 };
 

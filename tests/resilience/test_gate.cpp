@@ -115,6 +115,18 @@ TEST(InvariantGate, RefusesEachSeededMisconfigurationOnEveryRankBeforeStepOne) {
   }
 }
 
+// Communicator::abort(): a collective blocked on a peer that never joins fails at once (not after
+// its 30 s timeout), and the communicator stays failed.
+TEST(CommAbort, AnAllReduceBlockedOnAPeerFailsAtOnceWhenAborted) {
+  std::string tag = (std::filesystem::temp_directory_path() / ("atoll_abort_" + std::to_string(::getpid()))).string();
+  auto codes = run_ranks(2, "abort", tag, 60);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    std::string log = read_file(tag + ".log" + std::to_string(r));
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << log;
+    std::filesystem::remove(tag + ".log" + std::to_string(r));
+  }
+}
+
 // The step-zero hazard: rank 0 runs an evaluation the other rank skips. Without the fingerprints
 // the evaluation's collective would meet the next step's and hang for the communicator timeout
 // (30 s here); with them both ranks fail within seconds, naming where each is.
@@ -139,6 +151,36 @@ int rank_program_main(const std::string& name) {
   try {
     auto comm = comm::make_communicator("gloo", std::chrono::milliseconds(30000));
     const int r = comm->rank(), world = comm->size();
+    if (name == "abort") {
+      if (r == 1) {  // never joins the all-reduce; leaves only after rank 0 must have given up
+        std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+        return 0;
+      }
+      Tensor x = Tensor::zeros({1000}, DType::f32);
+      auto t0 = std::chrono::steady_clock::now();
+      auto w = comm->all_reduce_async(x);
+      std::thread killer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        comm->abort("the test says so");
+      });
+      std::string what;
+      try {
+        w->wait();
+      } catch (const Error& e) {
+        what = e.what();
+      }
+      killer.join();
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      // The worker thread has left the Gloo call too: an operation queued behind it completes.
+      bool later_failed = false;
+      try {
+        comm->barrier();
+      } catch (const Error&) {
+        later_failed = true;
+      }
+      std::printf("abort: '%s' after %.0f ms; later op failed: %d\n", what.c_str(), ms, int(later_failed));
+      return what.find("aborted: the test says so") != std::string::npos && ms < 1500 && later_failed ? 0 : 1;
+    }
     if (name == "gate") {
       check_run_invariants(*comm, clean(r, world));  // a clean launch passes
       size_t refused = 0;
