@@ -101,12 +101,13 @@ for name, v in [("DDP (no gate, no fingerprints)", b), ("DDP + phase fingerprint
     print("  %-48s %8.2f ms  x%.3f" % (name, v, v / b))
 PY
 
-echo "== recovery after kill -9 of rank 1 at about step $((STEPS / 2)) =="
+KILL_AT=$((STEPS / 2 + 25))  # mid-way between two checkpoints (every 50)
+echo "== recovery after kill -9 of rank 1 at about step $KILL_AT =="
 # Quorum mode: the survivors' first commit after the kill.
 start_lighthouse
 pids=()
 for r in $(seq 0 $((RANKS - 1))); do replica "$r" qkill & pids+=($!); done
-while [ "$(steps_in "$W/qkill/replica0/metrics.jsonl")" -lt $((STEPS / 2)) ]; do sleep 0.01; done
+while [ "$(steps_in "$W/qkill/replica0/metrics.jsonl")" -lt $KILL_AT ]; do sleep 0.01; done
 pkill -9 -P "${pids[1]}" 2>/dev/null || true
 kill -9 "${pids[1]}" 2>/dev/null || true
 t_kill=$(date +%s%3N)
@@ -120,7 +121,7 @@ echo "  quorum mode: survivors committed the next step $((t_commit - t_kill)) ms
 # Restart from disk: the launcher tears the job down; relaunch with --resume.
 "$A" launch --nproc-per-node "$RANKS" --timeout 60 -- "$A" train "$W/cfg.toml" --run.dir="$W/dkill" > "$W/dkill.log" 2>&1 &
 LP=$!
-while [ "$(steps_in "$W/dkill/metrics.jsonl")" -lt $((STEPS / 2)) ]; do sleep 0.01; done
+while [ "$(steps_in "$W/dkill/metrics.jsonl")" -lt $KILL_AT ]; do sleep 0.01; done
 killed_at_step=$(steps_in "$W/dkill/metrics.jsonl")
 victim=$(pgrep -f -- "--run.dir=$W/dkill" | while read -r p; do [ "$(ps -o ppid= -p "$p" | tr -d ' ')" = "$LP" ] && echo "$p"; done | sed -n 2p)
 kill -9 "$victim"
@@ -131,6 +132,9 @@ lines=$(wc -l < "$W/dkill/metrics.jsonl")
 LP2=$!
 while [ "$(wc -l < "$W/dkill/metrics.jsonl")" -le $((lines + 1)) ]; do sleep 0.01; done
 t_first=$(date +%s%3N)
-wait $LP2 || true
 last_ckpt=$(( (killed_at_step / 50) * 50 ))
-echo "  restart from disk: first step after the relaunch $((t_first - t_kill)) ms after the kill; $((killed_at_step - last_ckpt)) steps redone (checkpoint every 50)"
+# Back where it was: the relaunch has redone the steps since the checkpoint.
+while [ "$(wc -l < "$W/dkill/metrics.jsonl")" -le $((lines + 1 + killed_at_step - last_ckpt)) ]; do sleep 0.01; done
+t_back=$(date +%s%3N)
+wait $LP2 || true
+echo "  restart from disk: first step after the relaunch $((t_first - t_kill)) ms after the kill; back at step $killed_at_step after $((t_back - t_kill)) ms ($((killed_at_step - last_ckpt)) steps redone; checkpoint every 50)"
