@@ -1,11 +1,14 @@
 // `atoll launch`: runs a command as the ranks of a distributed job (see comm/launcher.h).
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <cstring>
 
 #include "cli/command.h"
 #include "cli/number_checks.h"
 #include "comm/launcher.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "resilience/lighthouse.h"
 
 namespace atl::cli {
 
@@ -32,6 +35,16 @@ static int run_launch(int argc, char** argv) {
       ->check(finite_number(true));
   app.add_option("--grace", o.grace_s, "seconds the other ranks get to exit after one fails")
       ->check(finite_number(true));
+  // issue 14: fault-tolerant data parallelism (docs/fault_tolerance.md).
+  bool ft = false;
+  int64_t ft_timeout_ms = 300;
+  app.add_flag("--ft", ft,
+               "fault tolerance: host a lighthouse, run `atoll train` ranks as quorum replicas, and start a failed "
+               "rank again with --resume instead of stopping the job");
+  app.add_option("--max-restarts", o.max_restarts, "with --ft: restarts in all before the job is stopped (default 3)")
+      ->check(integer_in(0, 1 << 20));
+  app.add_option("--heartbeat-timeout-ms", ft_timeout_ms, "with --ft: a replica silent this long leaves the quorum")
+      ->check(integer_in(10, 3600000));
   try {
     app.parse(split, argv);
   } catch (const CLI::ParseError& e) {
@@ -49,6 +62,21 @@ static int run_launch(int argc, char** argv) {
   }
   for (int i = split + 1; i < argc; ++i) o.cmd.push_back(argv[i]);
   ATOLL_CHECK(!o.cmd.empty(), "no command: use `atoll launch [options] -- CMD ARGS...`");
+  if (!ft) return comm::launch(o);
+  ATOLL_CHECK(o.nnodes == 1, "--ft runs on one node for now (start `atoll lighthouse` and the replicas by hand "
+                             "across nodes: docs/fault_tolerance.md)");
+  resilience::LighthouseOptions lo;
+  lo.host = "127.0.0.1";
+  lo.heartbeat_timeout = std::chrono::milliseconds(ft_timeout_ms);
+  lo.min_replicas = o.nproc_per_node;
+  resilience::Lighthouse lighthouse(lo);
+  std::string addr = fmt::format("127.0.0.1:{}", lighthouse.port());
+  ::setenv("ATOLL_LIGHTHOUSE", addr.c_str(), 1);
+  std::fprintf(stderr, "atoll launch: lighthouse on %s (heartbeat timeout %lld ms)\n", addr.c_str(),
+               static_cast<long long>(ft_timeout_ms));
+  if (o.cmd.size() >= 2 && o.cmd[1] == "train") o.cmd.push_back("--fault.tolerance=quorum");
+  if (!app.count("--max-restarts")) o.max_restarts = 3;
+  o.restart_args = {"--resume"};
   return comm::launch(o);
 }
 

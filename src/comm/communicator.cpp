@@ -142,6 +142,8 @@ void Communicator::worker_loop() {
       if (queue_.empty()) return;  // stopping, and everything issued has run
       w = queue_.front();
       queue_.pop_front();
+      running_ = w;
+      if (!aborted_.empty() && failed_.empty()) failed_ = aborted_;
     }
     std::string err;
     if (!failed_.empty()) {
@@ -158,12 +160,19 @@ void Communicator::worker_loop() {
         on_op_start(w->name_, w->seq_);
         w->run_(*w);
       } catch (const std::exception& e) {
-        err = describe_failure(w->name_, e);
+        std::lock_guard<std::mutex> lk(qmu_);
+        err = aborted_.empty() ? describe_failure(w->name_, e)
+                               : fmt::format("{} aborted: {}", w->name_, aborted_);
         failed_ = err;
       }
     }
     {
+      std::lock_guard<std::mutex> lk(qmu_);
+      running_.reset();
+    }
+    {
       std::lock_guard<std::mutex> lk(w->mu_);
+      if (w->done_) continue;  // abort() already failed it
       w->done_ = true;
       w->error_ = err;
       w->run_ = nullptr;
@@ -289,6 +298,33 @@ WorkPtr Communicator::recv_async(const Tensor& t, int peer, int tag) { return po
 
 WorkPtr Communicator::barrier_async() {
   return enqueue("barrier", {}, [this](Work&) { run_barrier(); });
+}
+
+void Communicator::abort(const std::string& why) {
+  std::vector<WorkPtr> fail_now;
+  {
+    std::lock_guard<std::mutex> lk(qmu_);
+    if (!aborted_.empty()) return;
+    aborted_ = why.empty() ? std::string("aborted") : why;
+    if (running_) fail_now.push_back(running_);
+    fail_now.insert(fail_now.end(), queue_.begin(), queue_.end());
+  }
+  for (auto& w : fail_now) {
+    {
+      std::lock_guard<std::mutex> lk(w->mu_);
+      if (w->done_) continue;
+      w->done_ = true;
+      w->error_ = fmt::format("{} aborted: {}", w->name_, why);
+      w->finish_ = nullptr;
+    }
+    w->cv_.notify_all();
+  }
+  run_abort();
+}
+
+bool Communicator::aborted() const {
+  std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(qmu_));
+  return !aborted_.empty();
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

@@ -110,6 +110,14 @@ class Communicator {
   // by (key, rank). A negative color takes part but gets nullptr back.
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // Fails the running and every queued operation now, with `why`, instead of letting them wait out
+  // the timeout (fault tolerance: the lighthouse said a member is gone, resilience/quorum.h). The
+  // communicator stays failed; the backend unblocks its running call where it can (Gloo closes its
+  // pairs). Safe from any thread. Destroying an aborted communicator may still wait for that call
+  // to return (at most its timeout), so fault-tolerant callers retire, not destroy, them.
+  void abort(const std::string& why);
+  bool aborted() const;
+
  protected:
   Communicator(int rank, int size, std::vector<int> world_ranks, Millis timeout);
   // Backends call this at the end of their constructor, and stop_worker() first thing in their
@@ -136,6 +144,8 @@ class Communicator {
   virtual std::string diagnose() { return ""; }
   // Current op (name and sequence number), for heartbeats and diagnoses.
   virtual void on_op_start(const std::string& name, uint64_t seq) {}
+  // abort(): make the backend call running on the worker return soon (from another thread).
+  virtual void run_abort() {}
 
   std::chrono::steady_clock::time_point deadline() const { return op_deadline_; }
   Millis remaining() const;
@@ -161,6 +171,8 @@ class Communicator {
   std::deque<WorkPtr> queue_;
   bool stopping_ = false;
   std::string failed_;  // first failure; every later op rethrows it
+  std::string aborted_;  // abort()'s reason (under qmu_)
+  WorkPtr running_;      // the operation on the worker (under qmu_), for abort()
   std::thread worker_;
 };
 

@@ -211,13 +211,35 @@ std::unique_ptr<Communicator> GlooCommunicator::create(const DistEnv& env, Milli
                                             timeout);
 }
 
+std::unique_ptr<Communicator> GlooCommunicator::create_group(const std::string& store_addr, int store_port,
+                                                            int rank, std::vector<int> world_ranks,
+                                                            const std::string& prefix, Millis timeout,
+                                                            Millis connect_within) {
+  ::signal(SIGPIPE, SIG_IGN);  // as in create(): a dead peer must give EPIPE, not kill us
+  auto proc = std::make_shared<GlooProcess>();
+  proc->world_rank = world_ranks.at(size_t(rank));
+  proc->world_size = int(world_ranks.size());
+  proc->timeout = timeout;
+  proc->store = std::make_unique<TcpStore>(store_addr, store_port, timeout, connect_within);
+  proc->exit_prefix = prefix + "exit/";
+  gloo::transport::tcp::attr attr;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+    attr.iface = ifname;
+  else
+    attr.hostname = local_ip_towards(store_addr, store_port);
+  proc->device = gloo::transport::tcp::CreateDevice(attr);
+  int size = int(world_ranks.size());
+  return std::make_unique<GlooCommunicator>(proc, rank, size, std::move(world_ranks), prefix, timeout,
+                                            connect_within);
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooProcess> proc, int rank, int size,
                                    std::vector<int> world_ranks, const std::string& prefix,
-                                   Millis timeout)
+                                   Millis timeout, Millis connect_within)
     : Communicator(rank, size, std::move(world_ranks), timeout), proc_(std::move(proc)), prefix_(prefix) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   // Setting up the mesh has its own, shorter deadline than the collectives (tcp_store.h).
-  ctx->setTimeout(connect_timeout(timeout));
+  ctx->setTimeout(connect_within.count() >= 0 ? connect_within : connect_timeout(timeout));
   StoreAdapter st(*proc_->store, prefix_ + "mesh/");
   try {
     ctx->connectFullMesh(st, proc_->device);
@@ -356,8 +378,21 @@ void GlooCommunicator::on_op_start(const std::string& name, uint64_t seq) {
   proc_->note_progress(fmt::format("{}progress/{}", prefix_, rank()), fmt::format("{} {}", seq, name));
 }
 
+bool gloo_fail_pair(gloo::transport::Pair* p, const std::string& msg);  // gloo_abort.cpp
+
+void GlooCommunicator::run_abort() {
+  if (!ctx_) return;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    // Failing the pair wakes the operation blocked on it (close() alone would not).
+    gloo_fail_pair(ctx_->getPair(r).get(), "aborted by the fault-tolerance layer");
+  }
+}
+
 std::string GlooCommunicator::diagnose() {
   proc_->clean = false;
+  // A group (create_group) has no lifelines to read; its owner knows who failed (the lighthouse).
+  if (!proc_->lifeline) return "";
   const auto& wr = world_ranks();
   try {
     // The transport often notices a death a moment before the store does.

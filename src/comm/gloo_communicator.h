@@ -27,11 +27,19 @@ class GlooCommunicator : public Communicator {
  public:
   // The world communicator from DistEnv (rank 0 hosts the store unless `atoll launch` does).
   static std::unique_ptr<Communicator> create(const DistEnv& env, Millis timeout);
+  // A communicator of `size` processes that meet under `prefix` in the store at addr:port, outside
+  // any world communicator (fault tolerance: one per quorum, resilience/quorum.h). It neither hosts
+  // the store nor registers a lifeline; errors name members by world_ranks. The mesh must connect
+  // within connect_within.
+  static std::unique_ptr<Communicator> create_group(const std::string& store_addr, int store_port, int rank,
+                                                    std::vector<int> world_ranks, const std::string& prefix,
+                                                    Millis timeout, Millis connect_within);
   ~GlooCommunicator() override;
   std::string backend() const override { return "gloo"; }
 
   GlooCommunicator(std::shared_ptr<GlooProcess> proc, int rank, int size,
-                   std::vector<int> world_ranks, const std::string& prefix, Millis timeout);
+                   std::vector<int> world_ranks, const std::string& prefix, Millis timeout,
+                   Millis connect_within = Millis(-1));
 
  protected:
   void run_all_reduce(const Tensor& t, ReduceOp op) override;
@@ -46,6 +54,7 @@ class GlooCommunicator : public Communicator {
                                           int color) override;
   std::string diagnose() override;
   void on_op_start(const std::string& name, uint64_t seq) override;
+  void run_abort() override;
 
  private:
   uint32_t tag() const { return uint32_t(op_seq()); }

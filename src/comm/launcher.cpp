@@ -192,6 +192,7 @@ int launch(const LaunchOptions& o) {
   }
 
   std::string failure;  // the first failure, as reported
+  int restarts = 0;     // ranks started again (max_restarts)
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -238,7 +239,23 @@ int launch(const LaunchOptions& o) {
         if (r == c.pid) {
           c.exited = true;
           c.status = st;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && restarts < o.max_restarts && failure.empty() &&
+              !g_interrupted) {
+            ++restarts;
+            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", c.rank,
+                         int(c.pid), describe_status(st).c_str(), restarts, o.max_restarts);
+            std::fflush(stderr);
+            for (int s = 0; s < 2; ++s)
+              if (c.fds[s] >= 0) {
+                emit_lines(c, s, "", 0, true);
+                ::close(c.fds[s]);
+                c.fds[s] = -1;
+              }
+            LaunchOptions again = o;
+            again.cmd.insert(again.cmd.end(), o.restart_args.begin(), o.restart_args.end());
+            c.exited = false;
+            c.pid = spawn(again, c, c.rank - o.node_rank * o.nproc_per_node, port, master_port);
+          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
             begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
                            false);
         }

@@ -17,6 +17,11 @@ struct LaunchOptions {
   double connect_timeout_s = 0;  // > 0: exported as ATOLL_CONNECT_TIMEOUT (start-up connections)
   double grace_s = 5;    // after a failure, how long the other ranks get to exit by themselves
   std::vector<std::string> cmd;
+  // Fault tolerance (`atoll launch --ft`, issue 14): a rank that fails is started again, with
+  // restart_args appended (e.g. --resume), up to max_restarts times in all, instead of tearing the
+  // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
+  int max_restarts = 0;
+  std::vector<std::string> restart_args;
 };
 
 // Runs the job to completion; returns 0 when every rank exited 0, otherwise 1 after printing

@@ -148,6 +148,12 @@ void Config::set_override(const std::string& assignment) {
 bool Config::has(const std::string& key) const { return impl_->find(key) != nullptr; }
 std::string Config::where(const std::string& key) const { return impl_->where(key); }
 const std::string& Config::source() const { return impl_->source; }
+
+std::string Config::canonical() const {
+  std::ostringstream os;
+  os << impl_->table;
+  return os.str();
+}
 void Config::accept(const std::string& key) { impl_->known.insert(key); }
 
 int64_t Config::get_int(const std::string& key, int64_t def, int64_t lo, int64_t hi) {

@@ -43,6 +43,9 @@ class Config {
   // Throws on keys that were set but never read.
   void finish() const;
   const std::string& source() const;
+  // Every key the file and the command line set, with its value, as canonical TOML (sorted keys):
+  // two ranks with the same effective config get the same text (the pre-run gate hashes it).
+  std::string canonical() const;
 
  private:
   struct Impl;

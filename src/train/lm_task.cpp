@@ -7,6 +7,7 @@
 #include "data/corpus.h"
 #include "data/data_loader.h"
 #include "data/tokenizer.h"
+#include "resilience/invariant_gate.h"
 #include "train/task.h"
 #include "train/trainer.h"
 
@@ -21,6 +22,7 @@ class LanguageModelTask final : public Task {
   std::string name() const override { return "lm"; }
 
   void setup(nn::Model& model, const TaskEnv& env) override {
+    env_ = env;
     tok_ = load_tokenizer(o_.tokenizer);
     if (!fs::exists(fs::path(o_.data_dir) / "meta.json") && o_.auto_prepare) {
       if (env.leads()) {
@@ -99,7 +101,20 @@ class LanguageModelTask final : public Task {
     return *t;
   }
 
+  // The loader gives rank r of W the window slots r, r + W, r + 2W... of each epoch's order: a
+  // residue class, written as the range [r, r + 1) of "slot mod W" over these files.
+  nlohmann::json data_facts() const override {
+    std::string files;
+    for (auto& f : train_->files()) files += fs::path(f).filename().string() + ";";
+    return {{"space", fmt::format("train window slots mod {} ({} windows of {} tokens in {} files, seed {})", env_.world,
+                                  train_->num_windows(), o_.seq_len, train_->files().size(), o_.seed) +
+                          " files " + resilience::hash_hex(files)},
+            {"shards", {{env_.rank, env_.rank + 1}}},
+            {"batches_per_epoch", train_->batches_per_epoch()}};
+  }
+
   const TrainOptions& o_;
+  TaskEnv env_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<DataLoader> train_, val_;
   Batch batch_;

@@ -52,6 +52,10 @@ class Task {
   // The training data's position, saved in checkpoints; restored by a job of any size.
   virtual nlohmann::json data_state() const = 0;
   virtual void set_data_state(const nlohmann::json& s, const TaskEnv& env) = 0;
+  // For the pre-run gate (resilience/invariant_gate.h), after setup: {"space": what the shard
+  // ranges index, "shards": [[begin, end), ...] this rank reads this epoch, "batches_per_epoch"};
+  // null when the task cannot say (the gate then checks the rest).
+  virtual nlohmann::json data_facts() const { return nullptr; }
 };
 
 using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;

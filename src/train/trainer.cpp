@@ -23,6 +23,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
+#include "train/fault_hooks.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
@@ -52,6 +53,7 @@ TrainOptions TrainOptions::from_config(Config& c) {
   o.schedule.total_steps = o.steps;
   o.stop_after = c.get_int("train.stop_after", 0, 0);
   o.fault_nan_at_step = c.get_int("fault.nan_at_step", 0, 0);
+  read_fault_options(c, o);  // issue 14: [fault] tolerance, lighthouse, heartbeat_ms, gate, phase_guard
   o.matmul_dtype = c.get_string("train.dtype", "f32", {"f32", "bf16"});
   o.eval_every = c.get_int("eval.every", o.eval_every, 0);
   o.eval_steps = c.get_int("eval.steps", o.eval_steps, 1);
@@ -125,6 +127,9 @@ struct Trainer::Impl {
   Rng sample_rng;
   std::string config_text;
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
+  std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
+  std::unique_ptr<SignatureHook> sig;  // issue 14: [fault] signatures
+  std::string init_param_hash, config_canonical;
 
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
@@ -151,6 +156,7 @@ struct Trainer::Impl {
   // The task reads data as a data-parallel rank: the stages of a pipeline, the ranks of a tp group
   // and those of a cp group share every batch (the task sees the dp coordinate and size).
   TaskEnv data_env() const {
+    if (ft) return ft->task_env();  // issue 14: a quorum replica reads its replica's share
     if (pipe) {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
@@ -169,7 +175,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
 
   comm::DistEnv env = comm::DistEnv::from_environment();
-  if (env.world_size > 1) {
+  // issue 14: a quorum replica trains alone between its steps' quorums (fault_hooks.h).
+  if (I.o.fault_tolerance == "quorum") I.ft = std::make_unique<QuorumHook>(I.o, env);
+  if (env.world_size > 1 && !I.ft) {
     I.comm = comm::make_communicator(I.backend);
     I.rank = I.comm->rank();
     I.world = I.comm->size();
@@ -205,6 +213,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();
+  I.config_canonical = cfg.canonical();  // issue 14: what the pre-run gate compares
 
   int threads = int(I.o.threads);
   if (threads == 0 && env.local_world_size > 1)  // share the cores among this node's ranks
@@ -214,7 +223,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   if (ppc.pp == 1) I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
+  I.init_param_hash = parameter_hash(*I.model);  // issue 14: for the pre-run gate, before any sharding
   if (ppc.pp > 1) {
+    ATOLL_CHECK(!I.ft, "parallel.pp = {} with fault.tolerance = \"quorum\": quorum replicas are data-parallel "
+                "only", ppc.pp);
     ATOLL_CHECK(!placement.full && !placement.sharded,
                 "parallel.pp = {}: pipeline stages step their parameters with AdamW only in this build; remove "
                 "the [optim] type / group keys",
@@ -307,41 +319,86 @@ TrainResult Trainer::run(bool resume) {
   log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
   if (I.lowcomm) log::info("islands: {}", I.lowcomm->describe());
 
+  // issue 14: every rank agrees on what must agree before step 1, or the launch is refused.
+  // Under model parallelism (tp, cp, pp) ranks of one model replica hold different shards of the
+  // parameters and read the same data, so the gate compares the ranks that hold the same shard:
+  // those with equal pp, cp and tp coordinates (a split of the world; the whole world otherwise).
+  if (I.comm && o.fault_gate) {
+    const auto& m = I.pc.mesh;
+    std::unique_ptr<comm::Communicator> same_shard;
+    comm::Communicator* gate_comm = I.comm.get();
+    if (m.tp * m.cp * m.pp > 1) {
+      const int64_t color = (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
+      same_shard = I.comm->split(int(color), I.rank);
+      gate_comm = same_shard.get();
+    }
+    if (gate_comm && gate_comm->size() > 1)
+      run_pre_run_gate(*gate_comm, o, I.config_canonical, I.init_param_hash, *I.model, *I.task,
+                       I.pc.mesh.describe() + " strategy=" + I.pc.strategy, I.world);
+  }
+  const bool guard = I.comm && o.fault_phase_guard && I.world > 1;
+  if (o.fault_signatures && I.comm && I.world > 1) {
+    ATOLL_CHECK(I.pc.strategy == "ddp", "fault.signatures compares the replicas' gradients, which needs "
+                "parallel.strategy = \"ddp\" (\"{}\" shards them)", I.pc.strategy);
+    I.sig = std::make_unique<SignatureHook>();
+  }
+  if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
+
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
-    I.dp->zero_grad();
-    if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
-    double loss_sum = 0;
-    if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
-      std::vector<Tensor> ins, tgts;
-      for (int64_t m = 0; m < o.grad_accum; ++m) {
-        const Batch& batch = I.task->next_batch();
-        ins.push_back(batch.input.clone());
-        tgts.push_back(batch.target.clone());
+    if (guard) resilience::check_phase(*I.comm, "step", step + 1);
+    // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
+    auto compute = [&] {
+      I.dp->zero_grad();
+      if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
+      double loss_sum = 0;
+      if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
+        std::vector<Tensor> ins, tgts;
+        for (int64_t m = 0; m < o.grad_accum; ++m) {
+          const Batch& batch = I.task->next_batch();
+          ins.push_back(batch.input.clone());
+          tgts.push_back(batch.target.clone());
+        }
+        loss_sum = I.pipe->forward_backward(ins, tgts) * double(o.grad_accum);
       }
-      loss_sum = I.pipe->forward_backward(ins, tgts) * double(o.grad_accum);
+      for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
+        const Batch& batch = I.task->next_batch();
+        I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
+        Tensor loss = I.task->loss(*I.model, batch);
+        loss_sum += loss.item();
+        backward(loss, 1.f / float(o.grad_accum));
+      }
+      if (I.sig) I.sig->backward_done();
+      I.dp->finish_backward();
+      if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
+      return loss_sum / double(o.grad_accum);
+    };
+    double loss = 0, norm = 0;
+    float lr_scale = 0;
+    double opt_s = 0;
+    auto apply = [&] {
+      norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
+      if (!std::isfinite(loss) || !std::isfinite(norm)) {
+        fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
+             step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
+      }
+      lr_scale = o.schedule.at(step);
+      auto t_opt = Clock::now();
+      I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
+      opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
+    };
+    if (I.ft) {
+      // issue 14: the step runs on this step's quorum and counts only when every member finished it;
+      // a discarded step is redone (same data); a replica behind the others healed first.
+      if (!I.ft->step(step, compute, loss, apply)) continue;
+    } else {
+      if (I.sig) I.sig->step_start(*I.model);
+      loss = I.dp->average(compute());  // the job's mean loss
+      if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
+      apply();
     }
-    for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
-      const Batch& batch = I.task->next_batch();
-      I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
-      Tensor loss = I.task->loss(*I.model, batch);
-      loss_sum += loss.item();
-      backward(loss, 1.f / float(o.grad_accum));
-    }
-    I.dp->finish_backward();
-    if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
-    double loss = I.dp->average(loss_sum / double(o.grad_accum));  // the job's mean loss
-    double norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
-           step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
-    }
-    float lr_scale = o.schedule.at(step);
-    auto t_opt = Clock::now();
-    I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
-    const double opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
@@ -360,12 +417,14 @@ TrainResult Trainer::run(bool resume) {
                                        ema_step_s * double(o.steps - step - 1)}));
     }
     if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      if (guard) resilience::check_phase(*I.comm, "eval", step + 1);
       double vl = I.evaluate();
       res.final_val_loss = vl;
       rec["val_loss"] = vl;
       log::info("step {:>5} | val loss {:.4f}", step + 1, vl);
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
+      if (guard) resilience::check_phase(*I.comm, "sample", step + 1);
       if (I.pipe) I.pipe->sync_full_model();
       std::string s = I.task->sample(*I.model, I.sample_rng);
       if (s.empty()) s = "(the model does not generate)";
@@ -382,6 +441,7 @@ TrainResult Trainer::run(bool resume) {
     if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
+      if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
         std::string p = store.save(step + 1, ck);

@@ -43,6 +43,14 @@ struct TrainOptions {
   int64_t stop_after = 0;
   // [fault] injection for resilience tests: at this step one weight becomes NaN; 0 = off.
   int64_t fault_nan_at_step = 0;
+  // [fault] (issue 14, docs/fault_tolerance.md): tolerance = "quorum" runs each rank as a replica of
+  // fault-tolerant data parallelism (resilience/quorum.h) against a lighthouse ("HOST:PORT", else
+  // ATOLL_LIGHTHOUSE); gate: the pre-run invariant gate; phase_guard: collective fingerprints at
+  // every phase boundary (both on distributed runs only); signatures: per-step SCOUT signatures
+  // and consensus (DDP).
+  std::string fault_tolerance = "none", fault_lighthouse;
+  int64_t fault_heartbeat_ms = 100;
+  bool fault_gate = true, fault_phase_guard = true, fault_signatures = false;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
   std::string matmul_dtype = "f32";
 

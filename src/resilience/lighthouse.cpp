@@ -1,0 +1,238 @@
+#include "resilience/lighthouse.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "comm/tcp_store.h"
+#include "core/log.h"
+#include "resilience/line_socket.h"
+
+namespace atl::resilience {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+struct Replica {
+  std::string nonce;
+  Clock::time_point last_hb;
+  bool connected = false;  // heartbeat connection open
+  bool ever_alive = false;
+  int64_t step = 0;
+  std::string phase;
+};
+struct Pending {
+  std::string nonce;
+  int64_t step = 0;
+  bool need_new = false;
+  std::string reply;  // set when the quorum is formed
+  bool answered = false;
+};
+}  // namespace
+
+struct Lighthouse::Impl {
+  LighthouseOptions o;
+  int listen_fd = -1, port = 0;
+  std::unique_ptr<comm::TcpStoreServer> store;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, Replica> replicas;
+  std::map<int, Pending> pending;
+  int64_t quorum_id = 0;
+  std::vector<std::pair<int, std::string>> members;  // (id, nonce) of the last quorum
+  bool formed_once = false, stop = false;
+  std::thread acceptor, monitor;
+  std::vector<std::thread> conns;
+  std::vector<int> conn_fds;
+
+  bool alive(const Replica& r, Clock::time_point now) const {
+    return r.connected && now - r.last_hb <= o.heartbeat_timeout;
+  }
+
+  // Under mu: answer the pending requests when every alive replica has asked.
+  void try_form(Clock::time_point now) {
+    if (pending.empty()) return;
+    std::vector<std::pair<int, std::string>> m;
+    bool need_new = false;
+    for (auto it = pending.begin(); it != pending.end();) {
+      auto r = replicas.find(it->first);
+      if (r == replicas.end() || !alive(r->second, now) || r->second.nonce != it->second.nonce) {
+        ++it;  // a requester that is not (yet, or any more) alive waits
+        continue;
+      }
+      m.push_back({it->first, it->second.nonce});
+      need_new = need_new || it->second.need_new;
+      ++it;
+    }
+    for (auto& [id, r] : replicas)
+      if (alive(r, now) && !pending.count(id)) return;  // someone alive has not asked yet
+    if (m.empty()) return;
+    if (!formed_once && int(m.size()) < o.min_replicas) return;
+    if (m != members || need_new) ++quorum_id;
+    members = m;
+    formed_once = true;
+    std::string list;
+    for (auto& [id, nonce] : m)
+      list += fmt::format("{}{}:{}", list.empty() ? "" : ",", id, pending[id].step);
+    std::string reply = fmt::format("Q {} {}", quorum_id, list);
+    for (auto& [id, nonce] : m) {
+      pending[id].reply = reply;
+      pending[id].answered = true;
+    }
+    cv.notify_all();
+  }
+
+  void serve(int fd) {
+    LineConn c(fd);
+    int hb_id = -1;
+    std::string hb_nonce;
+    std::string line;
+    while (c.read_line(line)) {
+      std::istringstream in(line);
+      std::string kind;
+      in >> kind;
+      if (kind == "HB") {
+        int id;
+        std::string nonce, phase;
+        int64_t step = 0;
+        in >> id >> nonce >> step >> phase;
+        std::string alive_list;
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          auto now = Clock::now();
+          Replica& r = replicas[id];
+          if (r.nonce != nonce) r = Replica{};  // a new incarnation of this id
+          r.nonce = nonce;
+          r.last_hb = now;
+          r.connected = true;
+          r.ever_alive = true;
+          r.step = step;
+          r.phase = phase;
+          hb_id = id;
+          hb_nonce = nonce;
+          for (auto& [i, x] : replicas)
+            if (alive(x, now)) alive_list += fmt::format("{}{}", alive_list.empty() ? "" : ",", i);
+          try_form(now);
+        }
+        if (!c.send_line("A " + alive_list)) break;
+      } else if (kind == "Q") {
+        int id;
+        std::string nonce;
+        int64_t step = 0;
+        int need_new = 0;
+        in >> id >> nonce >> step >> need_new;
+        std::string reply;
+        {
+          std::unique_lock<std::mutex> lk(mu);
+          pending[id] = Pending{nonce, step, need_new != 0, "", false};
+          try_form(Clock::now());
+          cv.wait(lk, [&] { return stop || pending[id].answered || pending[id].nonce != nonce; });
+          if (stop || pending[id].nonce != nonce) break;
+          reply = pending[id].reply;
+          pending.erase(id);
+        }
+        if (!c.send_line(reply)) break;
+      } else if (kind == "S") {
+        if (!c.send_line(fmt::format("S {}", store->port()))) break;
+      } else if (kind == "W") {
+        if (!c.send_line("W " + status())) break;
+      } else {
+        c.send_line("E unknown request '" + kind + "'");
+      }
+    }
+    if (hb_id >= 0) {
+      std::lock_guard<std::mutex> lk(mu);
+      auto r = replicas.find(hb_id);
+      if (r != replicas.end() && r->second.nonce == hb_nonce) r->second.connected = false;
+      try_form(Clock::now());
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      conn_fds.erase(std::remove(conn_fds.begin(), conn_fds.end(), c.fd()), conn_fds.end());
+    }
+  }
+
+  std::string status() const {
+    std::lock_guard<std::mutex> lk(mu);
+    auto now = Clock::now();
+    nlohmann::json j;
+    j["quorum_id"] = quorum_id;
+    std::vector<int> mem, stopped, dead;
+    for (auto& [id, n] : members) mem.push_back(id);
+    j["members"] = mem;
+    j["replicas"] = nlohmann::json::array();
+    for (auto& [id, r] : replicas) {
+      bool a = alive(r, now);
+      const char* state = a ? "alive" : r.connected ? "stopped" : "dead";
+      if (!a) (r.connected ? stopped : dead).push_back(id);
+      j["replicas"].push_back({{"id", id},
+                               {"alive", a},
+                               {"state", state},
+                               {"last_heartbeat_ms", std::chrono::duration<double, std::milli>(now - r.last_hb).count()},
+                               {"step", r.step},
+                               {"phase", r.phase}});
+    }
+    j["stopped"] = stopped;
+    j["dead"] = dead;
+    return j.dump();
+  }
+};
+
+Lighthouse::Lighthouse(const LighthouseOptions& o) : impl_(std::make_unique<Impl>()) {
+  auto& I = *impl_;
+  I.o = o;
+  I.port = o.port;
+  I.listen_fd = listen_on(o.host, I.port);
+  I.store = std::make_unique<comm::TcpStoreServer>(o.host, 0);
+  I.acceptor = std::thread([&I] {
+    for (;;) {
+      int fd = ::accept4(I.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      std::lock_guard<std::mutex> lk(I.mu);
+      if (I.stop) {
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      if (fd < 0) continue;
+      I.conn_fds.push_back(fd);
+      I.conns.emplace_back([&I, fd] { I.serve(fd); });
+    }
+  });
+  // Heartbeats that stop arriving change nothing by themselves: this notices them.
+  I.monitor = std::thread([&I] {
+    std::unique_lock<std::mutex> lk(I.mu);
+    while (!I.stop) {
+      I.cv.wait_for(lk, Millis(10));
+      I.try_form(Clock::now());
+    }
+  });
+}
+
+Lighthouse::~Lighthouse() {
+  auto& I = *impl_;
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    I.stop = true;
+    for (int fd : I.conn_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  I.cv.notify_all();
+  ::shutdown(I.listen_fd, SHUT_RDWR);
+  ::close(I.listen_fd);
+  I.acceptor.join();
+  I.monitor.join();
+  for (auto& t : I.conns) t.join();
+}
+
+int Lighthouse::port() const { return impl_->port; }
+int Lighthouse::store_port() const { return impl_->store->port(); }
+std::string Lighthouse::status() const { return impl_->status(); }
+
+}  // namespace atl::resilience

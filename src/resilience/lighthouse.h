@@ -1,0 +1,52 @@
+// The lighthouse of fault-tolerant data parallelism (after torchft's design: Rice et al., PyTorch
+// "torchft", 2025; quorum per step as in its Lighthouse/Manager pair): a small TCP server that
+// every replica heartbeats (~100 ms) and asks, at each step boundary, for that step's quorum.
+//
+//  - Liveness: a replica is alive while its heartbeat connection is open and its last heartbeat is
+//    younger than heartbeat_timeout. A closed connection (kill -9) counts at once; a silent one
+//    (SIGSTOP, a hung host) after the timeout. Each heartbeat's reply is the alive set, so the
+//    replicas learn of a death within one heartbeat and abort their in-flight collectives.
+//  - Quorum: formed when every alive replica has asked (at least min_replicas before the first),
+//    so a joiner enters exactly at a step boundary. Its id increases whenever its membership (or a
+//    member's communicator) changes; each member's committed step travels with it, so replicas
+//    behind the others know to heal and from whom.
+//  - Observer: status() (the "W" request) names stopped (silent, connection open) and dead
+//    (connection closed) replicas with their last step and phase; it answers from the lighthouse's
+//    own threads whatever the trainers are doing.
+// It also hosts the TCP store in which each quorum's Gloo communicator meets.
+//
+// Wire protocol, one line each way:
+//   HB <id> <nonce> <step> <phase>   ->  A <id,id,...>
+//   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step,id:step,...>   (when formed)
+//   S                                ->  S <store_port>
+//   W                                ->  W <json>
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace atl::resilience {
+
+struct LighthouseOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;  // 0: pick a free one
+  std::chrono::milliseconds heartbeat_timeout{300};
+  int min_replicas = 1;  // replicas the first quorum waits for
+};
+
+class Lighthouse {
+ public:
+  explicit Lighthouse(const LighthouseOptions& o);
+  ~Lighthouse();
+  int port() const;
+  int store_port() const;
+  // JSON: {"quorum_id":..,"members":[..],"replicas":[{"id","alive","state":"alive|stopped|dead",
+  // "last_heartbeat_ms","step","phase"}],"stopped":[ids],"dead":[ids]}
+  std::string status() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace atl::resilience

@@ -1,0 +1,167 @@
+#include "train/fault_hooks.h"
+
+#include <cmath>
+#include <exception>
+#include <filesystem>
+
+#include "core/log.h"
+#include "resilience/invariant_gate.h"
+#include "resilience/step_signature.h"
+#include "tensor/safetensors.h"
+
+namespace atl {
+
+void read_fault_options(Config& c, TrainOptions& o) {
+  o.fault_tolerance = c.get_string("fault.tolerance", o.fault_tolerance, {"none", "quorum"});
+  o.fault_lighthouse = c.get_string("fault.lighthouse", o.fault_lighthouse);
+  o.fault_heartbeat_ms = c.get_int("fault.heartbeat_ms", o.fault_heartbeat_ms, 10, 10000);
+  o.fault_gate = c.get_bool("fault.gate", o.fault_gate);
+  o.fault_phase_guard = c.get_bool("fault.phase_guard", o.fault_phase_guard);
+  o.fault_signatures = c.get_bool("fault.signatures", o.fault_signatures);
+  if (!o.fault_lighthouse.empty()) {
+    auto colon = o.fault_lighthouse.rfind(':');
+    int port = colon == std::string::npos ? 0 : std::atoi(o.fault_lighthouse.c_str() + colon + 1);
+    ATOLL_CHECK(colon != std::string::npos && colon > 0 && port > 0 && port < 65536,
+                "fault.lighthouse ({}) = '{}' is not HOST:PORT", c.where("fault.lighthouse"), o.fault_lighthouse);
+  }
+}
+
+std::string parameter_hash(const nn::Model& model) {
+  const Tensor& v = model.flat_values();
+  return resilience::hash_hex(v.raw(), size_t(v.nbytes()));
+}
+
+void run_pre_run_gate(comm::Communicator& comm, const TrainOptions& o, const std::string& config_text,
+                      const std::string& param_hash, const nn::Model& model, const Task& task,
+                      const std::string& layout, int world) {
+  resilience::RunFacts f;
+  f.config_hash = resilience::hash_hex(config_text);
+  f.param_hash = param_hash;
+  f.param_count = model.flat_values().numel();
+  f.dtype = o.matmul_dtype;
+  comm::DistEnv env = comm::DistEnv::from_environment();
+  f.layout = fmt::format("world={} local={} mesh={}", world, env.local_world_size, layout);
+  nlohmann::json d = task.data_facts();
+  if (d.is_object()) {
+    f.data_space = d.value("space", "");
+    f.shards = d.value("shards", std::vector<std::pair<int64_t, int64_t>>{});
+    f.batches_per_epoch = d.value("batches_per_epoch", int64_t(0));
+  }
+  resilience::check_run_invariants(comm, f);
+}
+
+void SignatureHook::step_start(const nn::Model& model) {
+  t0_ = std::chrono::steady_clock::now();
+  const Tensor& v = model.flat_values();
+  param_hash_ = resilience::buffer_hash(v.raw(), size_t(v.nbytes()));
+}
+
+void SignatureHook::backward_done() { t1_ = std::chrono::steady_clock::now(); }
+
+void SignatureHook::check(comm::Communicator& comm, int64_t step, double loss, const nn::Model& model) {
+  resilience::StepSignature s;
+  s.step = step;
+  s.compute_ms = std::chrono::duration<double, std::milli>(t1_ - t0_).count();
+  s.loss = loss;
+  const Tensor& g = model.flat_grads();
+  s.grad_hash = resilience::buffer_hash(g.raw(), size_t(g.nbytes()));
+  double sq = 0;
+  const float* p = g.f32();
+  for (int64_t i = 0, n = g.numel(); i < n; ++i) sq += double(p[i]) * p[i];
+  s.grad_norm = std::sqrt(sq);
+  s.param_hash = param_hash_;
+  s.fingerprint = ++exchanges_ * 1000003u + uint64_t(g.numel());
+  auto all = resilience::exchange_signatures(comm, s);
+  auto c = resilience::find_outliers(all);
+  if (c.verdict != resilience::Consensus::clean) {
+    ++detections_;
+    if (comm.rank() == 0) log::warn("signatures: {}", c.message);
+  }
+}
+
+QuorumHook::QuorumHook(TrainOptions& o, const comm::DistEnv& env) : id_(env.rank), replicas_(env.world_size) {
+  qo_ = resilience::QuorumOptions::from_environment();
+  if (!o.fault_lighthouse.empty()) {
+    auto colon = o.fault_lighthouse.rfind(':');
+    qo_.lighthouse_host = o.fault_lighthouse.substr(0, colon);
+    qo_.lighthouse_port = std::atoi(o.fault_lighthouse.c_str() + colon + 1);
+  }
+  ATOLL_CHECK(qo_.lighthouse_port > 0,
+              "[fault] tolerance = \"quorum\" needs a lighthouse: set fault.lighthouse = \"HOST:PORT\" or "
+              "ATOLL_LIGHTHOUSE (start one with `atoll lighthouse`)");
+  qo_.replica_id = id_;
+  qo_.heartbeat = std::chrono::milliseconds(o.fault_heartbeat_ms);
+  o.run_dir = (std::filesystem::path(o.run_dir) / ("replica" + std::to_string(id_))).string();
+}
+
+QuorumHook::~QuorumHook() {
+  if (!replica_ || std::uncaught_exceptions() > 0) return;
+  try {
+    replica_->finish(state_);
+  } catch (const std::exception& e) {
+    log::warn("replica {}: {}", id_, e.what());
+  }
+}
+
+void QuorumHook::begin(int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task, Rng& sample_rng) {
+  model_ = &model;
+  dp_ = &dp;
+  task_ = &task;
+  rng_ = &sample_rng;
+  state_.step = start;
+  state_.save_extra = [this] { return save(); };
+  state_.load_extra = [this](const std::string& b) { load(b); };
+  replica_ = std::make_unique<resilience::QuorumReplica>(qo_);
+  log::info("fault tolerance: replica {} of {} against the lighthouse {}:{}", id_, replicas_, qo_.lighthouse_host,
+            qo_.lighthouse_port);
+}
+
+// Everything a replica is, in one blob: weights and optimizer state (safetensors) and the rest.
+std::string QuorumHook::save() const {
+  std::vector<std::pair<std::string, Tensor>> m, opt;
+  dp_->full_state(m, opt);
+  auto rs = rng_->state();
+  nlohmann::json j = {{"rng", std::vector<uint64_t>(rs.begin(), rs.end())}, {"data", task_->data_state()}};
+  std::string a = safetensors_encode(m, {}), b = safetensors_encode(opt, {}), c = j.dump();
+  auto len = [](const std::string& s) { return fmt::format("{:020}", s.size()); };
+  return len(a) + len(b) + a + b + c;
+}
+
+void QuorumHook::load(const std::string& blob) {
+  size_t na = std::stoull(blob.substr(0, 20)), nb = std::stoull(blob.substr(20, 20));
+  TensorFile m = safetensors_decode(blob.substr(40, na), "the peer's weights");
+  TensorFile opt = safetensors_decode(blob.substr(40 + na, nb), "the peer's optimizer state");
+  nlohmann::json j = nlohmann::json::parse(blob.substr(40 + na + nb));
+  dp_->load_full_state(m.tensors, opt, "a live peer");
+  auto rs = j.at("rng").get<std::vector<uint64_t>>();
+  Rng::State st;
+  std::copy(rs.begin(), rs.end(), st.begin());
+  rng_->set_state(st);
+  task_->set_data_state(j.at("data"), task_env());
+}
+
+bool QuorumHook::step(int64_t& step, const std::function<double()>& compute, double& loss,
+                      const std::function<void()>& apply) {
+  nlohmann::json data_before;  // where this attempt's data starts (after any heal)
+  bool ok = replica_->step(
+      state_,
+      [&](comm::Communicator& c) {
+        step = state_.step;  // after a heal
+        data_before = task_->data_state();
+        double l = compute();
+        c.all_reduce(model_->flat_grads(), comm::ReduceOp::avg);
+        Tensor lt = Tensor::empty({1}, DType::f32);
+        lt.f32()[0] = float(l);
+        c.all_reduce(lt, comm::ReduceOp::avg);
+        loss = lt.f32()[0];
+      },
+      [&] {
+        step = state_.step;
+        apply();
+      });
+  if (!ok && !data_before.is_null()) task_->set_data_state(data_before, task_env());  // redo the step on the same data
+  step = state_.step - 1;
+  return ok;
+}
+
+}  // namespace atl

@@ -1,0 +1,126 @@
+// The trainer's fault-tolerance hooks end to end with the `atoll` command: a quorum-mode run that
+// loses a replica to kill -9 and gets it back (its disk checkpoint, then healed from a live peer),
+// and a distributed launch that the pre-run gate refuses before step 1.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "comm/tcp_store.h"
+#include "proc.h"
+#include "resilience/lighthouse.h"
+
+namespace atl::resilience::test {
+namespace fs = std::filesystem;
+namespace {
+
+std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
+
+struct Corpus {
+  fs::path root, cfg;
+  Corpus() {
+    root = fs::temp_directory_path() / ("atoll_ft_train_" + std::to_string(getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream txt(root / "corpus.txt");
+    const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
+    uint32_t s = 777;
+    for (int doc = 0; doc < 200; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        s = s * 1664525u + 1013904223u;
+        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+    txt.close();
+    pid_t p = spawn({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
+                     (root / "data").string(), "--val-fraction", "0.1"},
+                    {}, (root / "prepare.log").string());
+    EXPECT_EQ(wait_for(p, 60), 0) << read_file((root / "prepare.log").string());
+    cfg = root / "tiny.toml";
+    std::ofstream c(cfg);
+    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
+      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+      << "[train]\nsteps = 120\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 10\n"
+      << "[log]\nevery = 10\n[hardware]\npeak_gflops = 100.0\n";
+  }
+  ~Corpus() {
+    if (!std::getenv("ATOLL_KEEP_TEST_FILES")) fs::remove_all(root);
+  }
+};
+
+}  // namespace
+
+TEST(QuorumTrainer, AKilledReplicaComesBackHealedAndAllEndWithBitwiseEqualCheckpoints) {
+  Corpus c;
+  LighthouseOptions lo;
+  lo.host = "127.0.0.1";
+  lo.heartbeat_timeout = std::chrono::milliseconds(600);
+  lo.min_replicas = 3;
+  Lighthouse lh(lo);
+  auto replica = [&](int r, bool resume) {
+    std::vector<std::string> argv = {atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
+                                     "--fault.tolerance=quorum"};
+    if (resume) argv.push_back("--resume");
+    return spawn(argv,
+                 {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "ATOLL_LIGHTHOUSE=127.0.0.1:" + std::to_string(lh.port()),
+                  "OMP_NUM_THREADS=1"},
+                 (c.root / ("r" + std::to_string(r) + (resume ? "b" : "") + ".log")).string());
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) pids.push_back(replica(r, false));
+  // Until replica 1 has a disk checkpoint (step 20) to come back from.
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << lh.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(pids[1], SIGKILL);
+  EXPECT_EQ(wait_for(pids[1], 10), 128 + SIGKILL);
+  pid_t back = replica(1, true);
+  for (int r : {0, 2}) EXPECT_EQ(wait_for(pids[size_t(r)], 120), 0) << read_file((c.root / ("r" + std::to_string(r) + ".log")).string());
+  EXPECT_EQ(wait_for(back, 60), 0) << read_file((c.root / "r1b.log").string());
+  std::string log0 = read_file((c.root / "r0.log").string()), log1 = read_file((c.root / "r1b.log").string());
+  EXPECT_NE(log0.find("quorum 2 of 2 replicas"), std::string::npos) << log0;  // went on without replica 1
+  EXPECT_NE(log1.find("healed from replica"), std::string::npos) << log1;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    std::string ref = read_file((c.root / "run/replica0/checkpoints/step_00000120" / f).string());
+    ASSERT_FALSE(ref.empty()) << f;
+    for (int r : {1, 2})
+      EXPECT_TRUE(read_file((c.root / ("run/replica" + std::to_string(r)) / "checkpoints/step_00000120" / f).string()) ==
+                  ref)
+          << "replica " << r << "'s " << f << " differs from replica 0's";
+  }
+}
+
+// Two ranks of `atoll train` whose configs differ in one key: refused by the gate, on both ranks,
+// before any step runs, in seconds, naming the config hash.
+TEST(PreRunGate, AtollTrainRefusesRanksWhoseConfigsDifferBeforeStepOne) {
+  Corpus c;
+  int port = comm::pick_free_port();
+  std::vector<pid_t> pids;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn({atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "gate").string(),
+                          r == 1 ? "--train.seq_len=16" : "--train.seq_len=32"},
+                         {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r),
+                          "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                          "ATOLL_COMM_TIMEOUT=30", "OMP_NUM_THREADS=1"},
+                         (c.root / ("g" + std::to_string(r) + ".log")).string()));
+  for (int r = 0; r < 2; ++r) {
+    std::string log = (c.root / ("g" + std::to_string(r) + ".log")).string();
+    EXPECT_NE(wait_for(pids[size_t(r)], 60), 0) << read_file(log);
+    std::string text = read_file(log);
+    EXPECT_NE(text.find("pre-run gate"), std::string::npos) << text;
+    EXPECT_NE(text.find("config hash"), std::string::npos) << text;
+    EXPECT_EQ(text.find("step     1/"), std::string::npos) << "a step ran:\n" << text;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+}  // namespace atl::resilience::test
