@@ -50,6 +50,9 @@ class Task {
   // The training data's position, saved in checkpoints; restored by a job of any size.
   virtual nlohmann::json data_state() const = 0;
   virtual void set_data_state(const nlohmann::json& s, const TaskEnv& env) = 0;
+  // Fields this step adds to its metrics.jsonl record (RL: reward, KL, time split); called after
+  // the step's evaluation and sample.
+  virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
 };
 
 using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;

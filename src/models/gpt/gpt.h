@@ -8,6 +8,7 @@
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/model.h"
+#include "nn/policy_model.h"
 #include "tensor/rng.h"
 
 namespace atl::nn {
@@ -44,7 +45,7 @@ class Block : public Module {
   MLP* mlp;
 };
 
-class GPT : public Model, public TokenGenerator {
+class GPT : public Model, public TokenGenerator, public PolicyModel {
  public:
   explicit GPT(const GPTConfig& c);
   const GPTConfig& config() const { return c_; }
@@ -96,6 +97,13 @@ class GPT : public Model, public TokenGenerator {
   // keys and values to the cache and returns logits [B,V] at each row's last real token (zeros
   // for a row with none). Records no graph.
   Tensor forward_cached(const Tensor& tokens, KVCache& cache, const std::vector<int64_t>& n_new) const;
+
+  // ---- RL policy (nn/policy_model.h; gpt_policy.cpp) ----
+  Tensor features(const Tensor& tokens) const override;
+  Tensor head(const Tensor& features) const override;
+  int64_t feature_dim() const override;
+  std::vector<Completion> generate_batch(const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+                                         const SamplingConfig& s) const override;
 
   Embedding* wte;
   Embedding* wpe = nullptr;
