@@ -301,7 +301,7 @@ TrainResult Trainer::run(bool resume) {
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
-    for (auto& [k, v] : I.task->step_metrics().items()) rec[k] = v;
+    rec.update(I.task->step_metrics());  // the task's own fields (RL: reward, KL, time split)
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
