@@ -51,6 +51,8 @@ class RlEngine {
   void set_state(const nlohmann::json& j);
 
   const RolloutBatch& current() const { return cur_; }
+  // PPO's value head (empty for the other algorithms).
+  const std::vector<ParamRef>& value_head() const { return vrefs_; }
   const RlConfig& config() const { return c_; }
   const VerifiableTask& task() const { return *task_; }
   const std::vector<Problem>& eval_problems() const { return eval_; }
