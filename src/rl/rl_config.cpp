@@ -31,6 +31,7 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   r.sft_steps = c.get_int("rl.sft_steps", r.sft_steps, 0, int64_t(1) << 40);
   r.sft_batch = c.get_int("rl.sft_batch", r.sft_batch, 1, 65536);
   r.format_reward = float(c.get_float("rl.format_reward", r.format_reward, 0.0, 1.0));
+  r.lr_scale = float(c.get_float("rl.lr_scale", r.lr_scale, 0.0, 100.0));
   r.eval_size = c.get_int("rl.eval_size", r.eval_size, 1, 100000);
   r.placement = c.get_string("rl.placement", r.placement, {"colocated", "async"});
   r.max_staleness = c.get_int("rl.max_staleness", r.max_staleness, 0, 1);

@@ -24,6 +24,7 @@ struct RlConfig {
   float vf_coef = 0.5f, value_clip = 0.2f, value_lr = 1e-3f;
   int64_t sft_steps = 0, sft_batch = 64;  // warm start on generated demonstrations before RL
   float format_reward = 0.1f;
+  float lr_scale = 0.1f;  // the RL steps' learning rate relative to the schedule (SFT: 1)
   int64_t eval_size = 200;
   std::string placement = "colocated";  // colocated | async (one-step-off-policy)
   int64_t max_staleness = 1;            // async: rollouts at most this many updates old

@@ -45,6 +45,8 @@ class RlEngine {
   std::string sample(const nn::Model& model);
   // What this step measured, for metrics.jsonl (reward, KL, entropy, time split...).
   nlohmann::json step_metrics();
+  // rl.lr_scale during the RL steps, 1 during SFT.
+  float lr_multiplier() const { return sft_phase_ ? 1.0f : c_.lr_scale; }
   int64_t tokens_per_batch() const;
   int64_t sequence_length() const;
   nlohmann::json state() const;

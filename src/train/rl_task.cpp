@@ -29,6 +29,7 @@ class RlTask final : public Task {
   nlohmann::json data_state() const override { return eng_.state(); }
   void set_data_state(const nlohmann::json& s, const TaskEnv&) override { eng_.set_state(s); }
   nlohmann::json step_metrics() override { return eng_.step_metrics(); }
+  float lr_multiplier() const override { return eng_.lr_multiplier(); }
 
  private:
   const rl::RolloutBatch& eng_current() { return eng_.current(); }

@@ -53,6 +53,9 @@ class Task {
   // Fields this step adds to its metrics.jsonl record (RL: reward, KL, time split); called after
   // the step's evaluation and sample.
   virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
+  // A factor on the learning-rate schedule for the step whose batch was just taken (a task with
+  // phases, RL after a supervised warm start, runs them at different rates).
+  virtual float lr_multiplier() const { return 1.0f; }
 };
 
 using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;

@@ -270,7 +270,7 @@ TrainResult Trainer::run(bool resume) {
       fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
            step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
     }
-    float lr_scale = o.schedule.at(step);
+    float lr_scale = o.schedule.at(step) * I.task->lr_multiplier();
     auto t_opt = Clock::now();
     I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
     const double opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
