@@ -21,16 +21,17 @@ WeightSync::WeightSync(std::vector<Tensor> tensors, double bucket_mb) : t_(std::
     cur.floats += t_[i].numel();
   }
   if (cur.last > cur.first) ranges_.push_back(cur);
+  for (const Range& r : ranges_) bufs_.push_back(Tensor::zeros({r.floats}));
 }
 
 SyncStats WeightSync::broadcast(comm::Communicator& comm, int root) {
   auto t0 = std::chrono::steady_clock::now();
   SyncStats st;
   const bool src = comm.rank() == root;
-  std::vector<Tensor> bufs;
   std::vector<comm::WorkPtr> work;
-  for (const Range& r : ranges_) {
-    Tensor b = Tensor::empty({r.floats});
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    const Range& r = ranges_[k];
+    Tensor& b = bufs_[k];
     if (src) {
       int64_t off = 0;
       for (size_t i = r.first; i < r.last; ++i) {
@@ -39,7 +40,6 @@ SyncStats WeightSync::broadcast(comm::Communicator& comm, int root) {
       }
     }
     work.push_back(comm.broadcast_async(b, root));
-    bufs.push_back(b);
     st.bytes += r.floats * 4;
   }
   for (size_t k = 0; k < ranges_.size(); ++k) {
@@ -47,7 +47,7 @@ SyncStats WeightSync::broadcast(comm::Communicator& comm, int root) {
     if (src) continue;
     int64_t off = 0;
     for (size_t i = ranges_[k].first; i < ranges_[k].last; ++i) {
-      std::memcpy(t_[i].f32(), bufs[k].f32() + off, size_t(t_[i].numel()) * 4);
+      std::memcpy(t_[i].f32(), bufs_[k].f32() + off, size_t(t_[i].numel()) * 4);
       off += t_[i].numel();
     }
   }

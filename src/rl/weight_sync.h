@@ -33,6 +33,7 @@ class WeightSync {
   };
   std::vector<Tensor> t_;
   std::vector<Range> ranges_;
+  std::vector<Tensor> bufs_;  // one per bucket, allocated once: fresh pages per push cost more than the copy
 };
 
 }  // namespace atl::rl
