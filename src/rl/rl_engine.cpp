@@ -6,6 +6,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threads.h"
 #include "optim/adamw.h"
 #include "rl/policy_loss.h"
 
@@ -217,7 +218,11 @@ const RolloutBatch& RlEngine::next_batch() {
       // The rollout copy takes the current weights, then generates the next batch while this one trains.
       sync_rollout_model();
       const int64_t next = rl_steps_ + 1, version = updates;
-      worker_ = std::thread([this, next, version] {
+      const int threads = num_threads();
+      worker_ = std::thread([this, next, version, threads] {
+        // OpenMP's thread count is per thread: a new thread would start with every core and its
+        // spinning team would fight the trainer's.
+        set_num_threads(threads);
         try {
           pending_ = rollouts(*rollout_, next);
           pending_.policy_version = version;
