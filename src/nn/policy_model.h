@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "nn/kv_cache.h"
 #include "nn/sampling.h"
 #include "tensor/tensor.h"
 
@@ -27,6 +28,11 @@ class PolicyModel {
   };
   virtual std::vector<Completion> generate_batch(const std::vector<std::vector<int32_t>>& prompts,
                                                  int64_t max_new_tokens, const SamplingConfig& s) const = 0;
+  // Incremental decoding one step at a time (rl/belayer.h rebuilds a request's cache from its
+  // logged prefix): a cache for `batch` rows of up to `capacity` positions, and the cached forward
+  // over new tokens [B,T] (row b's first n_new[b] real) -> logits [B,V] at each row's last one.
+  virtual KVCache make_kv_cache(int64_t batch, int64_t capacity) const = 0;
+  virtual Tensor forward_cached(const Tensor& tokens, KVCache& cache, const std::vector<int64_t>& n_new) const = 0;
 };
 
 }  // namespace atl::nn
