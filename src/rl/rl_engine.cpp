@@ -95,7 +95,7 @@ Tensor RlEngine::score_logprobs(const nn::Model& m, const RolloutBatch& b) {
   return token_logprobs(p.head(p.features(b.input)), b.target);
 }
 
-Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b, bool grad) const {
+Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b) const {
   NoGradGuard ng;
   const nn::PolicyModel& p = policy_of(m);
   return ops::linear(p.features(b.input), vw_, vb_).contiguous().reshape({b.B * b.T});
@@ -237,7 +237,7 @@ const RolloutBatch& RlEngine::next_batch() {
     m_["staleness"] = staleness;
     const double t0 = now_s();
     const Algorithm& alg = algorithm_registry().get(c_.algorithm);
-    if (alg.value_head) cur_.old_values = values(*policy_, cur_, false);
+    if (alg.value_head) cur_.old_values = values(*policy_, cur_);
     alg.prepare(cur_, c_.alg);
     cur_.score_s += now_s() - t0;
     ++rl_steps_;

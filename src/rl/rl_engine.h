@@ -68,7 +68,8 @@ class RlEngine {
   void sync_rollout_model();
   void step_value_head();
   RolloutBatch sft_batch();
-  Tensor values(const nn::Model& m, const RolloutBatch& b, bool grad) const;
+  // The value head on m's features, no graph: PPO's old values. [B*T]
+  Tensor values(const nn::Model& m, const RolloutBatch& b) const;
 
   RlConfig c_;
   std::unique_ptr<VerifiableTask> task_;
