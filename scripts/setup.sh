@@ -9,7 +9,7 @@ PKGS=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libgloo-dev libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy
-  fortunes fortunes-min bible-kjv bible-kjv-text dict-gcide
+  fortunes fortunes-min bible-kjv bible-kjv-text dict-gcide wamerican
   clang-14 libclang-rt-14-dev
   iproute2
 )

@@ -56,6 +56,12 @@ class Task {
   // ranges index, "shards": [[begin, end), ...] this rank reads this epoch, "batches_per_epoch"};
   // null when the task cannot say (the gate then checks the rest).
   virtual nlohmann::json data_facts() const { return nullptr; }
+  // Fields this step adds to its metrics.jsonl record (RL: reward, KL, time split); called after
+  // the step's evaluation and sample.
+  virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
+  // A factor on the learning-rate schedule for the step whose batch was just taken (a task with
+  // phases, RL after a supervised warm start, runs them at different rates).
+  virtual float lr_multiplier() const { return 1.0f; }
 };
 
 using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;

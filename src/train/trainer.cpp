@@ -384,7 +384,7 @@ TrainResult Trainer::run(bool resume) {
         fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
              step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
       }
-      lr_scale = o.schedule.at(step);
+      lr_scale = o.schedule.at(step) * I.task->lr_multiplier();
       auto t_opt = Clock::now();
       I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
       opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
@@ -431,6 +431,7 @@ TrainResult Trainer::run(bool resume) {
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
+    rec.update(I.task->step_metrics());  // the task's own fields (RL: reward, KL, time split)
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.

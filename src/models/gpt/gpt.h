@@ -10,6 +10,7 @@
 #include "nn/layers.h"
 #include "nn/model.h"
 #include "nn/pipeline_stages.h"
+#include "nn/policy_model.h"
 #include "nn/tensor_parallel.h"
 #include "tensor/rng.h"
 
@@ -56,7 +57,7 @@ class Block : public Module {
   MLP* mlp;
 };
 
-class GPT : public Model, public TokenGenerator, public SequenceSharded, public PipelineStages {
+class GPT : public Model, public TokenGenerator, public SequenceSharded, public PipelineStages, public PolicyModel {
  public:
   // tp: build rank tp->rank()'s shard of a tensor-parallel group (see parallelize.cpp); the
   // context must outlive the model. Null: the whole model.
@@ -121,6 +122,13 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded, public 
   // keys and values to the cache and returns logits [B,V] at each row's last real token (zeros
   // for a row with none). Records no graph.
   Tensor forward_cached(const Tensor& tokens, KVCache& cache, const std::vector<int64_t>& n_new) const;
+
+  // ---- RL policy (nn/policy_model.h; gpt_policy.cpp) ----
+  Tensor features(const Tensor& tokens) const override;
+  Tensor head(const Tensor& features) const override;
+  int64_t feature_dim() const override;
+  std::vector<Completion> generate_batch(const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+                                         const SamplingConfig& s) const override;
 
   Embedding* wte;
   Embedding* wpe = nullptr;

@@ -1,0 +1,37 @@
+// [rl] keys (docs/rl.md), each read with its range; an out-of-range or unknown value names the
+// key and where it was set.
+#pragma once
+#include <string>
+
+#include "core/config.h"
+#include "rl/algorithm.h"
+#include "rl/policy_loss.h"
+#include "rl/verifiable_task.h"
+
+namespace atl::rl {
+
+struct RlConfig {
+  std::string algorithm = "grpo";
+  TaskSpec task;
+  int heldout_percent = 10;
+  int64_t prompts = 8, group_size = 8;  // per rank per step: prompts × group_size rollouts
+  int64_t max_new_tokens = 0;           // 0: the task's longest answer + 1
+  float temperature = 1.0f;
+  int64_t top_k = 0;
+  PolicyLossConfig loss;
+  AlgorithmConfig alg;
+  int64_t epochs = 1;  // optimizer steps on each rollout batch (the clipped ratio matters from the 2nd)
+  float vf_coef = 0.5f, value_clip = 0.2f, value_lr = 1e-3f;
+  int64_t sft_steps = 0, sft_batch = 64;  // warm start on generated demonstrations before RL
+  float format_reward = 0.1f;
+  float lr_scale = 0.1f;  // the RL steps' learning rate relative to the schedule (SFT: 1)
+  int64_t eval_size = 200;
+  std::string placement = "colocated";  // colocated | async (one-step-off-policy)
+  int64_t max_staleness = 1;            // async: rollouts at most this many updates old
+  double sync_bucket_mb = 4.0;
+  uint64_t seed = 1;
+
+  static RlConfig from_config(Config& c, uint64_t seed);
+};
+
+}  // namespace atl::rl

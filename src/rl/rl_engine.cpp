@@ -1,0 +1,366 @@
+#include "rl/rl_engine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "autograd/ops.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/threads.h"
+#include "optim/adamw.h"
+#include "rl/policy_loss.h"
+
+namespace atl::rl {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const nn::PolicyModel& policy_of(const nn::Model& m) {
+  auto* p = dynamic_cast<const nn::PolicyModel*>(&m);
+  ATOLL_CHECK(p, "[train] task = 'rl' needs a model that can act as a policy (nn::PolicyModel); model family '{}' "
+                 "is not one",
+              m.family());
+  return *p;
+}
+
+uint64_t mix(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ c * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  return x ^ (x >> 29);
+}
+
+std::vector<Tensor> param_values(nn::Model& m) {
+  std::vector<Tensor> v;
+  for (nn::Parameter* p : m.parameters()) v.push_back(p->value);
+  return v;
+}
+
+void copy_weights(nn::Model& dst, const nn::Model& src) {
+  Tensor d = dst.flat_values();
+  d.copy_from(src.flat_values());
+}
+
+}  // namespace
+
+RlEngine::RlEngine(RlConfig c) : c_(std::move(c)) {
+  task_ = make_verifiable_task(c_.task);
+  task_->heldout_percent = c_.heldout_percent;
+  max_new_ = c_.max_new_tokens > 0 ? c_.max_new_tokens : task_->max_answer_len() + 1;
+  c_.alg.max_new_tokens = max_new_;
+  // A fixed seed: the held-out set does not change with [train] seed.
+  eval_ = task_->eval_set(c_.eval_size, 20240601);
+}
+
+RlEngine::~RlEngine() {
+  if (worker_.joinable()) worker_.join();
+}
+
+void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int world) {
+  policy_ = &model;
+  comm_ = comm;
+  rank_ = rank;
+  world_ = world;
+  const nn::PolicyModel& p = policy_of(model);
+  auto* tm = dynamic_cast<const nn::TokenModel*>(&model);
+  ATOLL_CHECK(tm && tm->vocab_size() >= kVocab, "[train] task = 'rl': the model's vocabulary must hold the {} ids of "
+                                                "the RL tasks' characters (model.vocab_size = {})",
+              kVocab, tm ? tm->vocab_size() : 0);
+  const int64_t need = task_->max_prompt_len() + max_new_ + 1;
+  ATOLL_CHECK(tm->max_sequence_length() == 0 || tm->max_sequence_length() >= need,
+              "[train] task = 'rl' ({}): prompts and completions need {} positions; model.block_size is {}",
+              task_->name(), need, tm->max_sequence_length());
+  ref_ = nn::model_from_metadata(model.config_metadata());
+  if (c_.placement == "async") {
+    rollout_ = nn::model_from_metadata(model.config_metadata());
+    sync_ = std::make_unique<WeightSync>(param_values(model), c_.sync_bucket_mb);
+  }
+  if (algorithm_registry().get(c_.algorithm).value_head) {
+    const int64_t C = p.feature_dim();
+    vw_ = Tensor::zeros({C, 1});
+    vb_ = Tensor::zeros({1});
+    Tensor gw = Tensor::zeros({C, 1}), gb = Tensor::zeros({1});
+    set_requires_grad(vw_, true, "value_head.weight", gw);
+    set_requires_grad(vb_, true, "value_head.bias", gb);
+    vrefs_ = {{"value_head.weight", vw_, gw, ParamRole::vector}, {"value_head.bias", vb_, gb, ParamRole::vector}};
+    vopt_ = make_adamw(vrefs_, c_.value_lr, 0.9f, 0.999f, 1e-8f, 0.0f);
+  }
+}
+
+Tensor RlEngine::score_logprobs(const nn::Model& m, const RolloutBatch& b) {
+  NoGradGuard ng;
+  const nn::PolicyModel& p = policy_of(m);
+  return token_logprobs(p.head(p.features(b.input)), b.target);
+}
+
+Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b) const {
+  NoGradGuard ng;
+  const nn::PolicyModel& p = policy_of(m);
+  return ops::linear(p.features(b.input), vw_, vb_).contiguous().reshape({b.B * b.T});
+}
+
+RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step) {
+  NoGradGuard ng;  // also on the async worker thread, whose grad mode starts on
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(rank_));
+  Rng rng(seed, 5);
+  std::vector<Problem> probs;
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t i = 0; i < c_.prompts; ++i) {
+    probs.push_back(task_->draw_train(rng));
+    for (int64_t g = 0; g < c_.group_size; ++g) rows.push_back(encode(probs.back().prompt));
+  }
+  nn::SamplingConfig s;
+  s.temperature = c_.temperature;
+  s.top_k = c_.top_k;
+  s.stop_tokens = {kEndMarker};
+  s.seed = seed ^ 0x5eed;
+  double t0 = now_s();
+  auto comps = policy_of(gen).generate_batch(rows, max_new_, s);
+  const double gen_s = now_s() - t0;
+  t0 = now_s();
+  std::vector<Sample> samples;
+  int64_t gen_tokens = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    Sample sm;
+    sm.problem = probs[r / size_t(c_.group_size)];
+    sm.prompt = rows[r];
+    sm.completion = comps[r].tokens;
+    sm.stopped = comps[r].stopped;
+    sm.reward = task_->score(sm.problem, decode(sm.completion), sm.stopped, c_.format_reward);
+    sm.group = int64_t(r) / c_.group_size;
+    gen_tokens += int64_t(sm.completion.size()) + (sm.stopped ? 1 : 0);
+    samples.push_back(std::move(sm));
+  }
+  RolloutBatch b = pack_rollouts(std::move(samples));
+  b.old_logp = score_logprobs(gen, b);
+  b.ref_logp = score_logprobs(*ref_, b);
+  b.gen_s = gen_s;
+  b.score_s = now_s() - t0;
+  b.gen_tokens = gen_tokens;
+  return b;
+}
+
+RolloutBatch RlEngine::sft_batch() {
+  Rng rng(mix(c_.seed ^ 0x5f7, uint64_t(calls_), uint64_t(rank_)), 9);
+  std::vector<Sample> samples;
+  for (int64_t i = 0; i < c_.sft_batch; ++i) {
+    Sample s;
+    s.problem = task_->draw_train(rng);
+    s.prompt = encode(s.problem.prompt);
+    s.completion = encode(s.problem.answer);
+    s.stopped = true;
+    samples.push_back(std::move(s));
+  }
+  return pack_rollouts(std::move(samples));
+}
+
+void RlEngine::step_value_head() {
+  if (!vopt_) return;
+  if (comm_ && world_ > 1)
+    for (ParamRef& r : vrefs_) comm_->all_reduce(r.grad, comm::ReduceOp::avg);
+  vopt_->step({1.0f, 1.0f});
+  for (ParamRef& r : vrefs_) r.grad.zero();
+}
+
+void RlEngine::sync_rollout_model() {
+  SyncStats st = sync_->copy_to(param_values(*rollout_));
+  m_["sync_ms"] = st.seconds * 1e3;
+  m_["sync_buckets"] = st.buckets;
+  m_["sync_mb"] = double(st.bytes) / 1e6;
+}
+
+const RolloutBatch& RlEngine::next_batch() {
+  ATOLL_CHECK(policy_, "rl: next_batch before setup");
+  const double t_enter = now_s();
+  const int64_t updates = calls_;  // optimizer steps the policy has taken (one per batch)
+  if (calls_ > 0 && !sft_phase_) step_value_head();
+  ++calls_;
+  m_ = nlohmann::json::object();
+  t_loss_start_ = -1;
+  eval_acc_ = -1;
+  if (calls_ <= c_.sft_steps) {
+    sft_phase_ = true;
+    cur_ = sft_batch();
+    m_["phase"] = "sft";
+    return cur_;
+  }
+  sft_phase_ = false;
+  m_["phase"] = "rl";
+  if (!ref_ready_) {
+    // The frozen reference (and the rollout copy) start from the policy as RL starts: after the
+    // SFT steps, after init or a loaded checkpoint.
+    ATOLL_CHECK(!policy_->block_hooks(), "[train] task = 'rl' needs every rank to hold the whole model between steps "
+                                         "(parallel.strategy ddp, zero1 or zero2), not a sharded one");
+    copy_weights(*ref_, *policy_);
+    if (rollout_) copy_weights(*rollout_, *policy_);
+    ref_ready_ = true;
+  }
+  if (epoch_ == 0) {
+    if (c_.placement == "colocated") {
+      cur_ = rollouts(*policy_, rl_steps_);
+      cur_.policy_version = updates;
+      m_["sync_ms"] = 0.0;
+    } else {
+      double wait_s = 0;
+      if (!worker_.joinable()) {
+        pending_ = rollouts(*rollout_, rl_steps_);
+        pending_.policy_version = updates;
+      } else {
+        const double t = now_s();
+        worker_.join();
+        wait_s = now_s() - t;
+      }
+      ATOLL_CHECK(worker_error_.empty(), "rl: the rollout thread failed: {}", worker_error_);
+      cur_ = std::move(pending_);
+      m_["wait_ms"] = wait_s * 1e3;
+      // The rollout copy takes the current weights, then generates the next batch while this one trains.
+      sync_rollout_model();
+      const int64_t next = rl_steps_ + 1, version = updates;
+      const int threads = num_threads();
+      worker_ = std::thread([this, next, version, threads] {
+        // OpenMP's thread count is per thread: a new thread would start with every core and its
+        // spinning team would fight the trainer's.
+        set_num_threads(threads);
+        try {
+          pending_ = rollouts(*rollout_, next);
+          pending_.policy_version = version;
+        } catch (const std::exception& e) {
+          worker_error_ = e.what();
+        }
+      });
+    }
+    const int64_t staleness = updates - cur_.policy_version;
+    ATOLL_CHECK(staleness <= (c_.placement == "async" ? c_.max_staleness : c_.epochs - 1),
+                "rl: rollouts {} updates old exceed the staleness bound", staleness);
+    m_["staleness"] = staleness;
+    const double t0 = now_s();
+    const Algorithm& alg = algorithm_registry().get(c_.algorithm);
+    if (alg.value_head) cur_.old_values = values(*policy_, cur_);
+    alg.prepare(cur_, c_.alg);
+    cur_.score_s += now_s() - t0;
+    ++rl_steps_;
+    // Rewards over the whole job (one small all-reduce).
+    double sums[5] = {0, 0, 0, 0, 0};
+    for (const Sample& s : cur_.samples) {
+      sums[0] += s.reward.total;
+      sums[1] += s.reward.exact;
+      sums[2] += s.reward.format;
+      sums[3] += double(s.completion.size());
+      sums[4] += 1;
+    }
+    if (comm_ && world_ > 1) {
+      Tensor t = Tensor::from_vector({float(sums[0]), float(sums[1]), float(sums[2]), float(sums[3]), float(sums[4])}, {5});
+      comm_->all_reduce(t);
+      for (int i = 0; i < 5; ++i) sums[i] = t.f32()[i];
+    }
+    m_["reward"] = sums[0] / sums[4];
+    m_["exact"] = sums[1] / sums[4];
+    m_["format"] = sums[2] / sums[4];
+    m_["completion_len"] = sums[3] / sums[4];
+    m_["gen_ms"] = cur_.gen_s * 1e3;
+    m_["score_ms"] = cur_.score_s * 1e3;
+    m_["gen_tokens_per_s"] = cur_.gen_s > 0 ? double(cur_.gen_tokens) * world_ / cur_.gen_s : 0.0;
+  }
+  epoch_ = (epoch_ + 1) % c_.epochs;
+  m_["rl_step"] = rl_steps_;
+  m_["batch_ms"] = (now_s() - t_enter) * 1e3;
+  return cur_;
+}
+
+Tensor RlEngine::loss(const nn::Model& model, const RolloutBatch& b) {
+  t_loss_start_ = now_s();
+  const nn::PolicyModel& p = policy_of(model);
+  Tensor f = p.features(b.input);
+  Tensor logits = p.head(f);
+  if (sft_phase_) return ops::cross_entropy(logits, b.target, Tensor(), Tensor());
+  PolicyLossStats st;
+  Tensor l = policy_loss(logits, b.target, b.old_logp, b.ref_logp, b.advantages, b.weights, c_.loss, &st);
+  m_["kl"] = st.kl;
+  m_["entropy"] = st.entropy;
+  m_["clip_frac"] = st.clip_frac;
+  m_["ratio"] = st.ratio;
+  m_["policy_loss"] = l.item();
+  if (vopt_) {
+    Tensor v = ops::linear(f, vw_, vb_);
+    Tensor w = b.weights.clone();
+    for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] *= c_.vf_coef;
+    Tensor vl = value_loss(v, b.old_values, b.returns, w, c_.value_clip);
+    m_["value_loss"] = c_.vf_coef > 0 ? vl.item() / c_.vf_coef : 0.0;
+    l = ops::add(l, vl);
+  }
+  return l;
+}
+
+double RlEngine::heldout_accuracy(const nn::Model& model) {
+  NoGradGuard ng;
+  const double t0 = now_s();
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<const Problem*> probs;
+  for (size_t i = size_t(rank_); i < eval_.size(); i += size_t(world_)) {
+    rows.push_back(encode(eval_[i].prompt));
+    probs.push_back(&eval_[i]);
+  }
+  float sums[3] = {0, 0, float(rows.size())};
+  if (!rows.empty()) {
+    nn::SamplingConfig s;
+    s.temperature = 0;
+    s.stop_tokens = {kEndMarker};
+    auto comps = policy_of(model).generate_batch(rows, max_new_, s);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Reward r = task_->score(*probs[i], decode(comps[i].tokens), comps[i].stopped, 0.0);
+      sums[0] += float(r.exact);
+      sums[1] += float(r.format);
+    }
+  }
+  if (comm_ && world_ > 1) {
+    Tensor t = Tensor::from_vector({sums[0], sums[1], sums[2]}, {3});
+    comm_->all_reduce(t);
+    std::memcpy(sums, t.f32(), sizeof(sums));
+  }
+  eval_acc_ = sums[0] / std::max(1.0f, sums[2]);
+  m_["heldout_acc"] = eval_acc_;
+  m_["heldout_format"] = sums[1] / std::max(1.0f, sums[2]);
+  m_["eval_ms"] = (now_s() - t0) * 1e3;
+  if (rank_ == 0) log::info("rl: held-out accuracy {:.3f} on {} {} problems", eval_acc_, int64_t(sums[2]), task_->name());
+  return eval_acc_;
+}
+
+std::string RlEngine::sample(const nn::Model& model) {
+  nn::SamplingConfig s;
+  s.temperature = 0;
+  s.stop_tokens = {kEndMarker};
+  auto comps = policy_of(model).generate_batch({encode(eval_[0].prompt)}, max_new_, s);
+  return eval_[0].prompt + decode(comps[0].tokens) + (comps[0].stopped ? "" : "...");
+}
+
+nlohmann::json RlEngine::step_metrics() {
+  if (t_loss_start_ >= 0) {
+    double train_s = now_s() - t_loss_start_;
+    if (m_.contains("eval_ms")) train_s -= m_["eval_ms"].get<double>() / 1e3;
+    m_["train_ms"] = train_s * 1e3;
+    if (train_s > 0) m_["train_tokens_per_s"] = double(cur_.B * cur_.T) * world_ / train_s;
+  }
+  if (rank_ == 0 && !sft_phase_ && m_.contains("reward") && (rl_steps_ % 10 == 0 || rl_steps_ == 1))
+    log::info("rl step {:>4} | reward {:.3f} exact {:.3f} | kl {:.2e} | gen {:.0f} ms train {:.0f} ms", rl_steps_,
+              m_["reward"].get<double>(), m_["exact"].get<double>(), m_.value("kl", 0.0), m_.value("gen_ms", 0.0),
+              m_.value("train_ms", 0.0));
+  return m_;
+}
+
+int64_t RlEngine::sequence_length() const { return task_->max_prompt_len() + max_new_; }
+
+int64_t RlEngine::tokens_per_batch() const {
+  return std::max(c_.prompts * c_.group_size, c_.sft_batch) * sequence_length();
+}
+
+nlohmann::json RlEngine::state() const { return {{"calls", calls_}, {"rl_steps", rl_steps_}, {"epoch", epoch_}}; }
+
+void RlEngine::set_state(const nlohmann::json& j) {
+  calls_ = j.at("calls").get<int64_t>();
+  rl_steps_ = j.at("rl_steps").get<int64_t>();
+  epoch_ = j.at("epoch").get<int64_t>();
+}
+
+}  // namespace atl::rl

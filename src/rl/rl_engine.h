@@ -1,0 +1,102 @@
+// The RL post-training loop's steps, driven by the trainer through the "rl" task
+// (train/rl_task.cpp): each trainer step asks for a batch (generate → score), then for its loss
+// (train); the trainer's backward and optimizer step follow, and the next batch request syncs the
+// weights where the placement needs it.
+//
+// Placements ([rl] placement; the taxonomy of "Performance Foundations of Parallel & Distributed
+// Reasoning Language Models"):
+//   colocated  generation and training time-share every rank; multi-rank through the trainer's
+//              DDP (each rank generates its own prompts, groups never span ranks; the weights stay
+//              identical, so nothing is synced)
+//   async      one-step-off-policy: a rollout copy of the policy generates the batch of step k+1 on a
+//              second thread while step k trains; after each update the weights are copied into it
+//              in flat buckets (rl/weight_sync.h). Staleness is at most 1 update; the clipped ratio
+//              pi_theta / pi_behaviour is the importance correction.
+// Before the RL steps, rl.sft_steps steps of supervised warm start on generated demonstrations
+// (weighted cross-entropy on the answer tokens). The frozen reference is the policy as the first
+// RL step finds it.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "nn/model.h"
+#include "nn/policy_model.h"
+#include "rl/rl_config.h"
+#include "rl/rollout.h"
+#include "rl/weight_sync.h"
+#include "optim/optimizer.h"
+
+namespace atl::rl {
+
+class RlEngine {
+ public:
+  RlEngine(RlConfig c);
+  ~RlEngine();
+  // Once the model is built (its weights may still change before the first step).
+  void setup(nn::Model& model, comm::Communicator* comm, int rank, int world);
+  // The next micro-batch: SFT demonstrations, or scored rollouts (reused rl.epochs times).
+  const RolloutBatch& next_batch();
+  // The loss of the batch next_batch() returned (records the graph).
+  Tensor loss(const nn::Model& model, const RolloutBatch& b);
+  // Greedy held-out accuracy over the whole job (collective).
+  double heldout_accuracy(const nn::Model& model);
+  std::string sample(const nn::Model& model);
+  // What this step measured, for metrics.jsonl (reward, KL, entropy, time split...).
+  nlohmann::json step_metrics();
+  // rl.lr_scale during the RL steps, 1 during SFT.
+  float lr_multiplier() const { return sft_phase_ ? 1.0f : c_.lr_scale; }
+  int64_t tokens_per_batch() const;
+  int64_t sequence_length() const;
+  nlohmann::json state() const;
+  void set_state(const nlohmann::json& j);
+
+  const RolloutBatch& current() const { return cur_; }
+  // PPO's value head (empty for the other algorithms).
+  const std::vector<ParamRef>& value_head() const { return vrefs_; }
+  const RlConfig& config() const { return c_; }
+  const VerifiableTask& task() const { return *task_; }
+  const std::vector<Problem>& eval_problems() const { return eval_; }
+  int64_t max_new_tokens() const { return max_new_; }
+  // Generation + scoring with `gen` as the behaviour policy for rollout step `step` (exposed for tests).
+  RolloutBatch rollouts(const nn::Model& gen, int64_t step);
+  // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
+  static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
+
+ private:
+  void sync_rollout_model();
+  void step_value_head();
+  RolloutBatch sft_batch();
+  // The value head on m's features, no graph: PPO's old values. [B*T]
+  Tensor values(const nn::Model& m, const RolloutBatch& b) const;
+
+  RlConfig c_;
+  std::unique_ptr<VerifiableTask> task_;
+  std::vector<Problem> eval_;
+  int64_t max_new_ = 8;
+  nn::Model* policy_ = nullptr;
+  comm::Communicator* comm_ = nullptr;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<nn::Model> ref_, rollout_;
+  std::unique_ptr<WeightSync> sync_;
+  bool ref_ready_ = false;
+  int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
+  RolloutBatch cur_;
+  // async
+  std::thread worker_;
+  RolloutBatch pending_;
+  double pending_gen_s_ = 0, pending_score_s_ = 0;
+  std::string worker_error_;
+  // value head (ppo): w [C,1], b [1], its own AdamW (the trainer's optimizer owns the model only)
+  Tensor vw_, vb_;
+  std::vector<ParamRef> vrefs_;
+  std::unique_ptr<Optimizer> vopt_;
+  // per-step measurements
+  nlohmann::json m_;
+  double t_loss_start_ = -1;
+  double eval_acc_ = -1;
+  bool sft_phase_ = false;
+};
+
+}  // namespace atl::rl
