@@ -285,6 +285,7 @@ TrainResult Trainer::run(bool resume) {
     nlohmann::json rec = {{"step", step + 1}, {"loss", loss},        {"lr_scale", lr_scale}, {"grad_norm", norm},
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
+    for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,
                                        ema_step_s * double(o.steps - step - 1)}));
