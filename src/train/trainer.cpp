@@ -16,6 +16,7 @@
 #include "kernels/cpu/isa.h"
 #include "optim/clip.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/optim/placement.h"
 #include "resilience/checkpoint.h"
 #include "train/metrics.h"
@@ -110,6 +111,7 @@ struct Trainer::Impl {
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<nn::ExpertDispatcher> experts;  // expert parallelism's token dispatcher (ep > 1)
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -156,6 +158,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.mesh = std::make_unique<parallel::Mesh>(I.comm.get(), I.pc.mesh);
   I.model = nn::make_model(cfg, "model");  // [model] family (default "gpt")
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
+  I.experts = parallel::apply_expert_parallel(cfg, *I.model, *I.mesh);  // [parallel] ep > 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
   check_memory_before_start(cfg, *I.model,
                             {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,

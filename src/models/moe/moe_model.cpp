@@ -25,7 +25,7 @@ MoEModel::MoEModel(const MoEModelConfig& c) : Model(""), c_(c) {
   for (int64_t i = 0; i < a.n_layer; ++i)
     layers.push_back(child<MoEBlock>("model.layers." + std::to_string(i), a, i < c_.n_dense_layers ? nullptr : &c_.moe));
   norm = child<Norm>("model.norm", a.n_embd, true, false, a.norm_eps);
-  if (!a.tied_head) lm_head = declare("lm_head.weight", {a.vocab_size, a.n_embd}, ParamRole::head);
+  if (!a.tied_head) lm_head = child<Linear>("lm_head", a.n_embd, a.vocab_size, false, ParamRole::head);
   materialize();
 }
 
@@ -53,7 +53,8 @@ Tensor MoEModel::hidden(const Tensor& tokens) const {
 }
 
 Tensor MoEModel::forward(const Tensor& tokens) const {
-  return ops::linear_t(hidden(tokens), (lm_head ? lm_head : embed_tokens->weight)->value);
+  Tensor h = hidden(tokens);
+  return lm_head ? (*lm_head)(h) : ops::linear_t(h, embed_tokens->weight->value);
 }
 
 Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {

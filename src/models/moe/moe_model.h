@@ -37,6 +37,7 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
   Tensor loss(const Tensor& tokens, const Tensor& targets) const override;
   Tensor forward(const Tensor& tokens) const override;
   std::vector<Module*> blocks() override { return {layers.begin(), layers.end()}; }
+  bool head_reads_lower_root() const override { return lm_head == nullptr; }
   ParallelPlan parallelize() const override;  // parallelize.cpp
   std::map<std::string, std::string> config_metadata() const override;
   // Active parameters only: a routed expert's matmuls count top_k / n_experts times.
@@ -50,7 +51,9 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
   Embedding* embed_tokens;
   std::vector<MoEBlock*> layers;
   Norm* norm;
-  Parameter* lm_head = nullptr;
+  // A child module, not a root parameter: the root's own parameters come first in the flat buffer,
+  // which would put the head in ZeRO-3's lower root (released after the embedding lookup).
+  Linear* lm_head = nullptr;  // [C, V]; null when tied to embed_tokens
 
  private:
   MoEModelConfig c_;
