@@ -88,13 +88,11 @@ Tensor MoELayer::experts(const Tensor& rows, const std::vector<int64_t>& offsets
   return ops::grouped_linear(h, w_down->value, offsets, first);
 }
 
-Tensor MoELayer::operator()(const Tensor& x) const {
-  return forward_with(x, [this](const Tensor& rows, const std::vector<int64_t>& off, int64_t first) {
-    return experts(rows, off, first);
-  });
-}
+Tensor MoELayer::operator()(const Tensor& x) const { return forward_impl(x, nullptr); }
 
-Tensor MoELayer::forward_with(const Tensor& x, const ExpertFn& expert) const {
+Tensor MoELayer::forward_with(const Tensor& x, const ExpertFn& expert) const { return forward_impl(x, &expert); }
+
+Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
   const int64_t C = c_.dim, E = c_.n_experts, k = c_.top_k;
   ATOLL_CHECK(x.size(-1) == C, "{}: input width {} is not the layer's {}", name(), x.size(-1), C);
   const int64_t N = x.numel() / C;
@@ -107,7 +105,9 @@ Tensor MoELayer::forward_with(const Tensor& x, const ExpertFn& expert) const {
   static LocalDispatcher local;
   ExpertDispatcher& d = dispatcher_ ? *dispatcher_ : local;
   ExpertBatch b = d.dispatch(rows, r.kept, E);
-  Tensor y = d.combine(expert(b.rows, b.offsets, b.first_expert), b);              // [M, C]
+  Tensor y;  // [M, C]
+  if (!expert && d.overlaps_experts()) y = d.experts_and_combine(b, w_gate_up->value, w_down->value, c_.swiglu);
+  else y = d.combine(expert ? (*expert)(b.rows, b.offsets, b.first_expert) : experts(b.rows, b.offsets, b.first_expert), b);
   Tensor out = ops::segment_sum(ops::mul(y, gate_w), r.token, N);                  // [N, C]
   if (shared) out = ops::add(out, (*shared)(x2));
 

@@ -67,6 +67,14 @@ class ExpertDispatcher {
   virtual ExpertBatch dispatch(const Tensor& rows, const std::vector<int64_t>& counts, int64_t n_experts) = 0;
   // y [R, C'] in the order of batch.rows -> [M, C'] in the order of dispatch()'s rows.
   virtual Tensor combine(const Tensor& y, const ExpertBatch& batch) = 0;
+  // A dispatcher that overlaps the experts' compute with the return exchange (tile-level) runs
+  // both: the routed FFN (w_gate_up [E,C,2F or F], w_down [E,F,C]) over batch.rows, then the
+  // combine, with the same outputs and gradients as combine(experts(rows)). Others leave it.
+  virtual bool overlaps_experts() const { return false; }
+  virtual Tensor experts_and_combine(const ExpertBatch& batch, const Tensor& w_gate_up, const Tensor& w_down,
+                                     bool swiglu) {
+    fail("dispatcher '{}' does not overlap experts with the combine", name());
+  }
 };
 
 // Every expert on this rank (no expert parallelism).
@@ -130,6 +138,7 @@ class MoELayer : public Module {
   FeedForward* shared = nullptr;    // n_shared > 0
 
  private:
+  Tensor forward_impl(const Tensor& x, const ExpertFn* expert) const;  // expert null: the routed FFN
   MoEConfig c_;
   ExpertDispatcher* dispatcher_ = nullptr;
   mutable Tensor aux_total_;

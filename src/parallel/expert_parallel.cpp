@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "autograd/graph.h"
+#include "kernels/dispatch.h"
 #include "core/log.h"
 
 namespace atl::parallel {
@@ -111,11 +112,19 @@ void run_exchange(const Exchange& ex, const float* x, int64_t width, float* out,
 struct A2AState {
   Exchange to_experts, to_sources;  // dispatch direction and combine direction
   int64_t M = 0;                    // rows on the source side
+  CountMatrix m;
+  std::vector<int64_t> offsets;     // expert side, per local expert
+};
+
+// A tile of the expert side: rows [o0, o0 + n) of local expert e, all from source s (or, on the
+// source side, the same rows' place in its sorted order, from `start`).
+struct Tile {
+  int64_t s, e, o0, n, start;
 };
 
 class AllToAllDispatcher final : public nn::ExpertDispatcher {
  public:
-  explicit AllToAllDispatcher(comm::Communicator* ep) : ep_(ep) {}
+  AllToAllDispatcher(comm::Communicator* ep, bool overlap) : ep_(ep), overlap_(overlap && ep && ep->size() > 1) {}
   std::string name() const override { return "all_to_all"; }
   int64_t growths() const { return growths_; }
 
@@ -156,6 +165,8 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
     }
     st->to_experts = ex;
     st->to_sources = Exchange{ep_, m.P, cap_, ex.unpack, ex.pack};
+    st->m = m;
+    st->offsets = side.offsets;
     nn::ExpertBatch b;
     b.offsets = side.offsets;
     b.first_expert = m.me * L;
@@ -169,7 +180,94 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
     return move(y, st->to_sources, st->to_experts, st->M, "ep_combine");
   }
 
+  bool overlaps_experts() const override { return overlap_; }
+
+  // Tile-level overlap of the experts with the return exchange (the seed paper's signalling, on
+  // the communicator's own thread): each rank first posts receives for every tile it will get
+  // back, then computes its tiles, those bound for other ranks first, each handed to the
+  // communicator thread (send_async) the moment it is done while the next one computes; its own
+  // rows are copied in place last. A tile is one (source, expert) block of at most kTileRows rows.
+  // The expert math is the grouped GEMM per tile (a row's result does not depend on the rows it
+  // is computed with) and the elementwise activation, so outputs equal the plain path's bit for
+  // bit; backward is one node running exactly the plain path's backward kernels on the whole
+  // tensors, so gradients are identical too.
+  Tensor experts_and_combine(const nn::ExpertBatch& b, const Tensor& w1, const Tensor& w2, bool swiglu) override {
+    auto st = std::static_pointer_cast<A2AState>(b.state);
+    const CountMatrix& m = st->m;
+    const int64_t L = m.local(), R = b.rows.size(0), C = b.rows.size(1), G1 = w1.size(2), F = w2.size(1),
+                  first = b.first_expert;
+    const kernels::KernelTable& K = kernels::table(b.rows.device(), DType::f32);
+    Tensor h = Tensor::empty({R, G1}), act = Tensor::empty({R, F}), y = Tensor::empty({R, C}),
+           out = Tensor::empty({st->M, C});
+    // Tiles in a fixed order both sides derive from the count matrix: by expert rank d, its local
+    // expert e, source s, then row chunks.
+    auto tiles_between = [&](int64_t d, int64_t s, auto&& fn) {
+      for (int64_t e = 0; e < L; ++e) {
+        const int64_t g = d * L + e, n = m.at(s, g);
+        int64_t o0 = 0;  // on the expert side: the block's first row within expert e
+        for (int64_t r = 0; r < s; ++r) o0 += m.at(r, g);
+        for (int64_t c = 0; c < n; c += kTileRows) fn(Tile{s, e, o0 + c, std::min(kTileRows, n - c), m.before(s, g) + c});
+      }
+    };
+    // Receives first: every tile other ranks compute for my rows lands in place in `out`.
+    std::vector<comm::WorkPtr> recvs, sends;
+    // A tile's tag: its index in the (expert rank, source) pair's enumeration, which both ends
+    // walk in the same order (every message of a call is waited for before the next call).
+    for (int64_t d = 0; d < m.P; ++d) {
+      if (d == m.me) continue;
+      uint32_t k = 0;
+      tiles_between(d, m.me, [&](const Tile& t) {
+        recvs.push_back(ep_->recv_async(out.slice(0, t.start, t.start + t.n), int(d), int(k++ & 0xfffff)));
+      });
+    }
+    auto compute = [&](const Tile& t) {
+      const int64_t o = st->offsets[size_t(t.e)] + t.o0, one[2] = {0, t.n};
+      K.moe.grouped_forward(h.f32() + o * G1, b.rows.f32() + o * C, w1.f32() + (first + t.e) * C * G1, one, 1, C, G1);
+      if (swiglu) K.act.swiglu_forward(act.f32() + o * F, h.f32() + o * G1, t.n, F);
+      else K.act.gelu_forward(act.f32() + o * F, h.f32() + o * G1, t.n * F);
+      K.moe.grouped_forward(y.f32() + o * C, act.f32() + o * F, w2.f32() + (first + t.e) * F * C, one, 1, F, C);
+      return o;
+    };
+    for (int64_t k = 1; k <= m.P; ++k) {  // other ranks' tiles first, mine last
+      const int64_t s = (m.me + k) % m.P;
+      uint32_t i = 0;
+      tiles_between(m.me, s, [&](const Tile& t) {
+        const int64_t o = compute(t);
+        if (s == m.me)
+          std::memcpy(out.f32() + t.start * C, y.f32() + o * C, size_t(t.n * C) * sizeof(float));
+        else
+          sends.push_back(ep_->send_async(y.slice(0, o, o + t.n), int(s), int(i++ & 0xfffff)));
+      });
+    }
+    for (auto& w : sends) w->wait();
+    for (auto& w : recvs) w->wait();
+    if (should_record({&b.rows, &w1, &w2})) {
+      record("ep_experts_combine_overlapped", out, {b.rows, w1, w2},
+             [this, st, h, act, swiglu, offsets = b.offsets, first, L, C, G1, F](Node& n) {
+               const Tensor &rows = n.inputs[0], &w1i = n.inputs[1], &w2i = n.inputs[2];
+               const kernels::KernelTable& K = kernels::table(rows.device(), DType::f32);
+               const int64_t R = rows.size(0);
+               // The plain path's backward, node by node: combine, down projection, activation, gate/up.
+               Tensor gy = Tensor::zeros({R, C}), gact = Tensor::zeros({R, F}), gh = Tensor::zeros({R, G1});
+               run_exchange(st->to_experts, grad_of(n.output).f32(), C, gy.f32(), true, send_, recv_);
+               float* dw2 = requires_grad(w2i) ? grad_buffer(w2i).f32() + first * F * C : nullptr;
+               K.moe.grouped_backward(gact.f32(), dw2, gy.f32(), act.f32(), w2i.f32() + first * F * C, offsets.data(),
+                                      L, F, C);
+               if (swiglu) K.act.swiglu_backward(gh.f32(), gact.f32(), h.f32(), R, F);
+               else K.act.gelu_backward(gh.f32(), gact.f32(), h.f32(), R * F);
+               float* dw1 = requires_grad(w1i) ? grad_buffer(w1i).f32() + first * C * G1 : nullptr;
+               float* dx = requires_grad(rows) ? grad_buffer(rows).f32() : nullptr;
+               K.moe.grouped_backward(dx, dw1, gh.f32(), rows.f32(), w1i.f32() + first * C * G1, offsets.data(), L,
+                                      C, G1);
+             });
+    }
+    return out;
+  }
+
  private:
+  static constexpr int64_t kTileRows = 64;
+
+
   // Differentiable: forward along `fwd`, gradient back along `bwd`.
   Tensor move(const Tensor& x, const Exchange& fwd, const Exchange& bwd, int64_t out_rows, const char* op) {
     ATOLL_CHECK(x.dim() == 2 && x.is_contiguous(), "{}: rows must be a contiguous [rows, width] tensor", op);
@@ -187,6 +285,7 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
   }
 
   comm::Communicator* ep_;
+  bool overlap_;
   int64_t cap_ = 0, growths_ = 0;
   Tensor send_, recv_;  // persistent, [P * cap * width] at least; used only within one exchange
 };
@@ -270,7 +369,9 @@ class AllGatherDispatcher final : public nn::ExpertDispatcher {
 
 std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& kind, comm::Communicator* ep,
                                                              bool overlap) {
-  if (kind == "all_to_all") return std::make_unique<AllToAllDispatcher>(ep);
+  if (kind == "all_to_all") return std::make_unique<AllToAllDispatcher>(ep, overlap);
+  ATOLL_CHECK(!overlap, "parallel.ep_overlap = true overlaps the all-to-all's return: it needs ep_dispatcher = "
+              "'all_to_all', not '{}'", kind);
   if (kind == "all_gather") return std::make_unique<AllGatherDispatcher>(ep);
   fail("parallel.ep_dispatcher = '{}': all_to_all or all_gather", kind);
 }

@@ -1,5 +1,6 @@
 // Expert parallelism (src/parallel/expert_parallel.h) on 2 and 4 rank processes:
-//  - the all-to-all dispatcher equals the all-gather reference, and dispatch -> identity expert ->
+//  - the all-to-all dispatcher equals the all-gather reference, its tile-overlapped form gives
+//    bit-identical outputs and gradients, and dispatch -> identity expert ->
 //    combine returns x * sum(selected weights), with output and gradients equal to one process
 //    holding every expert;
 //  - routing every token to one rank's experts (no-drop) makes the all-to-all buffers grow, with
@@ -234,6 +235,7 @@ void dispatch_rank(const std::string& spec) {
     for (int64_t c = 0; c < 12; ++c) g[2 * 12 + c] = 2.f, g[3 * 12 + c] = 1.5f;
   }
   auto a2a = make_expert_dispatcher("all_to_all", comm.get()), ag = make_expert_dispatcher("all_gather", comm.get());
+  auto tiled = make_expert_dispatcher("all_to_all", comm.get(), /*overlap=*/true);
   std::vector<float> sum_w;
   for (bool identity : {true, false}) {
     auto va = layer_run(root, a2a.get(), comm.get(), x, dy, identity, identity ? &sum_w : nullptr);
@@ -256,7 +258,13 @@ void dispatch_rank(const std::string& spec) {
           worst = std::max(worst, double(std::fabs(va[size_t(n * 12 + c)] - x.f32()[n * 12 + c] * sum_w[size_t(n)])));
       if (worst > 1e-6) std::printf("FAIL identity: out != x * sum(w), off by %g\n", worst);
     }
-    Tensor worst = Tensor::from_vector({float(d_ag), float(d_local)}, {2});
+    float d_tiled = 0;  // tile-overlapped vs plain: bit-identical outputs and gradients
+    if (!identity) {
+      auto vt = layer_run(root, tiled.get(), comm.get(), x, dy, false);
+      for (size_t i = 0; i < va.size(); ++i) d_tiled = std::max(d_tiled, std::fabs(vt[i] - va[i]));
+      if (d_tiled != 0) std::printf("FAIL experts: tile-overlapped vs plain differ by %g\n", double(d_tiled));
+    }
+    Tensor worst = Tensor::from_vector({float(d_ag), float(d_local), d_tiled}, {3});
     comm->all_reduce(worst, comm::ReduceOp::max);  // the same on every rank
     write_floats(tag + "." + k + "." + std::to_string(r), worst.to_vector());
   }
@@ -310,7 +318,7 @@ TEST(ExpertParallel, RankProgram) {
                   "or ATOLL_EP_TRAIN_CFG";
 }
 
-TEST(ExpertParallel, AllToAllEqualsAllGatherAndIdentityExpertsReturnWeightedInput) {
+TEST(ExpertParallel, AllToAllEqualsAllGatherTileOverlapIsIdenticalAndIdentityExpertsReturnWeightedInput) {
   for (int skew : {0, 1}) {
     Scratch s;
     const std::string tag = (s.root / "disp").string();
@@ -326,6 +334,7 @@ TEST(ExpertParallel, AllToAllEqualsAllGatherAndIdentityExpertsReturnWeightedInpu
       EXPECT_LE(got[k][0], 1e-6) << k << ": all_to_all vs all_gather";
       EXPECT_LE(got[k][1], 1e-6) << k << ": all_to_all vs one process";
     }
+    EXPECT_EQ(got["experts"][2], 0.f) << "tile-overlapped and plain all-to-all differ";
     // Every row to rank 1: a pair carries all of rank 0's rows, past an even share's buffer.
     if (skew) EXPECT_GT(got["growths"][0], 0.f) << "the skewed routing did not grow the buffers";
   }
@@ -359,7 +368,7 @@ TEST(ExpertParallel, BadLayoutsAreRefusedBeforeAnyStep) {
 // `atoll train`'s trainer with [parallel] dp_shard = 2, ep = 2 on 2 ranks, both dispatchers:
 // the same losses as one rank at the doubled batch (the balance loss is off: it is not a mean over
 // tokens, so one rank's over 2b rows differs from the mean of two ranks' over b), and the two
-// dispatchers bit-identical.
+// dispatchers and the tile-overlapped all-to-all bit-identical.
 TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
   Scratch s;
   {
@@ -401,8 +410,9 @@ TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
     Trainer(one).run(false);
   }
   std::map<std::string, std::vector<float>> got;
-  for (std::string kind : {"all_to_all", "all_gather"}) {
-    fs::path cfg = config(kind, 4, "dp_shard = 2\nep = 2\nep_dispatcher = \"" + kind + "\"\n");
+  for (std::string kind : {"all_to_all", "all_gather", "overlap"}) {
+    const std::string disp = kind == "overlap" ? "all_to_all\"\nep_overlap = true\n" : kind + "\"\n";
+    fs::path cfg = config(kind, 4, "dp_shard = 2\nep = 2\nep_dispatcher = \"" + disp);
     const std::string tag = (s.root / kind).string();
     auto codes = run_rank_programs(2, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
     for (size_t r = 0; r < codes.size(); ++r)
@@ -413,6 +423,7 @@ TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
     ASSERT_EQ(got[kind].size(), 4u);
   }
   EXPECT_EQ(got["all_to_all"], got["all_gather"]);
+  EXPECT_EQ(got["all_to_all"], got["overlap"]) << "tile-overlapped training differs from the plain all-to-all";
   // One rank at 2b vs two at b: the data-parallel tests' bound (float summation order in the mean).
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 4u);
