@@ -388,6 +388,10 @@ std::unique_ptr<nn::ExpertDispatcher> apply_expert_parallel(Config& cfg, nn::Mod
   check_expert_layout(mesh.shape(), model);
   auto d = make_expert_dispatcher(kind, mesh.axis("ep"), overlap);
   dynamic_cast<nn::ExpertModel&>(model).set_expert_dispatcher(d.get());
+  log::info("expert parallel: {} experts per layer over ep = {} ({} each), {} dispatcher{}",
+            dynamic_cast<nn::ExpertModel&>(model).num_experts(), mesh.shape().ep,
+            dynamic_cast<nn::ExpertModel&>(model).num_experts() / mesh.shape().ep, kind,
+            overlap ? ", experts tiled and overlapped with the return exchange" : "");
   return d;
 }
 
