@@ -61,7 +61,9 @@ Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {
   ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
               shape_str(tokens.shape()));
   Tensor l = ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
-  for (MoELayer* m : moe_layers()) l = ops::add(l, m->aux_loss());
+  // The auxiliary losses train the router; an evaluation (no gradients) scores the cross-entropy alone.
+  if (grad_enabled())
+    for (MoELayer* m : moe_layers()) l = ops::add(l, m->aux_loss());
   return l;
 }
 

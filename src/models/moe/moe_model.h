@@ -1,7 +1,8 @@
 // The MoE decoder (family "moe", moe_family.cpp): token embedding, n_layer pre-norm blocks of
 // GPT's attention (models/gpt, RoPE and grouped-query heads) and either a dense FFN (the first
 // n_dense_layers) or an MoE layer (nn/moe.h), a final RMSNorm and an untied head. The training
-// loss is the cross-entropy plus every MoE layer's coefficient-weighted balance and z losses.
+// loss is the cross-entropy plus every MoE layer's coefficient-weighted balance and z losses;
+// without gradients (evaluation) it is the cross-entropy alone.
 // Parameter names follow Qwen2-MoE / DeepSeek where the layout allows (docs/moe.md lists them).
 #pragma once
 #include <variant>
