@@ -68,7 +68,9 @@ class GPT : public Model, public TokenGenerator {
 
   // The sharding units are the transformer blocks; a tied head reads the embedding table.
   std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }
-  bool head_reads_lower_root() const override { return c_.tied_head; }
+  // An untied lm_head is a root parameter, and a root's own parameters come first in the flat
+  // buffer: it sits in the lower root too, so either way the head reads the lower root.
+  bool head_reads_lower_root() const override { return true; }
   ParallelPlan parallelize() const override;  // parallelize.cpp
 
   // Weights keep Hugging Face GPT-2 names (the tied head is not written, as in HF's files, and
