@@ -15,9 +15,9 @@
 // expert the rows arrive ordered by source rank, then by the source's order, which on a
 // rank-major batch is the order one rank holding every expert would use.
 //
-// Tile-level overlap (Zhang et al., "Comet: Fine-grained Computation-communication Overlapping
-// for Mixture-of-Experts", and the tile-signalling seed of issue 12): see ep_overlap in
-// expert_parallel.cpp.
+// Tile-level overlap ("Fine-grained Computation-Communication Overlap via Tile-level Signaling
+// and Scheduling for Mixture-of-Experts", issue 12's seed): see experts_and_combine in
+// expert_parallel.cpp (parallel.ep_overlap).
 //
 // Gradients: each rank keeps every expert's weights (the model is replicated as DDP/ZeRO expect)
 // but computes and accumulates gradient only for its own experts; the others stay exactly zero,
