@@ -101,3 +101,18 @@ struct DropoutKey {
 Tensor dropout(const Tensor& x, float p, const DropoutKey& key);
 
 }  // namespace atl::ops
+
+// ---- mixture-of-experts ops (ops_moe.cpp) ----
+namespace atl::ops {
+
+// Grouped linear over rows sorted by expert: x [M,K], w [E,K,N], offsets [G+1] with offsets[0] = 0
+// and offsets[G] = M; rows offsets[g]..offsets[g+1] use w[first + g] (first + G <= E). One
+// grouped-GEMM kernel call.
+Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets, int64_t first = 0);
+Tensor sigmoid(const Tensor& x);
+// Each row divided by its sum (rows must have a nonzero sum).
+Tensor normalize_rows(const Tensor& x);
+// The same elements under another shape (a view; the gradient flows back reshaped).
+Tensor reshape(const Tensor& x, const Shape& shape);
+
+}  // namespace atl::ops

@@ -147,6 +147,20 @@ struct IndexKernels {
   void (*topk_backward)(float* dx, const float* dvalues, const int32_t* indices, int64_t N, int64_t C, int64_t k);
 };
 
+// Mixture-of-experts layers (kernels/cpu/moe_kernels.h): x [M,K] sorted by group, off [G+1],
+// w [G,K,N]; one call computes every group's rows (never a loop of small GEMMs).
+struct MoEKernels {
+  void (*grouped_forward)(float* y, const float* x, const float* w, const int64_t* off, int64_t G, int64_t K,
+                          int64_t N);
+  void (*grouped_backward)(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                           const int64_t* off, int64_t G, int64_t K, int64_t N);
+  void (*sigmoid_forward)(float* out, const float* inp, int64_t n);
+  void (*sigmoid_backward)(float* dinp, const float* dout, const float* out, int64_t n);
+  // Rows divided by their sum, and its backward.
+  void (*normalize_rows_forward)(float* y, const float* x, int64_t N, int64_t C);
+  void (*normalize_rows_backward)(float* dx, const float* dy, const float* x, int64_t N, int64_t C);
+};
+
 struct KernelTable {
   const char* name;  // "cpu/f32": for error messages
   GemmKernels gemm;
@@ -160,6 +174,7 @@ struct KernelTable {
   AttentionKernels attention;
   SoftmaxKernels softmax;
   IndexKernels index;
+  MoEKernels moe;
 };
 
 // The table for (device, dtype); throws atl::Error naming both when none is registered.

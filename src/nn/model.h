@@ -74,6 +74,8 @@ class Model : public Module {
   virtual ParallelPlan parallelize() const;
   // Training FLOPs per sample of length T (tokens for sequence models), for MFU.
   virtual double flops_per_token(int64_t T) const;
+  // Figures of the last training forward to report with the step (an MoE's balance loss, say).
+  virtual std::vector<std::pair<std::string, double>> step_metrics() const { return {}; }
   // For the memory estimate before the first step; std::nullopt: only the parameters are counted.
   virtual std::optional<TransformerShape> transformer_shape() const { return std::nullopt; }
 

@@ -70,6 +70,7 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
       continue;
     }
     if (std::string(n.axis) == "tp") continue;  // parallel/tensor_parallel.h
+    if (n.style == nn::ParallelStyle::expert) continue;  // expert_parallel.h (the trainer injects its dispatcher)
     fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",
          n.axis, n.size, n.what, model.family());
   }

@@ -19,6 +19,7 @@
 #include "optim/clip.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/optim/placement.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
@@ -121,6 +122,7 @@ struct Trainer::Impl {
   std::unique_ptr<lowcomm::LowComm> lowcomm;  // training across islands (lowcomm/lowcomm.h); null without
   std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   parallel::PipelineParallel* pipe = nullptr;  // dp, when [parallel] pp > 1 (parallel/pipeline.h)
+  std::unique_ptr<nn::ExpertDispatcher> experts;  // expert parallelism's token dispatcher (ep > 1)
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -197,6 +199,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
+  I.experts = parallel::apply_expert_parallel(cfg, *I.model, *I.mesh);  // [parallel] ep > 1
   const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
   parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
@@ -412,6 +415,7 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
+    for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,
                                        ema_step_s * double(o.steps - step - 1)}));

@@ -2,6 +2,7 @@
 // ISA choices happen inside the kernels at run time (gemm.h), so one table serves every x86-64 CPU.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/moe_kernels.h"
 #include "kernels/cpu/op_set.h"
 
 namespace atl::cpu {
@@ -27,6 +28,8 @@ const kernels::KernelTable kCpuF32 = {
      attention_block_backward},
     {crossentropy_forward, crossentropy_backward, softmax_forward, softmax_backward},
     {gather_rows, scatter_rows, gather_elems, scatter_elems, topk_forward, topk_backward},
+    {grouped_gemm_forward, grouped_gemm_backward, sigmoid_forward, sigmoid_backward, normalize_rows_forward,
+     normalize_rows_backward},
 };
 
 }  // namespace

@@ -90,7 +90,9 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded, public 
 
   // The sharding units are the transformer blocks; a tied head reads the embedding table.
   std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }
-  bool head_reads_lower_root() const override { return c_.tied_head; }
+  // An untied lm_head is a root parameter, and a root's own parameters come first in the flat
+  // buffer: it sits in the lower root too, so either way the head reads the lower root.
+  bool head_reads_lower_root() const override { return true; }
   ParallelPlan parallelize() const override;  // parallelize.cpp
   // Context parallelism (gpt_context.cpp): with cp set, loss() runs on this rank's spans of each
   // row and attention reaches the others through cp; logits() and generation stay local.

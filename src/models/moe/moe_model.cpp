@@ -1,0 +1,111 @@
+#include "models/moe/moe_model.h"
+
+#include <cmath>
+
+namespace atl::nn {
+
+MoEBlock::MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* m) : Module(std::move(prefix)) {
+  input_layernorm = child<Norm>("input_layernorm", a.n_embd, true, false, a.norm_eps);
+  self_attn = child<Attention>("self_attn", a);
+  post_attention_layernorm = child<Norm>("post_attention_layernorm", a.n_embd, true, false, a.norm_eps);
+  if (m) moe = child<MoELayer>("mlp", *m);
+  else dense = child<FeedForward>("mlp", a.n_embd, a.ffn(), a.swiglu);
+}
+
+Tensor MoEBlock::operator()(const Tensor& x) const {
+  Tensor r = ops::add(x, (*self_attn)((*input_layernorm)(x)));
+  Tensor h = (*post_attention_layernorm)(r);
+  return ops::add(r, moe ? (*moe)(h) : (*dense)(h));
+}
+
+MoEModel::MoEModel(const MoEModelConfig& c) : Model(""), c_(c) {
+  c_.validate();
+  const GPTConfig& a = c_.attn;  // Attention keeps a reference: c_ outlives the children
+  embed_tokens = child<Embedding>("model.embed_tokens", a.vocab_size, a.n_embd);
+  for (int64_t i = 0; i < a.n_layer; ++i)
+    layers.push_back(child<MoEBlock>("model.layers." + std::to_string(i), a, i < c_.n_dense_layers ? nullptr : &c_.moe));
+  norm = child<Norm>("model.norm", a.n_embd, true, false, a.norm_eps);
+  if (!a.tied_head) lm_head = child<Linear>("lm_head", a.n_embd, a.vocab_size, false, ParamRole::head);
+  materialize();
+}
+
+void MoEModel::init_weights(uint64_t seed) {
+  // GPT-2's scheme: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layer), norms 1.
+  Rng rng(seed, 0);
+  const float proj_std = 0.02f / std::sqrt(2.f * float(c_.attn.n_layer));
+  for (Parameter* p : parameters()) {
+    const std::string& n = p->name;
+    if (p->shape.size() == 1) p->value.fill(1.f);
+    else if (n.find("c_proj") != std::string::npos || n.find("down_proj") != std::string::npos)
+      rng.fill_normal(p->value, 0.f, proj_std);
+    else rng.fill_normal(p->value, 0.f, 0.02f);
+  }
+}
+
+Tensor MoEModel::hidden(const Tensor& tokens) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  ATOLL_CHECK(tokens.size(1) <= c_.attn.block_size, "sequence length {} exceeds block_size {}", tokens.size(1),
+              c_.attn.block_size);
+  begin_forward();
+  Tensor x = ops::embedding(tokens, embed_tokens->weight->value, Tensor());
+  x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) { return (*layers[i])(in); });
+  return (*norm)(x);
+}
+
+Tensor MoEModel::forward(const Tensor& tokens) const {
+  Tensor h = hidden(tokens);
+  return lm_head ? (*lm_head)(h) : ops::linear_t(h, embed_tokens->weight->value);
+}
+
+Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {
+  ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
+              shape_str(tokens.shape()));
+  Tensor l = ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
+  // The auxiliary losses train the router; an evaluation (no gradients) scores the cross-entropy alone.
+  if (grad_enabled())
+    for (MoELayer* m : moe_layers()) l = ops::add(l, m->aux_loss());
+  return l;
+}
+
+std::vector<MoELayer*> MoEModel::moe_layers() const {
+  std::vector<MoELayer*> v;
+  for (MoEBlock* b : layers)
+    if (b->moe) v.push_back(b->moe);
+  return v;
+}
+
+void MoEModel::set_expert_dispatcher(ExpertDispatcher* d) {
+  for (MoELayer* m : moe_layers()) m->set_dispatcher(d);
+}
+
+std::vector<std::pair<std::string, double>> MoEModel::step_metrics() const {
+  double bal = 0, z = 0, drop = 0;
+  auto ms = moe_layers();
+  for (MoELayer* m : ms) {
+    bal += m->last_balance_loss();
+    z += m->last_z_loss();
+    drop += m->last_dropped_fraction();
+  }
+  const double n = double(std::max<size_t>(1, ms.size()));
+  return {{"moe_balance_loss", bal / n}, {"moe_z_loss", z / n}, {"moe_dropped", drop / n}};
+}
+
+std::map<std::string, std::string> MoEModel::config_metadata() const {
+  auto md = Model::config_metadata();
+  for (auto& [k, v] : c_.metadata()) md[k] = v;
+  return md;
+}
+
+double MoEModel::flops_per_token(int64_t T) const {
+  double n = 0;
+  const double active = double(c_.moe.top_k) / double(c_.moe.n_experts);
+  for (Parameter* p : const_cast<MoEModel*>(this)->parameters()) {
+    if (p->shape.size() < 2 || p == embed_tokens->weight) continue;
+    n += double(shape_numel(p->shape)) * (p->role == ParamRole::expert ? active : 1.0);
+  }
+  if (!lm_head) n += double(shape_numel(embed_tokens->weight->shape));  // the tied head's matmul
+  const GPTConfig& a = c_.attn;
+  return 6.0 * n + 12.0 * double(a.n_layer) * double(a.n_head * a.head_dim()) * double(T);
+}
+
+}  // namespace atl::nn

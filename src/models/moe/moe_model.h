@@ -1,0 +1,63 @@
+// The MoE decoder (family "moe", moe_family.cpp): token embedding, n_layer pre-norm blocks of
+// GPT's attention (models/gpt, RoPE and grouped-query heads) and either a dense FFN (the first
+// n_dense_layers) or an MoE layer (nn/moe.h), a final RMSNorm and an untied head. The training
+// loss is the cross-entropy plus every MoE layer's coefficient-weighted balance and z losses;
+// without gradients (evaluation) it is the cross-entropy alone.
+// Parameter names follow Qwen2-MoE / DeepSeek where the layout allows (docs/moe.md lists them).
+#pragma once
+#include <variant>
+
+#include "models/gpt/gpt.h"
+#include "models/moe/moe_config.h"
+#include "nn/moe.h"
+
+namespace atl::nn {
+
+class MoEBlock : public Module {
+ public:
+  MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* moe);  // moe null: dense FFN
+  Tensor operator()(const Tensor& x) const;
+  Norm* input_layernorm;
+  Attention* self_attn;
+  Norm* post_attention_layernorm;
+  FeedForward* dense = nullptr;  // "mlp" of a dense layer
+  MoELayer* moe = nullptr;       // "mlp" of an MoE layer
+};
+
+class MoEModel : public Model, public TokenModel, public ExpertModel {
+ public:
+  explicit MoEModel(const MoEModelConfig& c);
+  const MoEModelConfig& config() const { return c_; }
+  std::string family() const override { return "moe"; }
+  std::string describe() const override { return c_.describe(); }
+  int64_t vocab_size() const override { return c_.attn.vocab_size; }
+  int64_t max_sequence_length() const override { return c_.attn.block_size; }
+  void init_weights(uint64_t seed) override;
+
+  Tensor hidden(const Tensor& tokens) const;
+  Tensor loss(const Tensor& tokens, const Tensor& targets) const override;
+  Tensor forward(const Tensor& tokens) const override;
+  std::vector<Module*> blocks() override { return {layers.begin(), layers.end()}; }
+  bool head_reads_lower_root() const override { return lm_head == nullptr; }
+  ParallelPlan parallelize() const override;  // parallelize.cpp
+  std::map<std::string, std::string> config_metadata() const override;
+  // Active parameters only: a routed expert's matmuls count top_k / n_experts times.
+  double flops_per_token(int64_t T) const override;
+  std::vector<std::pair<std::string, double>> step_metrics() const override;
+
+  int64_t num_experts() const override { return c_.moe.n_experts; }
+  void set_expert_dispatcher(ExpertDispatcher* d) override;
+  std::vector<MoELayer*> moe_layers() const;
+
+  Embedding* embed_tokens;
+  std::vector<MoEBlock*> layers;
+  Norm* norm;
+  // A child module, not a root parameter: the root's own parameters come first in the flat buffer,
+  // which would put the head in ZeRO-3's lower root (released after the embedding lookup).
+  Linear* lm_head = nullptr;  // [C, V]; null when tied to embed_tokens
+
+ private:
+  MoEModelConfig c_;
+};
+
+}  // namespace atl::nn

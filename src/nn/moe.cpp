@@ -1,0 +1,134 @@
+#include "nn/moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace atl::nn {
+
+void MoEConfig::validate(const std::string& s) const {
+  ATOLL_CHECK(dim > 0, "{}: the model width must be positive, got {}", s, dim);
+  ATOLL_CHECK(n_experts >= 1, "{}.n_experts = {} must be at least 1", s, n_experts);
+  ATOLL_CHECK(top_k >= 1 && top_k <= n_experts, "{}.top_k = {} must be between 1 and n_experts = {}", s, top_k,
+              n_experts);
+  ATOLL_CHECK(expert_ffn >= 1, "{}.expert_ffn = {} must be positive", s, expert_ffn);
+  ATOLL_CHECK(n_shared >= 0, "{}.n_shared_experts = {} must not be negative", s, n_shared);
+  ATOLL_CHECK(score == "softmax" || score == "sigmoid", "{}.router_score = '{}': softmax or sigmoid", s, score);
+  ATOLL_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0,
+              "{}.capacity_factor = {} must be above 0 (set drop_tokens = false for no dropping)", s, capacity_factor);
+  ATOLL_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, "{}: aux_loss_coef and z_loss_coef must not be negative", s);
+}
+
+ExpertBatch LocalDispatcher::dispatch(const Tensor& rows, const std::vector<int64_t>& counts, int64_t n_experts) {
+  ExpertBatch b;
+  b.rows = rows;
+  b.offsets.assign(size_t(n_experts + 1), 0);
+  for (int64_t e = 0; e < n_experts; ++e) b.offsets[size_t(e + 1)] = b.offsets[size_t(e)] + counts[size_t(e)];
+  return b;
+}
+
+FeedForward::FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu)
+    : Module(std::move(prefix)), swiglu_(swiglu) {
+  gate_up_proj = child<Linear>("gate_up_proj", dim, swiglu ? 2 * hidden : hidden, false);
+  down_proj = child<Linear>("down_proj", hidden, dim, false);
+}
+
+Tensor FeedForward::operator()(const Tensor& x) const {
+  Tensor h = (*gate_up_proj)(x);
+  return (*down_proj)(swiglu_ ? ops::swiglu(h) : ops::gelu(h));
+}
+
+MoELayer::MoELayer(std::string prefix, const MoEConfig& c) : Module(std::move(prefix)), c_(c) {
+  c_.validate();
+  const int64_t E = c_.n_experts, C = c_.dim, F = c_.expert_ffn;
+  gate = declare("gate.weight", {E, C}, ParamRole::matrix);
+  w_gate_up = declare("experts.gate_up_proj", {E, C, c_.swiglu ? 2 * F : F}, ParamRole::expert);
+  w_down = declare("experts.down_proj", {E, F, C}, ParamRole::expert);
+  if (c_.n_shared > 0)
+    shared = child<FeedForward>("shared_experts", C, c_.n_shared * (c_.shared_ffn > 0 ? c_.shared_ffn : F), c_.swiglu);
+}
+
+Routing MoELayer::route(const Tensor& x2) const {
+  const int64_t N = x2.size(0), E = c_.n_experts, k = c_.top_k;
+  Routing r;
+  r.logits = ops::linear_t(x2, gate->value);
+  Tensor scores = c_.score == "sigmoid" ? ops::sigmoid(r.logits) : ops::softmax(r.logits);
+  r.probs = c_.score == "sigmoid" ? ops::normalize_rows(scores) : scores;
+  ops::TopK tk = ops::topk(scores, k);
+  r.weights = c_.norm_topk ? ops::normalize_rows(tk.values) : tk.values;
+  const int32_t* idx = tk.indices.i32();
+  r.experts.assign(idx, idx + N * k);
+  r.counts.assign(size_t(E), 0);
+  for (int32_t e : r.experts) ++r.counts[size_t(e)];
+  // Assignments sorted by expert, (token, slot) order within one: a counting sort, stable.
+  std::vector<int64_t> start(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] = start[size_t(e)] + r.counts[size_t(e)];
+  std::vector<int32_t> sorted(size_t(N * k));
+  std::vector<int64_t> pos(start.begin(), start.end() - 1);
+  for (int64_t a = 0; a < N * k; ++a) sorted[size_t(pos[size_t(r.experts[size_t(a)])]++)] = int32_t(a);
+  const int64_t cap = c_.drop_tokens ? int64_t(std::ceil(c_.capacity_factor * double(N * k) / double(E))) : N * k;
+  r.kept.assign(size_t(E), 0);
+  std::vector<int32_t> order, token;
+  for (int64_t e = 0; e < E; ++e) {
+    r.kept[size_t(e)] = std::min(cap, r.counts[size_t(e)]);
+    for (int64_t i = 0; i < r.kept[size_t(e)]; ++i) {
+      int32_t a = sorted[size_t(start[size_t(e)] + i)];
+      order.push_back(a);
+      token.push_back(int32_t(a / k));
+    }
+  }
+  const int64_t M = int64_t(order.size());
+  r.order = Tensor::from_vector_i32(order, {M});
+  r.token = Tensor::from_vector_i32(token, {M});
+  return r;
+}
+
+Tensor MoELayer::experts(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const {
+  Tensor h = ops::grouped_linear(rows, w_gate_up->value, offsets, first);
+  h = c_.swiglu ? ops::swiglu(h) : ops::gelu(h);
+  return ops::grouped_linear(h, w_down->value, offsets, first);
+}
+
+Tensor MoELayer::operator()(const Tensor& x) const { return forward_impl(x, nullptr); }
+
+Tensor MoELayer::forward_with(const Tensor& x, const ExpertFn& expert) const { return forward_impl(x, &expert); }
+
+Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
+  const int64_t C = c_.dim, E = c_.n_experts, k = c_.top_k;
+  ATOLL_CHECK(x.size(-1) == C, "{}: input width {} is not the layer's {}", name(), x.size(-1), C);
+  const int64_t N = x.numel() / C;
+  Tensor x2 = ops::reshape(x, {N, C});
+  Routing r = route(x2);
+  const int64_t M = r.order.numel();
+
+  Tensor rows = ops::index_select(x2, 0, r.token);                                // [M, C] by expert
+  Tensor gate_w = ops::index_select(ops::reshape(r.weights, {N * k, 1}), 0, r.order);  // [M, 1]
+  static LocalDispatcher local;
+  ExpertDispatcher& d = dispatcher_ ? *dispatcher_ : local;
+  ExpertBatch b = d.dispatch(rows, r.kept, E);
+  Tensor y;  // [M, C]
+  if (!expert && d.overlaps_experts()) y = d.experts_and_combine(b, w_gate_up->value, w_down->value, c_.swiglu);
+  else y = d.combine(expert ? (*expert)(b.rows, b.offsets, b.first_expert) : experts(b.rows, b.offsets, b.first_expert), b);
+  Tensor out = ops::segment_sum(ops::mul(y, gate_w), r.token, N);                  // [N, C]
+  if (shared) out = ops::add(out, (*shared)(x2));
+
+  // Load balance: E/(k N) sum_e count_e mean_n p[n,e] = sum over p of p * E count_e / (k N^2).
+  std::vector<float> cw(size_t(N * E));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e)
+      cw[size_t(n * E + e)] = float(double(E) * double(r.counts[size_t(e)]) / (double(k) * double(N) * double(N)));
+  Tensor balance = ops::dot_const(r.probs, Tensor::from_vector(cw, {N, E}));
+  // z-loss: logsumexp_n = logits[n,0] - log_softmax(logits)[n,0].
+  Tensor col0 = Tensor::from_vector_i32({0}, {1});
+  Tensor lse = ops::add(ops::index_select(r.logits, 1, col0),
+                        ops::mul(ops::index_select(ops::log_softmax(r.logits), 1, col0), Tensor::full({1}, -1.f)));
+  Tensor z = ops::dot_const(ops::mul(lse, lse), Tensor::full({N, 1}, float(1.0 / double(N))));
+  balance_value_ = balance.item();
+  z_value_ = z.item();
+  dropped_fraction_ = 1.0 - double(M) / double(N * k);
+  aux_total_ = ops::add(ops::mul(balance, Tensor::full({1}, float(c_.aux_loss_coef))),
+                        ops::mul(z, Tensor::full({1}, float(c_.z_loss_coef))));
+  Shape s = x.shape();
+  return ops::reshape(out, s);
+}
+
+}  // namespace atl::nn

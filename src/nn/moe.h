@@ -1,0 +1,157 @@
+// A mixture-of-experts feed-forward layer (Shazeer et al. 2017; GShard, Lepikhin et al. 2020;
+// Switch, Fedus et al. 2021; DeepSeek-MoE, Dai et al. 2024): a router scores each token over E
+// experts (softmax, or DeepSeek-V3's sigmoid), the top-k experts take the token, weighted by
+// their scores (optionally renormalised over the k), and shared experts see every token. Experts
+// are SwiGLU or GELU FFNs whose weights are stacked [E, ...], computed as ONE grouped GEMM over
+// the tokens sorted by expert (ops::grouped_linear), never a loop of small GEMMs.
+//
+// Capacity: with drop_tokens, expert e takes at most ceil(capacity_factor * N * k / E) of a
+// rank's N tokens; assignments are served first come, first served in (token, slot) order and
+// the rest are dropped (their contribution is zero: the residual carries the token). Without
+// drop_tokens every assignment is computed (no-drop, DeepSeek/Megablocks-style).
+//
+// Losses added to the model's loss: the load-balancing loss of Switch/GShard,
+//   aux = E / (k N) * sum_e count_e * mean_n p[n, e]
+// (count_e: assignments routed to e before dropping, p: router probabilities, the sigmoid scores
+// renormalised per token in sigmoid mode), and ST-MoE's router z-loss mean_n logsumexp(logits_n)^2
+// (Zoph et al. 2022), each times its coefficient.
+//
+// Where experts run is the dispatcher's business (ExpertDispatcher below): locally by default;
+// expert parallelism (src/parallel/expert_parallel.cpp) injects one that moves the rows to the
+// ranks holding their experts and back. nn/ knows no communicator.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace atl::nn {
+
+struct MoEConfig {
+  int64_t dim = 0;           // model width C
+  int64_t n_experts = 8;     // routed experts E
+  int64_t top_k = 2;         // experts per token
+  int64_t expert_ffn = 0;    // hidden width of one routed expert
+  int64_t n_shared = 0;      // shared experts (one FFN of n_shared * shared_ffn)
+  int64_t shared_ffn = 0;    // 0: expert_ffn
+  std::string score = "softmax";  // softmax | sigmoid
+  bool norm_topk = true;     // renormalise the k chosen scores to sum to one
+  bool drop_tokens = false;  // capacity with dropping; false: no-drop
+  double capacity_factor = 1.25;
+  bool swiglu = true;        // else GELU experts
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+
+  // Refuses a bad layout (top_k above E, capacity factor <= 0, ...) naming the key under `section`.
+  void validate(const std::string& section = "model") const;
+};
+
+// Rows on the experts' side of a dispatch, and what the dispatcher needs to send results back.
+struct ExpertBatch {
+  Tensor rows;                   // [R, C], sorted by local expert
+  std::vector<int64_t> offsets;  // [local experts + 1] into rows
+  int64_t first_expert = 0;      // global index of local expert 0
+  std::shared_ptr<void> state;   // the dispatcher's own bookkeeping for combine()
+};
+
+// Moves routed rows to the experts and results back; both directions are differentiable.
+class ExpertDispatcher {
+ public:
+  virtual ~ExpertDispatcher() = default;
+  virtual std::string name() const = 0;
+  // rows [M, C]: this rank's routed rows sorted by global expert, counts[e] of them for expert e.
+  virtual ExpertBatch dispatch(const Tensor& rows, const std::vector<int64_t>& counts, int64_t n_experts) = 0;
+  // y [R, C'] in the order of batch.rows -> [M, C'] in the order of dispatch()'s rows.
+  virtual Tensor combine(const Tensor& y, const ExpertBatch& batch) = 0;
+  // A dispatcher that overlaps the experts' compute with the return exchange (tile-level) runs
+  // both: the routed FFN (w_gate_up [E,C,2F or F], w_down [E,F,C]) over batch.rows, then the
+  // combine, with the same outputs and gradients as combine(experts(rows)). Others leave it.
+  virtual bool overlaps_experts() const { return false; }
+  virtual Tensor experts_and_combine(const ExpertBatch& batch, const Tensor& w_gate_up, const Tensor& w_down,
+                                     bool swiglu) {
+    fail("dispatcher '{}' does not overlap experts with the combine", name());
+  }
+};
+
+// Every expert on this rank (no expert parallelism).
+class LocalDispatcher final : public ExpertDispatcher {
+ public:
+  std::string name() const override { return "local"; }
+  ExpertBatch dispatch(const Tensor& rows, const std::vector<int64_t>& counts, int64_t n_experts) override;
+  Tensor combine(const Tensor& y, const ExpertBatch&) override { return y; }
+};
+
+// A dense FFN (the shared experts): gate_up_proj [C, 2F] (SwiGLU) or [C, F] (GELU), down_proj [F, C].
+class FeedForward : public Module {
+ public:
+  FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu);
+  Tensor operator()(const Tensor& x) const;
+  Linear* gate_up_proj;
+  Linear* down_proj;
+
+ private:
+  bool swiglu_;
+};
+
+// The router's decision for one forward (host-side bookkeeping plus the differentiable weights).
+struct Routing {
+  Tensor logits;                  // [N, E]
+  Tensor probs;                   // [N, E] softmax, or sigmoid renormalised (the aux loss's p)
+  Tensor weights;                 // [N, k] combine weights of the chosen experts
+  std::vector<int32_t> experts;   // [N*k] chosen expert per (token, slot)
+  std::vector<int64_t> counts;    // [E] assignments per expert before dropping
+  std::vector<int64_t> kept;      // [E] after dropping
+  Tensor order;                   // [M] i32: kept assignments (token*k + slot) sorted by expert
+  Tensor token;                   // [M] i32: their tokens
+};
+
+class MoELayer : public Module {
+ public:
+  MoELayer(std::string prefix, const MoEConfig& c);
+  // x [..., C] -> [..., C]. Records this forward's auxiliary losses (aux_loss()).
+  Tensor operator()(const Tensor& x) const;
+  // The same with the routed experts replaced by `expert(rows, offsets, first_expert)` (tests:
+  // an identity expert checks dispatch and combine alone).
+  using ExpertFn = std::function<Tensor(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first)>;
+  Tensor forward_with(const Tensor& x, const ExpertFn& expert) const;
+  // The routed experts over rows sorted by expert (one grouped GEMM per projection).
+  Tensor experts(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const;
+  Routing route(const Tensor& x2) const;
+
+  // Coefficient-weighted aux + z loss of the last forward (a scalar in its graph), and its parts.
+  const Tensor& aux_loss() const { return aux_total_; }
+  double last_balance_loss() const { return balance_value_; }
+  double last_z_loss() const { return z_value_; }
+  double last_dropped_fraction() const { return dropped_fraction_; }
+
+  // nullptr: local experts. The dispatcher must outlive its use.
+  void set_dispatcher(ExpertDispatcher* d) { dispatcher_ = d; }
+  const MoEConfig& config() const { return c_; }
+
+  Parameter* gate;                  // router [E, C] (nn.Linear layout, as in HF files)
+  Parameter* w_gate_up;             // [E, C, 2F] (SwiGLU) or [E, C, F]
+  Parameter* w_down;                // [E, F, C]
+  FeedForward* shared = nullptr;    // n_shared > 0
+
+ private:
+  Tensor forward_impl(const Tensor& x, const ExpertFn* expert) const;  // expert null: the routed FFN
+  MoEConfig c_;
+  ExpertDispatcher* dispatcher_ = nullptr;
+  mutable Tensor aux_total_;
+  mutable double balance_value_ = 0, z_value_ = 0, dropped_fraction_ = 0;
+};
+
+// Models with MoE layers, for the parallel layer (which knows no model family): it injects the
+// dispatcher of its expert-parallel group here.
+class ExpertModel {
+ public:
+  virtual ~ExpertModel() = default;
+  virtual int64_t num_experts() const = 0;
+  virtual void set_expert_dispatcher(ExpertDispatcher* d) = 0;
+};
+
+}  // namespace atl::nn

@@ -1,0 +1,54 @@
+// Expert parallelism (GShard, Lepikhin et al. 2020; DeepSeek-MoE): the routed experts of every
+// MoE layer are divided over the mesh's ep axis (rank p of P holds experts [p E/P, (p+1) E/P)),
+// and the rows routed to an expert travel to its rank and back through the dispatcher injected
+// into the model (nn::ExpertDispatcher, nn/moe.h):
+//
+//   all_to_all  the token counts are exchanged first (one all-gather of each rank's per-expert
+//               counts, so every rank knows every pair's count), then the rows in one all-to-all
+//               padded to the largest pair count: a persistent buffer that grows when a pair
+//               exceeds it (no-drop routing can send a rank far more than its share) and never
+//               overflows. Combine is the same exchange reversed; so are both backwards.
+//   all_gather  the reference: every rank gathers every rank's rows and picks its experts';
+//               combine scatters the results into a zero buffer and reduce-scatters it.
+//
+// Both give bit-identical results (each row is copied, never summed with a nonzero). Within an
+// expert the rows arrive ordered by source rank, then by the source's order, which on a
+// rank-major batch is the order one rank holding every expert would use.
+//
+// Tile-level overlap ("Fine-grained Computation-Communication Overlap via Tile-level Signaling
+// and Scheduling for Mixture-of-Experts", issue 12's seed): see experts_and_combine in
+// expert_parallel.cpp (parallel.ep_overlap).
+//
+// Gradients: each rank keeps every expert's weights (the model is replicated as DDP/ZeRO expect)
+// but computes and accumulates gradient only for its own experts; the others stay exactly zero,
+// so the data-parallel reduction over all ranks, divided by the world size, gives each expert the
+// sum over the ranks that hold it (the ep group's tokens reach it through the exchange), i.e. the
+// gradient of the job's mean loss, exactly as one rank would compute it.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "nn/model.h"
+#include "nn/moe.h"
+#include "parallel/mesh.h"
+
+namespace atl::parallel {
+
+// Refuses layouts expert parallelism cannot run (experts not divisible by ep, a model without
+// experts), naming the keys; before any communication.
+void check_expert_layout(const MeshShape& mesh, const nn::Model& model);
+
+// The dispatcher over an ep group (ep: its communicator, null for one process).
+std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& kind, comm::Communicator* ep,
+                                                             bool overlap = false);
+
+// [parallel] ep > 1: checks the layout, reads parallel.ep_dispatcher (all_to_all | all_gather)
+// and parallel.ep_overlap, and injects the dispatcher into the model; returns it (the caller keeps
+// it alive as long as the model runs). ep = 1: nullptr, nothing changes.
+std::unique_ptr<nn::ExpertDispatcher> apply_expert_parallel(Config& cfg, nn::Model& model, Mesh& mesh);
+
+// Buffer growths of an all_to_all dispatcher so far (tests; 0 for other kinds).
+int64_t dispatcher_buffer_growths(const nn::ExpertDispatcher& d);
+
+}  // namespace atl::parallel

@@ -1,0 +1,477 @@
+// Expert parallelism (src/parallel/expert_parallel.h) on 2 and 4 rank processes:
+//  - the all-to-all dispatcher equals the all-gather reference, its tile-overlapped form gives
+//    bit-identical outputs and gradients, and dispatch -> identity expert ->
+//    combine returns x * sum(selected weights), with output and gradients equal to one process
+//    holding every expert;
+//  - routing every token to one rank's experts (no-drop) makes the all-to-all buffers grow, with
+//    the same results;
+//  - EP = 2 on 2 ranks (ZeRO-3) and dp2 x ep2 on 4 (HSDP): per-step losses, gradient norms and the
+//    final parameters over 10 AdamW steps equal one process's that runs each rank's rows as a
+//    micro-batch (1/W each), to 1e-6 relative;
+//  - bad layouts are refused before any step.
+//
+// Why the bound holds on any x86-64 CPU: every rank runs the same rows through the same kernels
+// as the one-process reference (routing, attention, norms and head see the same [b, T] batch on
+// both), the grouped GEMM computes a row's output and input gradient in a fixed order that does
+// not depend on which rows share the call (tests/kernels/test_grouped_gemm.cpp), and the
+// dispatchers copy rows, never add them. What differs is only the order of a few sums of per-rank
+// gradients (an expert's weight gradient over both sources' rows in one kernel call vs two, the
+// data-parallel reduction vs accumulation), each ~1 ulp; AdamW with eps 1e-5 (the data-parallel
+// harness's choice) and lr 3e-3 keeps those from being amplified: measured ~4e-8 after 10 steps
+// on 2 and on 4 ranks, 25x under 1e-6 (at lr 1e-2 the 4-rank job reached 1.1e-6).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "autograd/ops.h"
+#include "core/threads.h"
+#include "harness.h"
+#include "models/moe/moe_model.h"
+#include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+using namespace atl;
+using namespace atl::parallel;
+using namespace atl::parallel::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kT = 16, kBatch = 2;
+constexpr int kSteps = 10;
+
+nn::MoEModelConfig ep_model(bool drop = false) {
+  nn::MoEModelConfig c = nn::MoEModelConfig::preset("moe-tiny");
+  c.attn.block_size = kT;
+  c.moe.n_experts = 4;
+  c.moe.aux_loss_coef = 0.05;
+  c.moe.z_loss_coef = 0.01;
+  c.moe.drop_tokens = drop;
+  c.moe.capacity_factor = 1.0;
+  return c;
+}
+
+// Row j of step s's global batch, the same whatever the world size.
+Tensor rows(int step, int64_t first, int64_t n, bool targets) {
+  std::vector<int32_t> v(size_t(n * kT));
+  // Random tokens; the target is a fixed function of the token (a bigram the model can learn).
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t t = 0; t < kT; ++t) {
+      const int32_t tok = int32_t(mix(uint64_t(step) * 100003u + uint64_t(first + r) * 101u + uint64_t(t)) % 257u);
+      v[size_t(r * kT + t)] = targets ? (tok * 31 + 7) % 257 : tok;
+    }
+  return Tensor::from_vector_i32(v, {n, kT});
+}
+
+const AdamWConfig kAdam{3e-3f, 0.9f, 0.95f, 1e-5f, 0.1f};
+
+struct Trace {
+  std::vector<float> loss, gnorm, params;
+};
+
+std::vector<float> full_params(DataParallel& dp) {
+  std::vector<std::pair<std::string, Tensor>> sd, opt;
+  dp.full_state(sd, opt);
+  std::vector<float> v;
+  for (auto& [n, t] : sd) {
+    auto x = t.to_vector();
+    v.insert(v.end(), x.begin(), x.end());
+  }
+  return v;
+}
+
+// One process: each of `world` ranks' rows as a micro-batch with backward seed 1/world.
+Trace reference(int world, bool drop) {
+  set_num_threads(1);
+  nn::MoEModel model(ep_model(drop));
+  model.init_weights(5);
+  ParallelConfig pc;
+  auto dp = make_data_parallel(model, nullptr, pc, kAdam);
+  Trace tr;
+  for (int s = 0; s < kSteps; ++s) {
+    dp->zero_grad();
+    double loss = 0;
+    for (int r = 0; r < world; ++r) {
+      Tensor l = model.loss(rows(s, r * kBatch, kBatch, false), rows(s, r * kBatch, kBatch, true));
+      loss += l.item() / world;
+      backward(l, 1.f / float(world));
+    }
+    dp->finish_backward();
+    tr.loss.push_back(float(loss));
+    tr.gnorm.push_back(float(dp->grad_norm()));
+    dp->step({1.f, 1.f});
+  }
+  tr.params = full_params(*dp);
+  return tr;
+}
+
+std::string env_or(const char* k, const std::string& d) {
+  const char* v = std::getenv(k);
+  return v ? v : d;
+}
+
+// A rank of the training job: ATOLL_EP_JOB = "<dp_replicate> <ep> <dispatcher> <drop> <tag>".
+void job_rank(const std::string& spec) {
+  std::istringstream in(spec);
+  int64_t rep = 1, ep = 1;
+  std::string kind, tag;
+  int drop = 0;
+  in >> rep >> ep >> kind >> drop >> tag;
+  set_num_threads(1);
+  auto comm = comm::make_communicator("gloo");
+  const int64_t W = comm->size();
+  MeshShape shape;
+  shape.dp_replicate = rep;
+  shape.dp_shard = W / rep;
+  shape.ep = ep;
+  Mesh mesh(comm.get(), shape);
+  nn::MoEModel model(ep_model(drop != 0));
+  model.init_weights(5);
+  check_expert_layout(shape, model);
+  auto disp = make_expert_dispatcher(kind, mesh.axis("ep"));
+  model.set_expert_dispatcher(disp.get());
+  ParallelConfig pc;
+  pc.strategy = shape.strategy(3);
+  pc.mesh = shape;
+  pc.bucket_mb = 0.004;
+  if (pc.strategy == "hsdp") pc.hsdp_shard_size = int(shape.dp_shard);
+  auto dp = make_data_parallel(model, comm.get(), pc, kAdam, nullptr, {}, &mesh);
+  Trace tr;
+  const int r = comm->rank();
+  for (int s = 0; s < kSteps; ++s) {
+    dp->zero_grad();
+    Tensor l = model.loss(rows(s, r * kBatch, kBatch, false), rows(s, r * kBatch, kBatch, true));
+    const double lv = l.item();
+    backward(l);
+    dp->finish_backward();
+    tr.loss.push_back(float(dp->average(lv)));
+    tr.gnorm.push_back(float(dp->grad_norm()));
+    dp->step({1.f, 1.f});
+  }
+  tr.params = full_params(*dp);
+  write_floats(tag + ".loss." + std::to_string(r), tr.loss);
+  write_floats(tag + ".gnorm." + std::to_string(r), tr.gnorm);
+  write_floats(tag + ".params." + std::to_string(r), tr.params);
+  std::printf("rank %d: %s, dispatcher %s, strategy %s\n", r, shape.describe().c_str(), disp->name().c_str(),
+              dp->name().c_str());
+}
+
+struct Root : nn::Module {
+  explicit Root(const nn::MoEConfig& c) : Module("") {
+    layer = child<nn::MoELayer>("mlp", c);
+    materialize();
+  }
+  nn::MoELayer* layer;
+};
+
+nn::MoEConfig layer_config() {
+  nn::MoEConfig c;
+  c.dim = 12;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.expert_ffn = 8;
+  c.norm_topk = false;  // so that sum(selected weights) is not 1 and the check can fail
+  return c;
+}
+
+// Out, dx and dgate of the identity-expert layer (expert = copy) or the real one, under dispatcher d.
+std::vector<float> layer_run(Root& root, nn::ExpertDispatcher* d, comm::Communicator* comm, const Tensor& x0,
+                             const Tensor& dy, bool identity, std::vector<float>* sum_w = nullptr) {
+  nn::MoELayer& L = *root.layer;
+  L.set_dispatcher(d);
+  root.zero_grad();
+  Tensor x = x0.clone();
+  set_requires_grad(x, true, "x");
+  Tensor y = identity ? L.forward_with(x, [](const Tensor& r, const std::vector<int64_t>&, int64_t) { return r; })
+                      : L(x);
+  backward(ops::dot_const(y, dy));
+  std::vector<float> v = y.to_vector();
+  auto gx = grad_of(x).to_vector(), gg = L.gate->grad.to_vector();
+  v.insert(v.end(), gx.begin(), gx.end());
+  v.insert(v.end(), gg.begin(), gg.end());
+  if (!identity) {  // an expert's gradient lives on its rank: summed over ranks before comparing
+    Tensor g = L.w_gate_up->grad.clone();
+    if (comm) comm->all_reduce(g);
+    auto gs = g.to_vector();
+    v.insert(v.end(), gs.begin(), gs.end());
+  }
+  if (sum_w) {
+    NoGradGuard ng;
+    nn::Routing rt = L.route(x0);
+    *sum_w = std::vector<float>(size_t(x0.size(0)), 0.f);
+    auto w = rt.weights.to_vector();
+    for (int64_t n = 0; n < x0.size(0); ++n)
+      for (int64_t j = 0; j < 2; ++j) (*sum_w)[size_t(n)] += w[size_t(n * 2 + j)];
+  }
+  L.set_dispatcher(nullptr);
+  return v;
+}
+
+// A rank of the dispatcher test: ATOLL_EP_DISPATCH = "<skew> <tag>".
+void dispatch_rank(const std::string& spec) {
+  std::istringstream in(spec);
+  int skew = 0;
+  std::string tag;
+  in >> skew >> tag;
+  set_num_threads(1);
+  auto comm = comm::make_communicator("gloo");
+  const int r = comm->rank();
+  Root root(layer_config());
+  Tensor fv = root.flat_values();
+  Rng(11, 0).fill_normal(fv, 0.f, 0.4f);
+  const int64_t N = 10 + 3 * r;  // ranks hold different token counts
+  Tensor x = Tensor::empty({N, 12}), dy = Tensor::empty({N, 12});
+  Rng(20 + uint64_t(r), 0).fill_normal(x, 0.f, 1.f);
+  Rng(40 + uint64_t(r), 0).fill_normal(dy, 0.f, 1.f);
+  if (skew) {  // every token prefers experts 2 and 3 (rank 1's): rank 1 receives every row
+    for (int64_t i = 0; i < N * 12; ++i) x.f32()[i] = std::fabs(x.f32()[i]) + 0.5f;
+    float* g = root.layer->gate->value.f32();
+    for (int64_t c = 0; c < 12; ++c) g[2 * 12 + c] = 2.f, g[3 * 12 + c] = 1.5f;
+  }
+  auto a2a = make_expert_dispatcher("all_to_all", comm.get()), ag = make_expert_dispatcher("all_gather", comm.get());
+  auto tiled = make_expert_dispatcher("all_to_all", comm.get(), /*overlap=*/true);
+  std::vector<float> sum_w;
+  for (bool identity : {true, false}) {
+    auto va = layer_run(root, a2a.get(), comm.get(), x, dy, identity, identity ? &sum_w : nullptr);
+    auto vg = layer_run(root, ag.get(), comm.get(), x, dy, identity);
+    auto vl = layer_run(root, nullptr, comm.get(), x, dy, identity);  // one process, every expert local
+    const std::string k = identity ? "identity" : "experts";
+    // Output, dx and the router's gradient elementwise; the experts' weight gradients (summed
+    // over ranks, in another order than one process sums them) in relative L2.
+    const size_t exact = size_t(N * 12 * 2 + 4 * 12);
+    auto head = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + exact); };
+    auto tail = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + exact, v.end()); };
+    const double d_ag = max_rel(va, vg), d_local = std::max(max_rel(head(va), head(vl)),
+                                                            identity ? 0.0 : rel_diff(tail(va), tail(vl)));
+    if (d_ag > 1e-6) std::printf("FAIL %s: all_to_all vs all_gather %g\n", k.c_str(), d_ag);
+    if (d_local > 1e-6) std::printf("FAIL %s: all_to_all vs local %g\n", k.c_str(), d_local);
+    if (identity) {
+      double worst = 0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < 12; ++c)
+          worst = std::max(worst, double(std::fabs(va[size_t(n * 12 + c)] - x.f32()[n * 12 + c] * sum_w[size_t(n)])));
+      if (worst > 1e-6) std::printf("FAIL identity: out != x * sum(w), off by %g\n", worst);
+    }
+    float d_tiled = 0;  // tile-overlapped vs plain: bit-identical outputs and gradients
+    if (!identity) {
+      auto vt = layer_run(root, tiled.get(), comm.get(), x, dy, false);
+      for (size_t i = 0; i < va.size(); ++i) d_tiled = std::max(d_tiled, std::fabs(vt[i] - va[i]));
+      if (d_tiled != 0) std::printf("FAIL experts: tile-overlapped vs plain differ by %g\n", double(d_tiled));
+    }
+    Tensor worst = Tensor::from_vector({float(d_ag), float(d_local), d_tiled}, {3});
+    comm->all_reduce(worst, comm::ReduceOp::max);  // the same on every rank
+    write_floats(tag + "." + k + "." + std::to_string(r), worst.to_vector());
+  }
+  // Every rank decides growth from the same count matrix: the count must agree.
+  write_floats(tag + ".growths." + std::to_string(r), std::vector<float>{float(dispatcher_buffer_growths(*a2a))});
+  std::printf("rank %d: growths %lld\n", r, (long long)dispatcher_buffer_growths(*a2a));
+}
+
+struct Scratch {
+  fs::path root = fs::temp_directory_path() / ("atoll_ep_" + std::to_string(getpid()));
+  Scratch() { fs::create_directories(root); }
+  ~Scratch() { fs::remove_all(root); }
+};
+
+void expect_rel(const std::vector<float>& a, const std::vector<float>& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_LT(rel_diff(a, b), tol) << what;
+}
+
+// A small corpus prepared with `atoll data prepare` into s.root/data.
+void prepare_corpus(const Scratch& s) {
+  {
+    std::ofstream txt(s.root / "corpus.txt");
+    const char* words[] = {"experts", "route", "tokens", "to", "ranks", "and", "back", "again", "each", "step"};
+    uint32_t x = 777;
+    for (int doc = 0; doc < 200; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        x = x * 1664525u + 1013904223u;
+        txt << words[(x >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+  }
+  ASSERT_EQ(run_command({std::string(ATOLL_BINARY_DIR) + "/atoll", "data", "prepare", "--input",
+                         (s.root / "corpus.txt").string(), "--out", (s.root / "data").string(), "--val-fraction", "0.1"},
+                        {}, (s.root / "prepare.log").string(), 60),
+            0)
+      << read_file((s.root / "prepare.log").string());
+}
+
+std::vector<float> run_losses(const Scratch& s, const std::string& run) {
+  std::vector<float> v;
+  for (auto& rec : read_metrics((s.root / run / "metrics.jsonl").string())) v.push_back(float(rec["loss"]));
+  return v;
+}
+
+void job_equals_reference(int world, int64_t rep, const std::string& kind) {
+  Scratch s;
+  const std::string tag = (s.root / "job").string();
+  auto codes = run_rank_programs(world, "ExpertParallel.RankProgram",
+                                 {"ATOLL_EP_JOB=" + std::to_string(rep) + " 2 " + kind + " 0 " + tag}, tag, 120);
+  auto got = collect_kinds(tag, codes, {"loss", "gnorm", "params"}, kind);
+  ASSERT_EQ(got.size(), 3u);
+  Trace ref = reference(world, false);
+  ASSERT_EQ(got["loss"].size(), size_t(kSteps));
+  EXPECT_LT(ref.loss.back(), ref.loss.front()) << "the reference did not train";
+  const std::string what = std::to_string(world) + " ranks, ep 2, " + kind;
+  for (int s = 0; s < kSteps; ++s)
+    std::printf("step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g\n", s + 1, got["loss"][size_t(s)], ref.loss[size_t(s)],
+                got["gnorm"][size_t(s)], ref.gnorm[size_t(s)]);
+  std::printf("rel: loss %g, grad norm %g, params %g\n", rel_diff(got["loss"], ref.loss), rel_diff(got["gnorm"], ref.gnorm), rel_diff(got["params"], ref.params));
+  expect_rel(got["loss"], ref.loss, 1e-6, what + ": losses");
+  expect_rel(got["gnorm"], ref.gnorm, 1e-6, what + ": gradient norms");
+  expect_rel(got["params"], ref.params, 1e-6, what + ": final parameters");
+}
+
+}  // namespace
+
+// A rank of the multi-process tests when one of ATOLL_EP_TRAIN_CFG, ATOLL_EP_JOB, ATOLL_EP_DISPATCH is set.
+TEST(ExpertParallel, RankProgram) {
+  if (const char* c = std::getenv("ATOLL_EP_TRAIN_CFG")) {
+    Config cfg = Config::load(c);
+    Trainer(cfg).run(false);
+    return;
+  }
+  if (const char* j = std::getenv("ATOLL_EP_JOB")) return job_rank(j);
+  if (const char* d = std::getenv("ATOLL_EP_DISPATCH")) return dispatch_rank(d);
+  // Run directly (not as a rank): the one-process reference the rank jobs are held to is itself
+  // deterministic, bit for bit, so a mismatch there is the parallelism's.
+  Trace a = reference(2, true), b = reference(2, true);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_LT(a.loss.back(), a.loss.front()) << "the drop-mode reference did not train";
+}
+
+TEST(ExpertParallel, AllToAllEqualsAllGatherTileOverlapIsIdenticalAndIdentityExpertsReturnWeightedInput) {
+  for (int skew : {0, 1}) {
+    Scratch s;
+    const std::string tag = (s.root / "disp").string();
+    auto codes = run_rank_programs(2, "ExpertParallel.RankProgram",
+                                   {"ATOLL_EP_DISPATCH=" + std::to_string(skew) + " " + tag}, tag, 60);
+    for (int r = 0; r < 2; ++r) {
+      const std::string log = read_file(tag + ".log" + std::to_string(r));
+      EXPECT_EQ(log.find("FAIL"), std::string::npos) << "skew " << skew << " rank " << r << ":\n" << log;
+    }
+    auto got = collect_kinds(tag, codes, {"identity", "experts", "growths"}, "dispatch");
+    ASSERT_EQ(got.size(), 3u);
+    for (const char* k : {"identity", "experts"}) {
+      EXPECT_LE(got[k][0], 1e-6) << k << ": all_to_all vs all_gather";
+      EXPECT_LE(got[k][1], 1e-6) << k << ": all_to_all vs one process";
+    }
+    EXPECT_EQ(got["experts"][2], 0.f) << "tile-overlapped and plain all-to-all differ";
+    // Every row to rank 1: a pair carries all of rank 0's rows, past an even share's buffer.
+    if (skew) EXPECT_GT(got["growths"][0], 0.f) << "the skewed routing did not grow the buffers";
+  }
+}
+
+TEST(ExpertParallel, Ep2OnTwoRanksFollowsOneProcess) { job_equals_reference(2, 1, "all_to_all"); }
+
+TEST(ExpertParallel, Dp2TimesEp2OnFourRanksFollowsOneProcess) { job_equals_reference(4, 2, "all_to_all"); }
+
+TEST(ExpertParallel, BadLayoutsAreRefusedBeforeAnyStep) {
+  nn::MoEModelConfig c = ep_model();
+  c.moe.n_experts = 3;
+  c.moe.top_k = 2;
+  nn::MoEModel m(c);
+  MeshShape shape;
+  shape.dp_shard = 2;
+  shape.ep = 2;
+  try {
+    check_expert_layout(shape, m);
+    ADD_FAILURE() << "3 experts over ep = 2 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_experts = 3 is not divisible"), std::string::npos) << e.what();
+  }
+  // A family without experts.
+  nn::GPT gpt(tiny_model());
+  EXPECT_THROW(check_expert_layout(shape, gpt), Error);
+  shape.ep = 1;
+  EXPECT_NO_THROW(check_expert_layout(shape, gpt));
+}
+
+// `atoll train`'s trainer with [parallel] dp_shard = 2, ep = 2 on 2 ranks, both dispatchers:
+// the same losses as one rank at the doubled batch (the balance loss is off: it is not a mean over
+// tokens, so one rank's over 2b rows differs from the mean of two ranks' over b), and the two
+// dispatchers and the tile-overlapped all-to-all bit-identical.
+TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  auto config = [&](const std::string& run, int batch, const std::string& parallel) {
+    std::ostringstream c;
+    c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
+      << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\npreset = \"moe-tiny\"\nn_experts = 4\n"
+      << "aux_loss_coef = 0.0\n[train]\nsteps = 4\nbatch_size = " << batch
+      << "\nseq_len = 16\nwarmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 3e-3\neps = 1e-5\n[eval]\nevery = 0\n"
+      << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+      << (parallel.empty() ? "" : "[parallel]\n" + parallel);
+    fs::path p = s.root / (run + ".toml");
+    std::ofstream(p) << c.str();
+    return p;
+  };
+  auto losses = [&](const std::string& run) { return run_losses(s, run); };
+  {
+    Config one = Config::load(config("one", 8, "").string());
+    Trainer(one).run(false);
+  }
+  std::map<std::string, std::vector<float>> got;
+  for (std::string kind : {"all_to_all", "all_gather", "overlap"}) {
+    const std::string disp = kind == "overlap" ? "all_to_all\"\nep_overlap = true\n" : kind + "\"\n";
+    fs::path cfg = config(kind, 4, "dp_shard = 2\nep = 2\nep_dispatcher = \"" + disp);
+    const std::string tag = (s.root / kind).string();
+    auto codes = run_rank_programs(2, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+    for (size_t r = 0; r < codes.size(); ++r)
+      ASSERT_EQ(codes[r], 0) << kind << " rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+    const std::string log = read_file(tag + ".log0");
+    EXPECT_NE(log.find("ep=2"), std::string::npos) << log;
+    got[kind] = losses(kind);
+    ASSERT_EQ(got[kind].size(), 4u);
+  }
+  EXPECT_EQ(got["all_to_all"], got["all_gather"]);
+  EXPECT_EQ(got["all_to_all"], got["overlap"]) << "tile-overlapped training differs from the plain all-to-all";
+  // One rank at 2b vs two at b: the data-parallel tests' bound (float summation order in the mean).
+  const auto one = losses("one");
+  ASSERT_EQ(one.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(got["all_to_all"][i], one[i], 1e-4) << "step " << i + 1;
+}
+
+// Found on the way (models/gpt): an untied lm_head is a root parameter, first in the flat buffer,
+// so ZeRO-3 counted it in the lower root and released it after the embedding lookup; ranks other
+// than its shard's owner then computed logits from freed memory. A Llama-style GPT (untied head)
+// on 2 ZeRO-3 ranks must follow one rank at the doubled batch. (Uses this file's rank program.)
+TEST(Zero3UntiedHead, LlamaTinyOnTwoRanksFollowsOneRank) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  auto config = [&](const std::string& run, int batch, const std::string& parallel) {
+    std::ostringstream c;
+    c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
+      << "\"\nauto_prepare = false\n[model]\npreset = \"llama-tiny\"\n[train]\nsteps = 3\nbatch_size = " << batch
+      << "\nseq_len = 16\nwarmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 3e-3\neps = 1e-5\n[eval]\nevery = 0\n"
+      << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+      << (parallel.empty() ? "" : "[parallel]\n" + parallel);
+    fs::path p = s.root / (run + ".toml");
+    std::ofstream(p) << c.str();
+    return p;
+  };
+  {
+    Config one = Config::load(config("one", 8, "").string());
+    Trainer(one).run(false);
+  }
+  fs::path cfg = config("zero3", 4, "dp_shard = 2\n");
+  const std::string tag = (s.root / "zero3").string();
+  auto codes = run_rank_programs(2, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+  const auto one = run_losses(s, "one"), z3 = run_losses(s, "zero3");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(z3.size(), 3u);
+  // Before the fix step 1 was already off by 5e-3 (5.5405 vs 5.5452 on the fortunes corpus).
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(z3[i], one[i], 1e-4) << "step " << i + 1;
+}
