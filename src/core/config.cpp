@@ -149,9 +149,19 @@ bool Config::has(const std::string& key) const { return impl_->find(key) != null
 std::string Config::where(const std::string& key) const { return impl_->where(key); }
 const std::string& Config::source() const { return impl_->source; }
 
-std::string Config::canonical() const {
+std::string Config::canonical(const std::vector<std::string>& except) const {
+  toml::table t = impl_->table;
+  for (const std::string& key : except) {
+    const size_t dot = key.rfind('.');
+    toml::table* parent = &t;
+    if (dot != std::string::npos) {
+      toml::node* n = t.at_path(key.substr(0, dot)).node();
+      parent = n ? n->as_table() : nullptr;
+    }
+    if (parent) parent->erase(dot == std::string::npos ? key : key.substr(dot + 1));
+  }
   std::ostringstream os;
-  os << impl_->table;
+  os << t;
   return os.str();
 }
 void Config::accept(const std::string& key) { impl_->known.insert(key); }

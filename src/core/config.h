@@ -45,7 +45,8 @@ class Config {
   const std::string& source() const;
   // Every key the file and the command line set, with its value, as canonical TOML (sorted keys):
   // two ranks with the same effective config get the same text (the pre-run gate hashes it).
-  std::string canonical() const;
+  // `except` names keys left out ("run.dir": a per-host path that may differ between ranks).
+  std::string canonical(const std::vector<std::string>& except = {}) const;
 
  private:
   struct Impl;

@@ -216,7 +216,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();
-  I.config_canonical = cfg.canonical();  // issue 14: what the pre-run gate compares
+  // issue 14: what the pre-run gate compares; the run dir may be a per-host path (one per island
+  // or replica), so it is left out.
+  I.config_canonical = cfg.canonical({"run.dir"});
 
   int threads = int(I.o.threads);
   if (threads == 0 && env.local_world_size > 1)  // share the cores among this node's ranks
