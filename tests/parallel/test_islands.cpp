@@ -18,6 +18,7 @@
 
 #include "comm/tcp_store.h"
 #include "harness.h"
+#include "launch_fixture.h"
 #include "lowcomm/iso_merge.h"
 #include "lowcomm/lowcomm.h"
 #include "optim/sgd.h"
@@ -29,48 +30,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
-
-struct Islands {
-  fs::path root, cfg;
-  Islands() {
-    root = fs::temp_directory_path() / ("atoll_islands_" + std::to_string(getpid()));
-    fs::remove_all(root);
-    fs::create_directories(root);
-    std::ofstream txt(root / "corpus.txt");
-    const char* words[] = {"an", "island", "syncs", "its", "model", "over", "a", "slow", "link", "rarely"};
-    uint32_t s = 4242;
-    for (int doc = 0; doc < 200; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        s = s * 1664525u + 1013904223u;
-        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-    txt.close();
-    int rc = run_command({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
-                          (root / "data").string(), "--val-fraction", "0.1"},
-                         {}, (root / "prepare.log").string(), 60);
-    EXPECT_EQ(rc, 0) << read_file((root / "prepare.log").string());
-    cfg = root / "islands.toml";
-    std::ofstream c(cfg);
-    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
-      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-      << "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 0\nkeep = 100\n"
-      << "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n";
-  }
-  ~Islands() { fs::remove_all(root); }
+// A 2-block GPT-2 tiny, 6 steps, neither evaluated nor checkpointed unless a test says so; every
+// run goes through `atoll launch` (one rank an island too).
+struct Islands : LaunchFixture {
+  Islands()
+      : LaunchFixture("islands",
+                      "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+                      "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+                      "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 0\n"
+                      "keep = 100\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n",
+                      4242) {}
   int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
-    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks), "--timeout",
-                                     "30", "--", atoll_exe(), "train", cfg.string(), "--run.dir=" + (root / run).string()};
-    for (auto& a : extra) argv.push_back(a);
-    std::string log = (root / (run + ".log")).string();
-    int rc = run_command(argv, {}, log, 120);
-    if (rc != 0 && !expect_fail) ADD_FAILURE() << "atoll train (" << run << ") exited " << rc << ":\n" << read_file(log);
-    return rc;
+    return LaunchFixture::train(run, ranks, std::move(extra), expect_fail, /*always_launch=*/true);
   }
-  std::string log(const std::string& run) { return read_file((root / (run + ".log")).string()); }
   fs::path ckpt(const std::string& run, int step) {
     char b[32];
     std::snprintf(b, sizeof b, "step_%08d", step);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "launch_fixture.h"
 
 using namespace atl;
 using namespace atl::parallel::test;
@@ -17,62 +18,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
+std::vector<double> losses(const fs::path& run) { return metric_values(run); }
 
-std::vector<double> losses(const fs::path& run) {
-  std::ifstream f(run / "metrics.jsonl");
-  std::vector<double> out;
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-    }
-  return out;
-}
-
-struct TpFixture {
-  fs::path root, cfg;
-  TpFixture() {
-    root = fs::temp_directory_path() / ("atoll_tp_launch_" + std::to_string(getpid()));
-    fs::remove_all(root);
-    fs::create_directories(root);
-    std::ofstream txt(root / "corpus.txt");
-    const char* words[] = {"split", "the", "heads", "over", "two", "ranks", "and", "sum", "rows", "again"};
-    uint32_t s = 99;
-    for (int doc = 0; doc < 150; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        s = s * 1664525u + 1013904223u;
-        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-    txt.close();
-    int rc = run_command({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
-                          (root / "data").string(), "--val-fraction", "0.1"},
-                         {}, (root / "prepare.log").string(), 60);
-    EXPECT_EQ(rc, 0) << read_file((root / "prepare.log").string());
-    cfg = root / "tiny.toml";
-    std::ofstream c(cfg);
-    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
-      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-      << "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim.adamw]\nlr = 1e-3\n[eval]\nevery = 3\nsteps = 2\n[sample]\nevery = 0\n[checkpoint]\nevery = 3\n"
-      << "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n";
-  }
-  ~TpFixture() { if (!std::getenv("ATOLL_TP_KEEP")) fs::remove_all(root); }
-  int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
-    std::vector<std::string> argv;
-    if (ranks > 1) argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks), "--timeout", "30", "--"};
-    for (auto& a : std::vector<std::string>{atoll_exe(), "train", cfg.string(), "--run.dir=" + (root / run).string()})
-      argv.push_back(a);
-    for (auto& a : extra) argv.push_back(a);
-    int rc = run_command(argv, {}, log_path(run), 120);
-    if (rc != 0 && !expect_fail) ADD_FAILURE() << "atoll train (" << run << ") exited " << rc << ":\n" << log(run);
-    return rc;
-  }
-  std::string log_path(const std::string& run) { return (root / (run + ".log")).string(); }
-  std::string log(const std::string& run) { return read_file(log_path(run)); }
+// A 2-block GPT-2 tiny, 6 steps, evaluated and checkpointed every 3 steps.
+struct TpFixture : LaunchFixture {
+  TpFixture()
+      : LaunchFixture("tp_launch",
+                      "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+                      "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+                      "[optim.adamw]\nlr = 1e-3\n[eval]\nevery = 3\nsteps = 2\n[sample]\nevery = 0\n[checkpoint]\n"
+                      "every = 3\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n",
+                      99) {}
 };
 
 // The printed losses are the job's fp32 loss; tensor parallelism moves them by ~1e-7 relative

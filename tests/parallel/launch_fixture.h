@@ -1,0 +1,32 @@
+// The launch tests' shared fixture (test_launch_train, test_tensor_parallel_launch, test_islands):
+// a temporary root holding a small synthetic corpus prepared by `atoll data prepare`, a tiny
+// training config, and `atoll train` runs against it (under `atoll launch` for several ranks)
+// with command-line overrides, each in its own run dir with its own log.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace atl::parallel::test {
+
+std::string atoll_exe();
+
+// The value of `key` on every metrics.jsonl line that has it, in order (segment lines have none).
+std::vector<double> metric_values(const std::filesystem::path& run, const char* key = "loss");
+
+struct LaunchFixture {
+  std::filesystem::path root, cfg;
+  // tag: the temporary directory's name; config_tail: the config's TOML after its [data] table
+  // ([model], [train], ...); seed: the corpus's word sequence. ATOLL_KEEP_TEST_DIRS=1 keeps root.
+  LaunchFixture(const std::string& tag, const std::string& config_tail, uint32_t seed = 777);
+  ~LaunchFixture();
+  // Returns the exit status; a failure is reported unless `expect_fail`. One rank runs `atoll
+  // train` directly unless `always_launch`.
+  int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false,
+            bool always_launch = false);
+  std::string log_path(const std::string& run) const;
+  std::string log(const std::string& run) const;
+};
+
+}  // namespace atl::parallel::test
