@@ -58,7 +58,7 @@ def read_metrics(path):
 def cohens_d(d):
     m = sum(d) / len(d)
     sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
-    return m / sd if sd > 0 else (math.inf if m > 0 else 0.0)
+    return m / sd if sd > 1e-12 else (math.inf if m > 0 else 0.0)  # identical differences: no spread
 
 
 def sign_flip_p(d):

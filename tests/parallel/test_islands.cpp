@@ -486,6 +486,16 @@ TEST(Islands, SyncPoliciesDecideAlikeOnEveryIsland) {
     EXPECT_EQ(synced.size(), 2u) << tag;
     if (tag == "workload_aware") EXPECT_EQ(synced, (std::vector<int>{2, 5}));
   }
+  // Stopped after step 3 (between the syncs) and resumed: the controller replays its decisions,
+  // so the run ends bit for bit where the one that never stopped did.
+  auto wa = with(common, {"--lowcomm.sync_policy=workload_aware", "--lowcomm.sync_max_defer=100"});
+  ASSERT_EQ(f.train("wa_cut", 2, with(wa, {"--train.stop_after=3"})), 0);
+  ASSERT_EQ(f.train("wa_cut", 2, with(wa, {"--resume"})), 0);
+  EXPECT_NE(f.log("wa_cut").find("resumed from"), std::string::npos) << f.log("wa_cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("wa_cut", 6)), model_of(f.ckpt("workload_aware", 6))), 0.0);
+  auto cut = f.metrics("wa_cut");
+  ASSERT_EQ(cut.size(), 6u);
+  EXPECT_TRUE(cut[4].contains("sync")) << "the resumed run did not sync after step 5";
   std::ofstream(f.root / "bad.txt") << "0\n0.5\n0.5.1\n";
   EXPECT_NE(f.train("bad", 2, with(common, {"--lowcomm.sync_policy=workload_aware",
                                             "--lowcomm.sync_trace=" + (f.root / "bad.txt").string()}), true), 0);
