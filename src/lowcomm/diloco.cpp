@@ -8,13 +8,13 @@ namespace atl::lowcomm {
 using Clock = std::chrono::steady_clock;
 
 std::string DiLoCo::describe() const {
-  return fmt::format("{} over {} islands, H = {}, outer {}SGD lr {} momentum {}, exchange {}", c_.method, islands_,
+  return fmt::format("{} over {} islands, H = {}, outer {}SGD lr {} momentum {}, exchange {}, sync {}", c_.method, islands_,
                      c_.inner_steps, c_.nesterov && c_.outer_momentum > 0 ? "Nesterov " : "", c_.outer_lr,
-                     c_.outer_momentum, c_.exchange);
+                     c_.outer_momentum, c_.exchange, sched_->describe());
 }
 
 nlohmann::json DiLoCo::sync(int64_t step) {
-  if ((step + 1) % c_.inner_steps != 0) return nullptr;
+  if (!sync_due(step)) return nullptr;
   auto t0 = Clock::now();
   const int64_t n = flat_.numel();
   if (!delta_.defined()) delta_ = Tensor::empty({n});

@@ -41,6 +41,10 @@ std::unique_ptr<LowCommConfig> LowCommConfig::from_config(Config& cfg, int64_t i
     c->merge_scope = cfg.get_string("lowcomm.merge_scope", c->merge_scope, {"hidden", "all"});
   }
   c->drop_at_sync = cfg.get_int("fault.island_drop_at_sync", 0, 0);
+  c->sync = SyncPolicyConfig::from_config(cfg, c->inner_steps);
+  ATOLL_CHECK(c->sync.policy == "fixed" || c->method != "streaming",
+              "lowcomm.sync_policy = '{}' ({}): streaming syncs its fragments on its own staggered schedule; use "
+              "'fixed' with it", c->sync.policy, cfg.where("lowcomm.sync_policy"));
   if (islands == 1 && !named) return nullptr;
   return c;
 }
@@ -68,6 +72,7 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
     across_ = mesh.axis("island");
   }
   exchange_ = exchange_registry().get(c_.exchange, "lowcomm.exchange")(cfg);
+  sched_ = make_sync_controller(c_.sync);
 }
 
 LowComm::~LowComm() = default;
@@ -93,7 +98,10 @@ nlohmann::json LowComm::after_step(int64_t step) {
     window_start_ = Clock::now();
     window_open_ = true;
   }
-  return sync(step);
+  due_step_ = sched_->should_sync(step) ? step : -1;
+  nlohmann::json j = sync(step);
+  if (!j.is_null() && c_.sync.policy != "fixed") j["policy"] = sched_->last();
+  return j;
 }
 
 double LowComm::world_average(double x) {

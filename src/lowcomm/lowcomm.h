@@ -28,6 +28,7 @@
 #include "core/config.h"
 #include "core/registry.h"
 #include "lowcomm/exchange.h"
+#include "lowcomm/sync_controller.h"
 #include "nn/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
@@ -50,6 +51,8 @@ struct LowCommConfig {
   // [fault] island_drop_at_sync = n: the last island stops answering at its n-th exchange (for
   // the test that the others fail with a message instead of hanging); 0: never.
   int64_t drop_at_sync = 0;
+  // When to sync (sync_controller.h): [lowcomm] sync_policy and its sync_* keys.
+  SyncPolicyConfig sync;
   // Reads [lowcomm]; null when islands = 1 and no method is named.
   static std::unique_ptr<LowCommConfig> from_config(Config& cfg, int64_t islands);
 };
@@ -79,7 +82,7 @@ class LowComm {
   nlohmann::json after_step(int64_t step);
   // Whether the islands agree on something this step (the trainer's stop decision): the end of
   // an outer round, when every island waits for the others anyway.
-  bool round_end(int64_t step) const { return (step + 1) % c_.inner_steps == 0; }
+  bool round_end(int64_t step) const { return due_step_ == step; }
   // The mean of x over every rank of the job (collective over the world).
   double world_average(double x);
 
@@ -96,6 +99,8 @@ class LowComm {
   void finish_load();
 
  protected:
+  // Whether the sync policy asked for a sync after `step` (decided once, in after_step).
+  bool sync_due(int64_t step) const { return due_step_ == step; }
   // Method hooks. sync(): the method's work after step (metrics for what finished, or null).
   virtual nlohmann::json sync(int64_t step) = 0;
   virtual void save_method(std::vector<std::pair<std::string, Tensor>>& out, nlohmann::json& st) = 0;
@@ -120,6 +125,8 @@ class LowComm {
   Tensor global_;  // the outer (global) parameters, the same on every island
   Tensor mom_;     // outer momentum
   int64_t outer_steps_ = 0;
+  std::unique_ptr<SyncController> sched_;
+  int64_t due_step_ = -1;
 
  private:
   // For compute utilization: wall time between records and the time blocked in syncs within it.

@@ -3,7 +3,8 @@
 // Streaming DiLoCo with P = 1, tau = 0, alpha = 0 is DiLoCo; after every outer step the islands
 // hold bitwise the same parameters (read from checkpoints, which carry every island's state);
 // stopped and resumed runs are bit-exact; bad island layouts are refused before step 1; an island
-// whose link drops mid-sync makes the others fail with a message. Iso-C on a known matrix.
+// whose link drops mid-sync makes the others fail with a message. Iso-C on a known matrix. Sync
+// policies (workload_aware, matched_random) decide alike on every island.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -424,4 +425,52 @@ TEST(Islands, OuterNesterovSgdAndInnerSgdMatchTorch) {
     opt.step({});
     EXPECT_LT(rel_diff(w.to_vector(), want[size_t(s)]), 1e-6) << "inner sgd step " << s;
   }
+}
+
+// Sync policies decide from what every rank has (the step, the seed, the same trace file), so
+// the islands sync at the same steps without a message: 2 islands of 1 rank, checkpoints after
+// every step; after each sync (found from metrics.jsonl, not assumed) island 1's parameters equal
+// island 0's bitwise, and between syncs they differ. The trace 0, 0, 0.9, 0.9, 0, 0 with H = 2
+// makes workload_aware sync after steps 2 and 5 (deferring the one fixed H = 2 would make at 4).
+TEST(Islands, SyncPoliciesDecideAlikeOnEveryIsland) {
+  Islands f;
+  fs::path trace = f.root / "load.txt";
+  std::ofstream(trace) << "0\n0\n0.9\n0.9\n0\n0\n";
+  const std::vector<std::string> common = {"--parallel.islands=2", "--lowcomm.inner_steps=2", "--checkpoint.every=1",
+                                           "--lowcomm.sync_trace=" + trace.string()};
+  for (auto policy : std::vector<std::vector<std::string>>{
+           {"--lowcomm.sync_policy=workload_aware", "--lowcomm.sync_max_defer=100"},
+           {"--lowcomm.sync_policy=matched_random", "--lowcomm.sync_budget=2", "--lowcomm.sync_seed=3"}}) {
+    std::string tag = policy[0].substr(policy[0].find('=') + 1);
+    ASSERT_EQ(f.train(tag, 2, with(common, policy)), 0);
+    auto m = f.metrics(tag);
+    ASSERT_EQ(m.size(), 6u);
+    std::vector<int> synced;
+    for (int s = 1; s <= 6; ++s) {
+      bool sync = m[size_t(s - 1)].contains("sync");
+      if (sync) synced.push_back(s);
+      TensorFile opt = load_safetensors((f.ckpt(tag, s) / "optimizer.safetensors").string());
+      std::vector<float> i1 = all_of(opt, "lowcomm.island1.model."), i0 = model_of(f.ckpt(tag, s));
+      ASSERT_EQ(i1.size(), i0.size());
+      if (sync) EXPECT_EQ(rel_diff(i1, i0), 0.0) << tag << ": islands differ after the sync at step " << s;
+      else EXPECT_GT(rel_diff(i1, i0), 0.0) << tag << ": islands equal without a sync at step " << s;
+    }
+    EXPECT_EQ(synced.size(), 2u) << tag;
+    if (tag == "workload_aware") EXPECT_EQ(synced, (std::vector<int>{2, 5}));
+  }
+  // Stopped after step 3 (between the syncs) and resumed: the controller replays its decisions,
+  // so the run ends bit for bit where the one that never stopped did.
+  auto wa = with(common, {"--lowcomm.sync_policy=workload_aware", "--lowcomm.sync_max_defer=100"});
+  ASSERT_EQ(f.train("wa_cut", 2, with(wa, {"--train.stop_after=3"})), 0);
+  ASSERT_EQ(f.train("wa_cut", 2, with(wa, {"--resume"})), 0);
+  EXPECT_NE(f.log("wa_cut").find("resumed from"), std::string::npos) << f.log("wa_cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("wa_cut", 6)), model_of(f.ckpt("workload_aware", 6))), 0.0);
+  auto cut = f.metrics("wa_cut");
+  ASSERT_EQ(cut.size(), 6u);
+  EXPECT_TRUE(cut[4].contains("sync")) << "the resumed run did not sync after step 5";
+  std::ofstream(f.root / "bad.txt") << "0\n0.5\n0.5.1\n";
+  EXPECT_NE(f.train("bad", 2, with(common, {"--lowcomm.sync_policy=workload_aware",
+                                            "--lowcomm.sync_trace=" + (f.root / "bad.txt").string()}), true), 0);
+  EXPECT_NE(f.log("bad").find("bad.txt:3: '0.5.1' is not a number"), std::string::npos) << f.log("bad");
+  EXPECT_EQ(f.log("bad").find("step     1"), std::string::npos) << f.log("bad");
 }
