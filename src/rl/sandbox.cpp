@@ -315,16 +315,26 @@ std::string SandboxEpisode::run_command(const std::vector<std::string>& argv) {
   }
   ::close(out[1]);
   ::setpgid(pid, pid);  // also here: no race with the kill below
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);  // a grandchild may hold the pipe open after the exit
   std::string output;
+  bool eof = false;
+  const auto drain = [&] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(out[0], buf, sizeof buf)) > 0)
+      if (int64_t(output.size()) < lim_.max_output)
+        output.append(buf, size_t(std::min<int64_t>(n, lim_.max_output - int64_t(output.size()))));
+    if (n == 0) eof = true;
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(lim_.wall_s);
   int status = 0;
   bool exited = false, timed_out = false;
   while (!exited) {
-    struct pollfd pf{out[0], POLLIN, 0};
-    if (::poll(&pf, 1, 10) > 0) {
-      char buf[4096];
-      const ssize_t n = ::read(out[0], buf, sizeof buf);
-      if (n > 0 && int64_t(output.size()) < lim_.max_output) output.append(buf, size_t(std::min<int64_t>(n, lim_.max_output - int64_t(output.size()))));
+    if (eof) {
+      ::usleep(10000);
+    } else {
+      struct pollfd pf{out[0], POLLIN, 0};
+      if (::poll(&pf, 1, 10) > 0) drain();
     }
     exited = ::waitpid(pid, &status, WNOHANG) == pid;
     if (!exited && std::chrono::steady_clock::now() > deadline) {
@@ -333,6 +343,7 @@ std::string SandboxEpisode::run_command(const std::vector<std::string>& argv) {
       exited = timed_out = true;
     }
   }
+  drain();  // what it wrote just before exiting
   ::kill(-pid, SIGKILL);  // whatever it left running in its group
   ::close(out[0]);
 
