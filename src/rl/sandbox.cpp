@@ -103,7 +103,7 @@ constexpr int64_t kMagic = 0x31584253'4c4f5441;  // "ATOLSBX1"
 std::map<std::string, std::string> read_tree(const std::string& dir) {
   std::map<std::string, std::string> out;
   for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
-    const std::string rel = fs::relative(it->path(), dir).string();
+    const std::string rel = it->path().lexically_relative(dir).string();
     if (it->is_symlink()) {
       out[rel + " ->"] = fs::read_symlink(it->path()).string();
     } else if (it->is_directory()) {
@@ -237,7 +237,7 @@ std::string SandboxEpisode::write_file(const std::string& rel, const std::string
   for (const auto& part : p) {
     if (part == ".." || part == ".") return "escape: '" + part.string() + "' in " + rel;
     cur /= part;
-    if (fs::is_symlink(cur)) return "escape: symlink " + fs::relative(cur, dir_).string() + " in " + rel;
+    if (fs::is_symlink(cur)) return "escape: symlink " + cur.lexically_relative(dir_).string() + " in " + rel;
   }
   if (int64_t(content.size()) > lim_.file_bytes) return "file size limit: " + rel;
   // The resolved parent must still be the sandbox or under it (belt and braces over the checks).
@@ -367,6 +367,20 @@ std::string SandboxEpisode::run_command(const std::vector<std::string>& argv) {
   if (!why.empty()) return why + (output.empty() ? "" : " (output: " + output + ")");
   write_tree(dir_, read_tree(work));
   return output.empty() ? "ok" : "ok: " + output;
+}
+
+bool sandbox_can_isolate() {
+  static const bool ok = [] {
+    char tmpl[] = "/tmp/atoll_sbxprobe_XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return false;
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(isolate_mounts(tmpl) ? 0 : 1);
+    int status = 1;
+    if (pid > 0) ::waitpid(pid, &status, 0);
+    ::rmdir(tmpl);
+    return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }();
+  return ok;
 }
 
 SandboxCheckpoint SandboxEpisode::checkpoint() const {

@@ -96,6 +96,8 @@ class SandboxEpisode {
   double reward_ = 0;
 };
 
+// Whether a command can run in the read-only mount namespace here (a probe child tries it).
+bool sandbox_can_isolate();
 // A fingerprint of the tree (FNV-1a over every path and its bytes), for logs; tests compare read_tree.
 uint64_t sandbox_fingerprint(const std::string& dir);
 // Every regular file (and directory, with a trailing '/') under dir, relative path -> bytes;

@@ -87,7 +87,9 @@ TEST_F(SandboxTest, CommandThatRunsTooLongIsKilled) {
     EXPECT_EQ(ep.reward(), 0.0) << cmd;
     EXPECT_EQ(ep.reason(), "timeout") << cmd;
     EXPECT_LT(s, 10.0) << cmd << ": the command was not killed";
-    EXPECT_EQ(ep.log().back().result, "ignored: episode over");  // the check after it did not score
+    ASSERT_EQ(ep.log().size(), 2u) << cmd;  // the check after it never ran
+    EXPECT_EQ(ep.log().back().result, "timeout") << cmd;
+    EXPECT_EQ(ep.act("check"), "ignored: episode over");
   }
   // The CPU rlimit stops a spinner on its own, with its own reason.
   lim.wall_s = 20;
@@ -129,17 +131,21 @@ TEST_F(SandboxTest, WritesOutsideAreRefusedAndTouchNothing) {
   // A command that plants a symlink out of the sandbox: not taken back.
   refused("write answer.txt 46;run link;check;", "escape: left symlink evil");
   // A command writing an absolute path is stopped by the read-only mount namespace when the kernel lets us make one.
+  if (!sandbox_can_isolate())
+    GTEST_SKIP() << "no mount namespace here (needs CAP_SYS_ADMIN): a command's absolute-path write is not "
+                    "contained; the path checks and rlimits above hold without it";
   SandboxEpisode ep(dir(), problem(), {}, commands(out));
   ep.feed(toks("write answer.txt 46;run abs;check;"));
-  if (ep.reason() == "correct") {
-    // No mount namespace here (no CAP_SYS_ADMIN): the absolute write went through. Say so; the
-    // path checks and rlimits above still hold.
-    std::ofstream(out) << "precious";
-    GTEST_SKIP() << "mount namespaces unavailable: a command's absolute-path write is not contained";
-  }
   EXPECT_EQ(ep.reward(), 0.0);
   EXPECT_TRUE(ep.reason().starts_with("exit status")) << ep.reason();
+  EXPECT_NE(ep.log()[1].result.find("Read-only file system"), std::string::npos) << ep.log()[1].result;
   EXPECT_EQ(outside(), "precious");
+  // Without the namespace the same command gets through: the namespace is what stops it.
+  SandboxLimits open;
+  open.isolate = false;
+  SandboxEpisode leaky(dir(), problem(), open, commands(out));
+  leaky.feed(toks("write answer.txt 46;run abs;check;"));
+  EXPECT_EQ(outside(), "pwned\n");
 }
 
 TEST_F(SandboxTest, FileSizeLimitStopsACommand) {
