@@ -1,20 +1,29 @@
 // "sandbox_add": 2-digit addition as an agentic task (rl/sandbox.h). The prompt is the "add"
 // task's ("12+34="); the completion is an action script, e.g. "write answer.txt 46;check", run in
 // a fresh sandbox directory; exact = the checker's reward, format = the script ended with a check.
+// Problem::answer is the reference script (the SFT warm start imitates it); the checker's number
+// is the one in it.
 #include <unistd.h>
 
 #include <filesystem>
 
+#include "core/error.h"
 #include "rl/sandbox.h"
 
 namespace atl::rl {
 namespace {
 
+const std::string kWrite = "write answer.txt ", kCheck = ";check";
+
 class SandboxAdd final : public VerifiableTask {
  public:
   explicit SandboxAdd(const TaskSpec& s) : add_(make_verifiable_task({"add", s.digits})), digits_(s.digits) {}
   std::string name() const override { return "sandbox_add"; }
-  Problem draw(Rng& rng) const override { return add_->draw(rng); }
+  Problem draw(Rng& rng) const override {
+    Problem p = add_->draw(rng);
+    p.answer = kWrite + p.answer + kCheck;
+    return p;
+  }
   std::string alphabet() const override { return "abcdefghijklmnopqrstuvwxyz0123456789 ._;"; }
   int64_t max_answer_len() const override { return 24 + digits_ + 1; }  // "write answer.txt N;check"
   int64_t max_prompt_len() const override { return add_->max_prompt_len(); }
@@ -23,7 +32,11 @@ class SandboxAdd final : public VerifiableTask {
     Reward r;
     if (::mkdtemp(tmpl) == nullptr) return r;
     {
-      SandboxEpisode ep(std::string(tmpl) + "/ep", p);
+      const std::string& a = p.answer;
+      const bool ref = a.starts_with(kWrite) && a.ends_with(kCheck) && a.size() > kWrite.size() + kCheck.size();
+      ATOLL_CHECK(ref, "sandbox_add: reference answer '{}' is not a write-then-check script", a);
+      SandboxEpisode ep(std::string(tmpl) + "/ep",
+                        {p.prompt, a.substr(kWrite.size(), a.size() - kWrite.size() - kCheck.size())});
       std::vector<int32_t> toks;
       for (unsigned char ch : c) toks.push_back(int32_t(ch));
       ep.feed(toks);

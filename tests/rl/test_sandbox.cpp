@@ -225,9 +225,15 @@ TEST(RlSandboxTask, ScoresActionScripts) {
   auto t = make_verifiable_task(s);
   Rng rng(5, 0);
   const Problem p = t->draw(rng);
-  EXPECT_EQ(t->score(p, "write answer.txt " + p.answer + ";check", true, 0.0).exact, 1.0);
-  EXPECT_EQ(t->score(p, "write answer.txt " + p.answer, true, 0.0).total, 0.0);  // no check
-  EXPECT_EQ(t->score(p, "write ../answer.txt " + p.answer + ";check", true, 0.5).total, 0.0);
+  int a = 0, b = 0;
+  ASSERT_EQ(std::sscanf(p.prompt.c_str(), "%d+%d=", &a, &b), 2) << p.prompt;
+  const std::string sum = std::to_string(a + b);
+  EXPECT_EQ(p.answer, "write answer.txt " + sum + ";check");  // the reference script (SFT target)
+  EXPECT_EQ(t->score(p, p.answer, true, 0.0).exact, 1.0);
+  // Cut off before the end marker: the last action never completed, so the check did not run.
+  EXPECT_EQ(t->score(p, "write answer.txt " + sum + ";check", false, 0.0).exact, 0.0);
+  EXPECT_EQ(t->score(p, "write answer.txt " + sum, true, 0.0).total, 0.0);  // no check
+  EXPECT_EQ(t->score(p, "write ../answer.txt " + sum + ";check", true, 0.5).total, 0.0);
   const Reward w = t->score(p, "write answer.txt 0;check", true, 0.5);
   EXPECT_EQ(w.exact, 0.0);
   EXPECT_EQ(w.format, 1.0);
