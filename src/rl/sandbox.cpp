@@ -170,6 +170,10 @@ SandboxEpisode::SandboxEpisode(std::string dir, Problem p, SandboxLimits lim,
     : dir_(std::move(dir)), p_(std::move(p)), lim_(lim), commands_(std::move(commands)) {
   for (const auto& [name, argv] : commands_)
     ATOLL_CHECK(!argv.empty() && fs::path(argv[0]).is_absolute(), "sandbox command '{}': argv[0] must be an absolute path", name);
+  // The directory is emptied: refuse the obvious catastrophes (the root, the working directory).
+  ATOLL_CHECK(!dir_.empty() && fs::weakly_canonical(dir_) != fs::path("/") &&
+                  fs::weakly_canonical(dir_) != fs::weakly_canonical(fs::current_path()),
+              "sandbox: '{}' cannot be an episode directory (it is emptied)", dir_);
   write_tree(dir_, {});
   dir_ = fs::canonical(dir_).string();
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/error.h"
 #include "rl/sandbox.h"
 
 namespace fs = std::filesystem;
@@ -71,6 +72,10 @@ TEST_F(SandboxTest, WrongOrMissingAnswerGivesZero) {
   b.feed(toks("check;"));
   EXPECT_EQ(b.reward(), 0.0);
   EXPECT_EQ(b.reason(), "no answer.txt");
+  SandboxEpisode c(dir(), problem());
+  EXPECT_EQ(c.act("rm -rf x"), "unknown action 'rm'");
+  EXPECT_EQ(c.reward(), 0.0);
+  EXPECT_THROW(SandboxEpisode("/", problem()), Error);  // it would be emptied
 }
 
 // Timeout: the command spins (and another sleeps) past the wall clock; its group is killed.
