@@ -47,7 +47,8 @@ class VerifiableTask {
   Problem draw_train(Rng& rng) const;
   // Up to n distinct held-out problems, the same for a given seed on every rank.
   std::vector<Problem> eval_set(int64_t n, uint64_t seed) const;
-  Reward score(const Problem& p, const std::string& completion, bool stopped, double format_weight) const;
+  // Virtual: an environment task ("sandbox_add", rl/sandbox.h) scores by running the completion.
+  virtual Reward score(const Problem& p, const std::string& completion, bool stopped, double format_weight) const;
 
   int heldout_percent = 10;
 };
