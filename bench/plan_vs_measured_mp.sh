@@ -2,7 +2,7 @@
 # atoll plan's step time vs atoll's measured step time for model-parallel layouts on this machine
 # (issue 11, item 8): one rank, tp2, pp2 (1f1b, m=4), cp2 and dp2, each trained for STEPS steps
 # with `atoll launch` (one thread per rank) on the bundled corpus; measured = median step_ms of
-# metrics.jsonl without the first step; predicted = `atoll plan --from-atoll` with the same model,
+# metrics.jsonl without the first step, and CPU ms per step and rank (see below); predicted = `atoll plan --from-atoll` with the same model,
 # batch and layout on `cpu-local`. No PyTorch peer: the planner is compared with the engine.
 # cpu-local comes from `atoll plan calibrate --quick` (one thread, CPU time; the loopback
 # all-reduce bandwidth and latency fitted from `atoll bench comm` over Gloo/TCP on 127.0.0.1), or
@@ -50,13 +50,23 @@ print("%.1f" % s.median(v))' "$1"
 rows=()
 for spec in "${layouts[@]}"; do
   IFS='|' read -r name n tflags pflags <<<"$spec"
-  run=$WORK/run_${name//[^a-z0-9]/_}
-  rm -rf "$run"
-  args=(train configs/default.toml --run.dir="$run" --train.steps="$STEPS" --train.batch_size="$B" --train.seq_len="$T"
-        --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
-        --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H" $tflags)
-  if [[ $n == 1 ]]; then "$BIN" "${args[@]}" >"$run.log" 2>&1
-  else "$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}" >"$run.log" 2>&1; fi
+  # Two runs, STEPS and 2 steps: CPU seconds of the process tree per step and rank, start-up
+  # cancelling out. On a loaded machine the wall clock counts the time other processes hold the
+  # cores; CPU time is what the step costs while it has them (what the plan and its calibration
+  # measure), though it leaves out a rank's sleep while it waits for its peer.
+  cpu=()
+  for steps in "$STEPS" 2; do
+    run=$WORK/run_${name//[^a-z0-9]/_}_$steps
+    rm -rf "$run"
+    args=(train configs/default.toml --run.dir="$run" --train.steps="$steps" --train.batch_size="$B" --train.seq_len="$T"
+          --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
+          --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H" $tflags)
+    if [[ $n == 1 ]]; then cmd=("$BIN" "${args[@]}"); else cmd=("$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}"); fi
+    /usr/bin/time -f "%U %S" -o "$run.time" "${cmd[@]}" >"$run.log" 2>&1
+    cpu+=("$(awk '{print $1 + $2}' "$run.time")")
+  done
+  run=$WORK/run_${name//[^a-z0-9]/_}_$STEPS
+  cpums=$($PY -c "print('%.1f' % (1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - 2) / $n))")
   meas=$(median_ms "$run/metrics.jsonl")
   calf=$CAL1; [[ $n == 2 ]] && calf=$CAL2
   # $pflags is split on blanks on purpose; its quotes stay (TOML strings).
@@ -64,16 +74,16 @@ for spec in "${layouts[@]}"; do
   pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" \
        --set plan.precision='"fp32"' --set plan.micro_batch="$B" --set plan.overlap_dp=false $pflags --json)
   pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
-  rows+=("$name|$meas|$pred")
+  rows+=("$name|$meas|$cpums|$pred")
 done
 cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "GPT L$L C$C H$H, batch $B x $T per micro-batch, $STEPS steps (median of steps 2..$STEPS), 1 thread per rank"
 echo "CPU: $cpu ($(getconf _NPROCESSORS_ONLN) cores); load average $load0 at start, $load1 at end (a shared machine: under load)"
-echo "| layout | measured ms | predicted ms | predicted/measured | CPU | load average |"
-echo "|---|---|---|---|---|---|"
+echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | CPU | load average |"
+echo "|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do
-  IFS='|' read -r name meas pred <<<"$r"
-  echo "| $name | $meas | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $cpu | $load1 |"
+  IFS='|' read -r name meas cpums pred <<<"$r"
+  echo "| $name | $meas | $cpums | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $($PY -c "print('%.2f' % ($pred/$cpums))") | $cpu | $load1 |"
 done
 echo "(work dir: $WORK)"

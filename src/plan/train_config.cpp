@@ -56,8 +56,9 @@ std::string train_config_toml(const ModelSpec& m, const Cluster& c, const Layout
     s += fmt::format("# ZeRO stage {} over dp_shard: the mesh has no axis for it; today's trainer spells it "
                      "strategy = \"{}\".\n", l.zero, d.strategy);
   }
-  if (l.pp > 1 && keys != "legacy")  // the pipeline trainer's keys (docs/pipeline.md)
-    s += fmt::format("pp_schedule = \"{}\"\npp_virtual = {}\n", l.schedule, l.virtual_stages);
+  if (l.pp > 1)
+    s += fmt::format("# pipeline: schedule = \"{}\", virtual_stages = {} (planner keys; no trainer key yet)\n", l.schedule,
+                     l.virtual_stages);
   if (l.sp) s += "# sequence parallelism over tp (planner key sp = true; no trainer key yet)\n";
   if (l.decentralized())
     s += fmt::format("# islands = {} with DiLoCo H = {}, compression {:g} (planner keys; no trainer key yet)\n",
