@@ -12,7 +12,7 @@
 # usage: bench/plan_vs_measured_mp.sh [N_LAYER N_EMBD N_HEAD BATCH SEQ STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-L=${1:-2} C=${2:-128} H=${3:-4} B=${4:-8} T=${5:-128} STEPS=${6:-6}
+L=${1:-2} C=${2:-128} H=${3:-4} B=${4:-8} T=${5:-128} STEPS=${6:-12}
 BUILD=${BUILD:-build}
 BIN=$BUILD/atoll
 [ -x "$BIN" ] || { echo "build first: cmake --build $BUILD --target atoll"; exit 1; }
