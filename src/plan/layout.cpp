@@ -67,6 +67,15 @@ void validate_layout(const Layout& l, const ModelSpec& m, const Cluster& c) {
   } else {
     ATOLL_CHECK(l.virtual_stages == 1, "layout: virtual_stages > 1 needs schedule = \"interleaved\"");
   }
+  if (l.schedule == "zb-h1" && l.pp > 1) {
+    // ZB-H1's bubble of (p−1)/3 slots needs a steady state: with fewer micro-batches than stages
+    // the weight-gradient passes are too few to fill the warm-up and cool-down, and the planner
+    // has no formula for what is left.
+    ATOLL_CHECK(l.micro_batches() >= l.pp,
+                "layout: the planner cannot model schedule \"zb-h1\" with fewer micro-batches per pipeline ({}) than "
+                "stages (pp = {}): its (p−1)/3 bubble assumes m ≥ p; raise global_batch or use \"1f1b\"",
+                l.micro_batches(), l.pp);
+  }
   if (l.diloco_h > 0 || l.gossip_peers > 0) {
     ATOLL_CHECK(c.islands > 1, "layout: DiLoCo/gossip synchronise islands and need islands > 1");
     ATOLL_CHECK(l.dp % c.islands == 0, "layout: DiLoCo/gossip need dp ({}) to be a multiple of islands ({})",
@@ -93,7 +102,7 @@ Layout load_layout(Config& cfg, const std::string& s) {
   if (cfg.get_bool(s + ".fsdp", false)) l.zero = 3;
   l.hsdp = cfg.get_int(s + ".hsdp", 0, 0, big);
   l.sp = cfg.get_bool(s + ".sp", false);
-  l.schedule = cfg.get_string(s + ".schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
+  l.schedule = cfg.get_string(s + ".schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "zb-h1"});
   l.virtual_stages = cfg.get_int(s + ".virtual_stages", 1, 1, 1024);
   l.micro_batch = cfg.get_int(s + ".micro_batch", 1, 1, big);
   l.global_batch = cfg.get_int(s + ".global_batch", 0, 0, int64_t(1) << 40);

@@ -19,7 +19,7 @@ struct Layout {
   int zero = 0;             // 0..3 (Rajbhandari et al. 2020); 3 is FSDP
   int64_t hsdp = 0;         // >0: ZeRO shards only within groups of this many dp ranks, replicated across
   bool sp = false;          // sequence parallelism over the tp group (Korthikanti et al. 2022)
-  std::string schedule = "1f1b";  // "gpipe", "1f1b", "interleaved"
+  std::string schedule = "1f1b";  // "gpipe", "1f1b", "interleaved", "zb-h1"
   int64_t virtual_stages = 1;     // model chunks per device for the interleaved schedule
   int64_t micro_batch = 1;        // sequences per micro-batch
   int64_t global_batch = 0;       // sequences per step; 0: dp × micro_batch

@@ -244,6 +244,25 @@ double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d)
   return x.total();
 }
 
+// Idle micro-batch slots of one pipeline step. GPipe and 1F1B: p − 1 (Huang et al. 2019;
+// Narayanan et al. 2021 §2.2); interleaved over v chunks: (p − 1)/v (ibid.). ZB-H1 (Qi et al. 2023,
+// "Zero Bubble Pipeline Parallelism" §3.1) splits the backward into an input-gradient pass B and
+// a weight-gradient pass W and fills the bubble with the W passes: (p − 1)·(T_F + T_B − T_W) in
+// place of 1F1B's (p − 1)·(T_F + T_B + T_W). With T_F = T_B = T_W (the backward taken as 2× the
+// forward, split evenly, as the engine's ZB-H1 does) that is a third of a micro-batch slot per stage.
+double pipeline_bubble_slots(const Layout& l) {
+  if (l.pp <= 1) return 0;
+  const double p1 = double(l.pp - 1);
+  if (l.schedule == "interleaved") return p1 / double(l.virtual_stages);
+  if (l.schedule == "zb-h1") return p1 / 3.0;
+  return p1;
+}
+
+double pipeline_bubble_fraction(const Layout& l) {
+  const double idle = pipeline_bubble_slots(l);
+  return idle / (double(l.micro_batches()) + idle);
+}
+
 double bucketed_exposed(double n, double c, double window) {
   if (n <= 0 || c <= 0) return 0;
   double delta = window / n;
@@ -336,7 +355,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
 
   // ---- pipeline ----
   const double v = l.schedule == "interleaved" ? double(l.virtual_stages) : 1.0;
-  const double slots = double(n_micro) + double(l.pp - 1) / v;
+  const double slots = double(n_micro) + pipeline_bubble_slots(l);
   const double pipe_time = slots * mb_time;
   p.bubble = (slots - n_micro) * mb_time;
   const int64_t dp_inner = l.dp_inner(c.islands);
@@ -576,7 +595,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       return fmt::format("2·v·(m+p−1) sends of b·s·h/t = {:.4g} MB: {}", layer_io / t / 1e6, lv(p.pp_p2p));
     });
     rec.add("time.bubble", p.bubble, "s", [&] {
-      return fmt::format("(p−1)/v × micro-batch time = ({}−1)/{} × {}", l.pp, v, fmt_s(mb_time));
+      return fmt::format("{} idle slots × micro-batch time {} ({}: (p−1){})", pipeline_bubble_slots(l), fmt_s(mb_time),
+                         l.schedule, l.schedule == "interleaved" ? "/v" : l.schedule == "zb-h1" ? "/3, W passes fill the rest" : "");
     });
     rec.add("time.dp", p.dp.total(), "s", [&] {
       std::string how;

@@ -65,6 +65,11 @@ struct PredictOptions {
 double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs);
 // n equal gradient buckets of network time c each, ready evenly over a backward of `window`.
 double bucketed_exposed(double n, double c, double window);
+// Idle micro-batch slots of the pipeline per step ((p−1), (p−1)/v interleaved, (p−1)/3 ZB-H1) and
+// the bubble's share of the pipeline time, idle / (m + idle): (p−1)/(m+p−1) for GPipe/1F1B,
+// (p−1)/(v·m+p−1) interleaved, (p−1)/(3m+p−1) ZB-H1.
+double pipeline_bubble_slots(const Layout& l);
+double pipeline_bubble_fraction(const Layout& l);
 // Forward-pass time of one layer's attention core for one micro-batch on device d (flash: with
 // its 2.5× backward folded in as (1 + 2.5)/3, since the layer's backward is taken as 2×).
 double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d);

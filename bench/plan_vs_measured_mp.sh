@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# atoll plan's step time vs atoll's measured step time for model-parallel layouts on this machine
+# (issue 11, item 8): one rank, tp2, pp2 (1f1b, m=4), cp2 and dp2, each trained for STEPS steps
+# with `atoll launch` (one thread per rank) on the bundled corpus; measured = median step_ms of
+# metrics.jsonl without the first step, and CPU ms per step and rank (see below); predicted = `atoll plan --from-atoll` with the same model,
+# batch and layout on `cpu-local`. No PyTorch peer: the planner is compared with the engine.
+# cpu-local comes from `atoll plan calibrate --quick` (one thread, CPU time; the loopback
+# all-reduce bandwidth and latency fitted from `atoll bench comm` over Gloo/TCP on 127.0.0.1), or
+# from $ATOLL_PLAN_CALIBRATION when it exists. The 2-rank device doubles the per-core rates of the
+# 1-thread calibration (each rank has its own core) and keeps its memory bandwidths (the two ranks
+# share L3 and DRAM), as tools/plan_self_check.sh does.
+# usage: bench/plan_vs_measured_mp.sh [N_LAYER N_EMBD N_HEAD BATCH SEQ STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+L=${1:-2} C=${2:-128} H=${3:-4} B=${4:-8} T=${5:-128} STEPS=${6:-12}
+BUILD=${BUILD:-build}
+BIN=$BUILD/atoll
+[ -x "$BIN" ] || { echo "build first: cmake --build $BUILD --target atoll"; exit 1; }
+PY=/usr/bin/python3
+WORK=${WORK:-$(mktemp -d /tmp/atoll_plan_mp.XXXXXX)}
+mkdir -p "$WORK"
+export OMP_NUM_THREADS=1
+CAL1=${ATOLL_PLAN_CALIBRATION:-$WORK/calibration.json}
+[ -f "$CAL1" ] || "$BIN" plan calibrate --quick --out "$CAL1" >"$WORK/calibrate.log" 2>&1
+CAL2=$WORK/calibration_2ranks.json
+$PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
+for k in ("peak_fp32_flops","peak_bf16_flops","attention_flops","optimizer_params_per_s"):
+  if k in j: j[k]*=2
+for p in j.get("attention_curve",[]): p[1]*=2
+j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$CAL1" "$CAL2"
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+
+cfg=$WORK/model.toml
+printf '[model]\npreset = "gpt2"\nvocab_size = 257\nblock_size = %d\nn_layer = %d\nn_head = %d\nn_embd = %d\n[train]\nseq_len = %d\n' \
+  "$T" "$L" "$H" "$C" "$T" >"$cfg"
+
+# name | ranks | train flags | plan flags
+layouts=(
+  "1 rank|1||"
+  "tp2 (sp)|2|--parallel.tp=2|--set plan.tp=2 --set plan.sp=true"
+  "pp2 1f1b m=4|2|--parallel.pp=2 --parallel.pp_schedule=1f1b --train.grad_accum=4|--set plan.pp=2 --set plan.schedule=\"1f1b\" --set plan.global_batch=$((4 * B))"
+  "cp2|2|--parallel.cp=2|--set plan.cp=2"
+  "dp2 (ddp)|2||--set plan.dp=2 --set plan.global_batch=$((2 * B))"
+)
+median_ms() {
+  $PY -c 'import sys,statistics as s; sys.path.insert(0, "tools"); from metrics_jsonl import records
+v=[r["step_ms"] for r in records(sys.argv[1])][1:]
+print("%.1f" % s.median(v))' "$1"
+}
+rows=()
+for spec in "${layouts[@]}"; do
+  IFS='|' read -r name n tflags pflags <<<"$spec"
+  # Two runs, STEPS and 2 steps: CPU seconds of the process tree per step and rank, start-up
+  # cancelling out. On a loaded machine the wall clock counts the time other processes hold the
+  # cores; CPU time is what the step costs while it has them (what the plan and its calibration
+  # measure), though it leaves out a rank's sleep while it waits for its peer.
+  cpu=()
+  for steps in "$STEPS" 2; do
+    run=$WORK/run_${name//[^a-z0-9]/_}_$steps
+    rm -rf "$run"
+    args=(train configs/default.toml --run.dir="$run" --train.steps="$steps" --train.batch_size="$B" --train.seq_len="$T"
+          --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
+          --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H" $tflags)
+    if [[ $n == 1 ]]; then cmd=("$BIN" "${args[@]}"); else cmd=("$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}"); fi
+    /usr/bin/time -f "%U %S" -o "$run.time" "${cmd[@]}" >"$run.log" 2>&1
+    cpu+=("$(awk '{print $1 + $2}' "$run.time")")
+  done
+  run=$WORK/run_${name//[^a-z0-9]/_}_$STEPS
+  cpums=$($PY -c "print('%.1f' % (1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - 2) / $n))")
+  meas=$(median_ms "$run/metrics.jsonl")
+  calf=$CAL1; [[ $n == 2 ]] && calf=$CAL2
+  # $pflags is split on blanks on purpose; its quotes stay (TOML strings).
+  # shellcheck disable=SC2086
+  pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" \
+       --set plan.precision='"fp32"' --set plan.micro_batch="$B" --set plan.overlap_dp=false $pflags --json)
+  pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
+  rows+=("$name|$meas|$cpums|$pred")
+done
+cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "GPT L$L C$C H$H, batch $B x $T per micro-batch, $STEPS steps (median of steps 2..$STEPS), 1 thread per rank"
+echo "CPU: $cpu ($(getconf _NPROCESSORS_ONLN) cores); load average $load0 at start, $load1 at end (a shared machine: under load)"
+echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | CPU | load average |"
+echo "|---|---|---|---|---|---|---|---|"
+for r in "${rows[@]}"; do
+  IFS='|' read -r name meas cpums pred <<<"$r"
+  echo "| $name | $meas | $cpums | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $($PY -c "print('%.2f' % ($pred/$cpums))") | $cpu | $load1 |"
+done
+echo "(work dir: $WORK)"
