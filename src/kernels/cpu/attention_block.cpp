@@ -19,21 +19,8 @@
 
 namespace atl::cpu {
 
-namespace {
-
-inline float dotp(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
-  return s;
-}
-
-inline void axpy_row(float* y, float a, const float* x, int64_t n) {
-#pragma omp simd
-  for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
-}
-
-}  // namespace
+using detail::axpy_row;
+using detail::dotp;
 
 void attention_block_forward(float* out, float* lse, const float* q, int64_t q_stride, const float* kv,
                              const kernels::AttentionRanges& rg, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
