@@ -19,6 +19,7 @@ std::string Layout::describe() const {
   if (pp > 1) s += " " + schedule + (schedule == "interleaved" ? fmt::format("(v={})", virtual_stages) : "");
   s += fmt::format(" mb={} gb={} rc={} {}", micro_batch, batch(), recompute, precision);
   if (optimizer != "adam") s += " " + optimizer;
+  if (reduce_dtype != "grad") s += " reduce=" + reduce_dtype;
   if (offload != "none") s += " offload";
   if (diloco_h) s += fmt::format(" diloco(H={},c={:g})", diloco_h, diloco_compression);
   if (gossip_peers) s += fmt::format(" gossip({})", gossip_peers);
@@ -110,6 +111,7 @@ Layout load_layout(Config& cfg, const std::string& s) {
   l.precision = cfg.get_string(s + ".precision", "bf16", {"fp32", "tf32", "bf16", "fp16", "fp8"});
   l.optimizer = cfg.get_string(s + ".optimizer", "adam", {"adam", "muon"});
   l.offload = cfg.get_string(s + ".offload", "none", {"none", "optimizer"});
+  l.reduce_dtype = cfg.get_string(s + ".reduce_dtype", "grad", {"grad", "fp32"});
   l.overlap_dp = cfg.get_bool(s + ".overlap_dp", true);
   l.overlap_tp = cfg.get_bool(s + ".overlap_tp", false);
   l.overlap_ep = cfg.get_bool(s + ".overlap_ep", false);

@@ -27,6 +27,9 @@ struct Layout {
   std::string precision = "bf16";  // "fp32", "bf16", "fp16", "fp8" (fp8 GEMMs, bf16 storage)
   std::string optimizer = "adam";  // "adam" (AdamW-class) or "muon" (Muon-class)
   std::string offload = "none";    // "none" or "optimizer" (state and step on the host)
+  // Precision of the data-parallel gradient reduction: "grad" (the gradients' own dtype) or "fp32"
+  // (PyTorch FSDP MixedPrecision(reduce_dtype=float32); Composer's mixed_precision = "DEFAULT").
+  std::string reduce_dtype = "grad";
   bool overlap_dp = true;          // gradient sync overlaps the backward pass
   bool overlap_tp = false;         // tensor-parallel collectives overlap compute
   // Expert-parallel all-to-alls overlap another micro-batch's compute (DeepSeek-V3's DualPipe,

@@ -263,6 +263,35 @@ double pipeline_bubble_fraction(const Layout& l) {
   return idle / (double(l.micro_batches()) + idle);
 }
 
+MuonCost muon_step_cost(const std::vector<MuonMatrix>& mats, const Device& d, const std::string& precision,
+                        double act_e, double owners, bool sharded) {
+  MuonCost out;
+  out.owners = std::max(1.0, owners);
+  double hidden = 0;
+  for (const auto& x : mats) {
+    if (x.count <= 0 || x.rows <= 0 || x.cols <= 0) continue;
+    const double r = std::min(x.rows, x.cols), c = std::max(x.rows, x.cols);
+    Timer ns{d, precision, act_e};
+    ns.gemm(r, c, r, 5 * 2);  // X·Xᵀ and B·X
+    ns.gemm(r, r, r, 5);      // A·A
+    out.ns_total += ns.total() * x.count;
+    out.ns_largest = std::max(out.ns_largest, ns.total());
+    out.flops += 5.0 * (4.0 * r * r * c + 2.0 * r * r * r) * x.count;
+    out.matrices += x.count;
+    hidden += r * c * x.count;
+  }
+  out.ns = std::max(out.ns_total / out.owners, out.owners > 1 ? out.ns_largest : 0.0);
+  if (out.owners <= 1) out.ns = out.ns_total;
+  // Bytes each rank contributes to the exchange (fp32): under ZeRO its 1/N pieces of every matrix
+  // (each all-to-all), under DDP the owner's updates, H/N on average (the all-gather's input).
+  out.exchange_bytes = out.owners > 1 ? 4.0 * hidden / out.owners * (sharded ? 1.0 : out.owners) : 0.0;
+  return out;
+}
+
+double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce) {
+  return unit_params * (2.0 * grad_e + (fp32_reduce ? grad_e + 4.0 : 0.0));
+}
+
 double bucketed_exposed(double n, double c, double window) {
   if (n <= 0 || c <= 0) return 0;
   double delta = window / n;
@@ -351,7 +380,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       ep_mb = ep_mb.scaled(charged(ep_mb.total(), exposed));
     }
   }
-  const double mb_time = mb_compute + mb_memory + mb_grad + tp_mb.total() + cp_mb.total() + ep_mb.total();
+  // ZeRO-3 / FSDP: every micro-batch the unsharded gradients of every unit are copied into the flat
+  // buffer the reduce-scatter reads, and cast to fp32 first when the reduction runs in fp32
+  // (fsdp_copy_bytes). These copies are the size of the unit, not of the shard.
+  const StateBytes sb = state_bytes(l.precision, l.optimizer);
+  const double params_local = p.memory.params_per_device;
+  const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
+  const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce) / d.mem_bw : 0.0;
+  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + tp_mb.total() + cp_mb.total() + ep_mb.total();
 
   // ---- pipeline ----
   const double v = l.schedule == "interleaved" ? double(l.virtual_stages) : 1.0;
@@ -377,15 +413,15 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double accum_bytes = double(std::max<int64_t>(0, n_micro - 1)) * 3.0 * p.memory.grads;
   const double grad_accum = accum_bytes / d.mem_bw;
   p.grad_buffers = n_micro * mb_grad + param_zero + grad_accum;
+  p.fsdp_copies = n_micro * mb_fsdp;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
   p.ep = ep_mb.scaled(double(n_micro));
 
   // ---- data-parallel gradient synchronisation ----
-  StateBytes sb = state_bytes(l.precision, l.optimizer);
-  const double params_local = p.memory.params_per_device;
   const Group dp_group{l.tp, dp_inner * l.cp};
-  const double grad_bytes = params_local * sb.grad, weight_bytes = params_local * sb.weight;
+  // The reduction's bytes: the gradients' own, or 4 per parameter when reduced in fp32.
+  const double grad_bytes = params_local * (fp32_reduce ? 4.0 : sb.grad), weight_bytes = params_local * sb.weight;
   CommCost dp_cost;
   // Backward time of one micro-batch on this stage: what the gradient traffic can hide behind.
   const double mb_fwd = fwd_c + fwd_m + (l.tp > 1 ? tp_mb.total() / n_tp_colls * 2.0 * per_stage : 0.0);
@@ -447,24 +483,31 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const bool rate_bound = l.optimizer == "adam" && l.offload != "optimizer" && d.optimizer_params_per_s > 0 &&
                           opt_params / d.optimizer_params_per_s > opt_time;
   if (rate_bound) opt_time = opt_params / d.optimizer_params_per_s;
+  MuonCost muon;
   if (l.optimizer == "muon") {
-    // Newton–Schulz quintic, 5 iterations on every hidden matrix [r × c] (r ≤ c):
-    // 5·(4r²c + 2r³) FLOPs (Jordan et al. 2024). Matrices are spread over the ZeRO group.
-    Timer ns{d, l.precision, act_e};
-    auto mat = [&](double r, double cc, double count) {
-      if (r > cc) std::swap(r, cc);
-      ns.gemm(r, cc, r, 5 * 2 * count);   // X·Xᵀ and (B)·X
-      ns.gemm(r, r, r, 5 * count);        // A·A
+    // Distributed Muon (DMuon): every hidden matrix has one owner, which alone runs its
+    // Newton–Schulz; owners are balanced longest-first over the data-parallel group (the engine's
+    // MuonOwner under DDP, ShardedMuon under ZeRO), tp shards each matrix further.
+    const double lps = double(per_stage);
+    const double f = m.is_moe() ? double(m.expert_ffn) : double(m.ffn);
+    const double ffn_mats = (m.ffn_type == "swiglu" ? 3.0 : 2.0) *
+                            (m.is_moe() ? double(m.experts) / l.ep * (l.ep > 1 ? t : 1.0) + m.shared_experts : 1.0);
+    // [rows, cols, count] per kind, tp-split along the wider side.
+    const std::vector<MuonMatrix> mats = {
+        {h, double(m.q_dim() + 2 * m.kv_dim()) / t, lps},
+        {double(m.value_dim()) / t, h, lps},
+        {h, f / (m.is_moe() && l.ep > 1 ? 1.0 : t), lps * ffn_mats},
     };
-    double share = (l.zero >= 1 ? double(nd) : 1.0) * t;
-    double lps = double(per_stage);
-    mat(h, double(m.q_dim() + 2 * m.kv_dim()), lps / share);
-    mat(double(m.value_dim()), h, lps / share);
-    double f = m.is_moe() ? double(m.expert_ffn) : double(m.ffn);
-    double mats = (m.ffn_type == "swiglu" ? 3.0 : 2.0) *
-                  (m.is_moe() ? double(m.experts) / l.ep * (l.ep > 1 ? t : 1.0) + m.shared_experts : 1.0);
-    mat(h, f, lps * mats / share);
-    opt_time += ns.total();
+    muon = muon_step_cost(mats, d, nonlinear_precision(l.precision), act_e,
+                          double(l.hsdp ? l.hsdp : dp_inner * l.cp), l.zero >= 1);
+    // The exchange: ZeRO, two all-to-alls of each rank's fp32 pieces (to the owners and back);
+    // DDP, one all-gather of the owners' fp32 updates (muon_step_cost: bytes per rank).
+    const Group g{l.tp, l.hsdp ? l.hsdp : dp_inner * l.cp};
+    if (g.size > 1) {
+      muon.exchange = l.zero >= 1 ? all_to_all(c, g, muon.exchange_bytes).scaled(2.0).total()
+                                  : all_gather(c, g, muon.exchange_bytes).total();
+    }
+    opt_time += muon.ns + muon.exchange;
   }
   p.optimizer = opt_time;
   if (l.offload == "optimizer")
@@ -522,7 +565,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost comm = p.comm_total();
     std::vector<std::pair<double, std::string>> parts = {
         {p.compute, "compute-bound (GEMMs)"},
-        {p.memory_bound + p.grad_buffers + p.optimizer + p.offload,
+        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.optimizer + p.offload,
          "memory-bound (element-wise kernels, gradient buffers, optimizer)"},
         {p.bubble, "pipeline-bubble-bound"},
     };
@@ -577,6 +620,16 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          n_micro, mb_grad_bytes_act / 1e6, mb_grad_bytes_bias / 1e6, head_grad_bytes / 1e6,
                          p.memory.grads / 1e6, p.memory.grads / 1e6, d.mem_bw / 1e9);
     });
+    rec.add("time.fsdp_copies", p.fsdp_copies, "s", [&] {
+      if (l.zero < 3) return std::string("no ZeRO-3/FSDP: gradients are reduced from the buffers they accumulate in");
+      return fmt::format("m={} × {:.4g} params × ({}) B / memory bandwidth {:.4g} GB/s: every micro-batch each unit's "
+                         "unsharded gradients are copied into the reduce-scatter's flat input (2×{} B: FSDP's "
+                         "flat-parameter gradient, FSDP2's chunk-cat copy-in, DeepSpeed's IPG bucket){}",
+                         n_micro, params_local, fsdp_copy_bytes(1.0, sb.grad, fp32_reduce), d.mem_bw / 1e9, sb.grad,
+                         fp32_reduce ? fmt::format(" and cast to fp32 for an fp32 reduction ({} B read + 4 B written; "
+                                                   "the reduce-scatter then moves 4 B per parameter)", sb.grad)
+                                     : std::string());
+    });
     rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
     rec.add("time.tp", p.tp.total(), "s", [&] {
       return fmt::format("m × {} all-reduces of b·s·h·{}B = {:.4g} MB over tp={} ({}){}: {}", n_tp_colls, act_e,
@@ -626,7 +679,15 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          (l.offload == "optimizer" ? kHostMemBw : d.mem_bw) / 1e9,
                          rate_bound ? fmt::format("; bound by the measured update rate {:.4g} params/s",
                                                   d.optimizer_params_per_s) : std::string(),
-                         l.optimizer == "muon" ? " + Newton–Schulz 5 iterations on each hidden matrix" : "");
+                         l.optimizer == "muon"
+                             ? fmt::format(" + DMuon: Newton–Schulz 5·(4r²c + 2r³) FLOPs per hidden r×c matrix (r ≤ c), "
+                                           "{:.4g} FLOPs over the {} matrices of the stage, owners balanced "
+                                           "longest-first: max(total/N, largest) = max({} / {}, {}) = {} + exchange "
+                                           "{} ({} of {:.4g} MB fp32 per rank)",
+                                           muon.flops, muon.matrices, fmt_s(muon.ns_total), muon.owners,
+                                           fmt_s(muon.ns_largest), fmt_s(muon.ns), fmt_s(muon.exchange),
+                                           l.zero >= 1 ? "2 all-to-alls" : "1 all-gather", muon.exchange_bytes / 1e6)
+                             : std::string());
     });
     rec.add("time.offload", p.offload, "s", [&] { return "optimizer offload: gradients to host + weights back over the host link"; });
     rec.add("time.outer_sync", p.outer.total(), "s", [&] {
@@ -634,7 +695,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          l.diloco_compression, std::max<int64_t>(1, l.diloco_h), lv(p.outer));
     });
     rec.add("time.step", p.step, "s", [&] {
-      return "(m + (p−1)/v) × micro-batch time + parameter-gradient zeroing + p2p + dp + optimizer + offload + outer sync";
+      return "(m + (p−1)/v) × micro-batch time (FSDP copies included) + parameter-gradient zeroing + p2p + dp + "
+             "optimizer + offload + outer sync";
     });
     rec.add("throughput.tokens_per_s", p.tokens_per_s, "tokens/s", [&] {
       return fmt::format("global batch {} × seq {} / step {}", l.batch(), m.seq, fmt_s(p.step));

@@ -21,6 +21,9 @@ struct Prediction {
   // Gradient buffers: zero-filling the gradient of every stored activation and of the parameters,
   // and the bias-gradient reductions over tokens (memory traffic outside the kernels above).
   double grad_buffers = 0;
+  // ZeRO-3/FSDP framework memory traffic per micro-batch: the unsharded gradients copied into the
+  // reduce-scatter's flat input, and cast to fp32 first where the reduction runs in fp32.
+  double fsdp_copies = 0;
   double bubble = 0;
   double optimizer = 0, offload = 0;
   CommCost tp, cp, ep, pp_p2p, dp, outer;  // exposed communication by kind and level
@@ -63,6 +66,30 @@ struct PredictOptions {
 // FSDP micro-batch over `units` equal units with per-unit forward/backward compute and per-unit
 // all-gather / reduce-scatter times; returns the time beyond the compute.
 double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs);
+// Bytes one FSDP unit of `unit_params` parameters moves per micro-batch outside the kernels
+// (docs/plan.md, "ZeRO-3 / FSDP"): the unit's unsharded gradients (grad_e bytes each) read and
+// written once into the reduce-scatter's flat input, 2·grad_e; with an fp32 reduction they are
+// also cast, read at grad_e and written at 4 bytes, grad_e + 4. Both are unit-sized, not
+// shard-sized, so they do not shrink as the job scales out.
+double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce);
+// Distributed Muon's step (DMuon; the engine's parallel/optim/muon_owner.h and sharded_muon.h):
+// Newton–Schulz, 5 quintic iterations of 4r²c + 2r³ FLOPs on every hidden r×c matrix (r ≤ c;
+// Jordan et al. 2024), each matrix on one owner; owners balanced longest-processing-time-first, so
+// the step takes max(total/N, largest matrix) — the lower bound LPT reaches to within 4/3 (Graham
+// 1969) — and no less than one matrix however many ranks share the work. exchange_bytes, fp32:
+// under ZeRO (sharded) what each rank sends in each of two all-to-alls, its 1/N pieces of the H
+// hidden parameters, 4·H/N (to the owners and back); under DDP the full buffer of the one
+// all-gather of the owners' updates, 4·H.
+struct MuonMatrix {
+  double rows, cols, count;
+};
+struct MuonCost {
+  double flops = 0, matrices = 0, owners = 1;
+  double ns_total = 0, ns_largest = 0, ns = 0;  // seconds: all matrices on one device, the largest, the step's
+  double exchange_bytes = 0, exchange = 0;      // seconds of the exchange filled in by predict()
+};
+MuonCost muon_step_cost(const std::vector<MuonMatrix>& mats, const Device& d, const std::string& precision,
+                        double act_e, double owners, bool sharded);
 // n equal gradient buckets of network time c each, ready evenly over a backward of `window`.
 double bucketed_exposed(double n, double c, double window);
 // Idle micro-batch slots of the pipeline per step ((p−1), (p−1)/v interleaved, (p−1)/3 ZB-H1) and

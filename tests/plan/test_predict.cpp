@@ -17,7 +17,7 @@ TEST(PlanPredict, StepTimeIsTheSumOfItsParts) {
   Layout l;
   l.tp = 4, l.pp = 2, l.dp = 4, l.global_batch = 64, l.zero = 1, l.recompute = "selective";
   Prediction p = predict(m, h100(4), l);
-  double parts = p.compute + p.memory_bound + p.grad_buffers + p.tp.total() + p.cp.total() + p.ep.total() + p.bubble +
+  double parts = p.compute + p.memory_bound + p.grad_buffers + p.fsdp_copies + p.tp.total() + p.cp.total() + p.ep.total() + p.bubble +
                  p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
   EXPECT_NEAR(parts / p.step, 1.0, 1e-9);
   EXPECT_NEAR(p.tokens_per_s, 64.0 * m.seq / p.step, 1e-6 * p.tokens_per_s);

@@ -211,3 +211,67 @@ TEST(PlanPhysics, HiddenCommunicationCostsTheSmsItOccupies) {
   Prediction overlapped = predict(m, c, l);
   EXPECT_NEAR(overlapped.tp.total() / plain.tp.total(), 0.3 + 0.7 * 20.0 / 132.0, 1e-9);
 }
+
+TEST(PlanPhysics, FsdpCopiesAreUnitSizedPerMicroBatch) {
+  // The formula: 2·e bytes per parameter (gradient into the flat reduce-scatter input), plus
+  // e + 4 for the cast when the reduction runs in fp32.
+  EXPECT_DOUBLE_EQ(fsdp_copy_bytes(1e9, 2, false), 4e9);
+  EXPECT_DOUBLE_EQ(fsdp_copy_bytes(1e9, 2, true), 4e9 + 6e9);
+  // In a prediction: every micro-batch, at memory bandwidth, on the unsharded parameters.
+  ModelSpec m = model_preset("llama2-7b");
+  Cluster c = nodes_of("a100-80gb", 2);
+  Layout l;
+  l.dp = 16, l.zero = 3, l.micro_batch = 2, l.global_batch = 128, l.recompute = "full";
+  Prediction grad = predict(m, c, l);
+  const double n_micro = 4, params = grad.memory.params_per_device;
+  EXPECT_NEAR(grad.fsdp_copies, n_micro * params * 4.0 / c.device.mem_bw, 1e-9 * grad.fsdp_copies);
+  l.reduce_dtype = "fp32";
+  Prediction fp32 = predict(m, c, l);
+  EXPECT_NEAR(fp32.fsdp_copies - grad.fsdp_copies, n_micro * params * 6.0 / c.device.mem_bw, 1e-9 * fp32.fsdp_copies);
+  // The fp32 reduction also doubles the reduce-scatter's bytes: more data-parallel time.
+  EXPECT_GT(fp32.dp.total(), grad.dp.total());
+  EXPECT_GT(fp32.step, grad.step);
+  // Not sharded by the data-parallel degree: the same per-device copy time at 4× the GPUs.
+  Layout wide = l;
+  wide.dp = 64, wide.global_batch = 512;
+  Prediction w = predict(m, nodes_of("a100-80gb", 8), wide);
+  EXPECT_NEAR(w.fsdp_copies, fp32.fsdp_copies, 1e-9 * fp32.fsdp_copies);
+  // DDP reduces from the buffers the gradients accumulate in: no copies.
+  Layout ddp;
+  ddp.dp = 16, ddp.micro_batch = 1, ddp.global_batch = 64, ddp.recompute = "full";
+  EXPECT_EQ(predict(model_preset("gpt2-124m"), c, ddp).fsdp_copies, 0.0);
+}
+
+TEST(PlanPhysics, DistributedMuonIsBoundByItsLargestMatrix) {
+  const Device d = find_device("h100-sxm");
+  // Hand count: Newton–Schulz on r×c (r ≤ c) is 5·(4r²c + 2r³) FLOPs; the tall matrix is transposed.
+  std::vector<MuonMatrix> mats = {{1024, 4096, 6}, {4096, 1024, 6}, {1024, 1024, 12}};
+  MuonCost one = muon_step_cost(mats, d, "bf16", 2, 1, false);
+  const double big = 5.0 * (4.0 * 1024 * 1024 * 4096 + 2.0 * 1024.0 * 1024 * 1024);
+  const double sq = 5.0 * (4.0 * 1024 * 1024 * 1024 + 2.0 * 1024.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(one.flops, 12 * big + 12 * sq);
+  EXPECT_DOUBLE_EQ(one.matrices, 24);
+  EXPECT_DOUBLE_EQ(one.ns, one.ns_total);  // one rank does every matrix
+  EXPECT_GT(one.ns_largest, 0.0);
+  // Two owners halve the work; with more owners than matrices the largest one is the floor.
+  MuonCost two = muon_step_cost(mats, d, "bf16", 2, 2, true);
+  EXPECT_NEAR(two.ns, std::max(one.ns_total / 2, one.ns_largest), 1e-15);
+  MuonCost many = muon_step_cost(mats, d, "bf16", 2, 64, true);
+  EXPECT_DOUBLE_EQ(many.ns, one.ns_largest);
+  // Exchange: ZeRO sends 1/N of the hidden fp32 pieces per all-to-all; DDP all-gathers all of it.
+  const double hidden = 12.0 * 1024 * 4096 + 12.0 * 1024 * 1024;
+  EXPECT_DOUBLE_EQ(two.exchange_bytes, 4.0 * hidden / 2);
+  EXPECT_DOUBLE_EQ(muon_step_cost(mats, d, "bf16", 2, 8, false).exchange_bytes, 4.0 * hidden);
+  EXPECT_DOUBLE_EQ(one.exchange_bytes, 0.0);
+  // In a prediction: Muon's step costs more than AdamW's, and the owners' share shrinks with dp.
+  ModelSpec m = model_preset("llama2-7b");
+  Layout l;
+  l.dp = 8, l.zero = 1, l.micro_batch = 1, l.global_batch = 64, l.recompute = "selective";
+  Prediction adam = predict(m, nodes_of("h100-sxm", 1), l);
+  l.optimizer = "muon";
+  Prediction mu8 = predict(m, nodes_of("h100-sxm", 1), l);
+  l.dp = 64, l.global_batch = 512;
+  Prediction mu64 = predict(m, nodes_of("h100-sxm", 8), l);
+  EXPECT_GT(mu8.optimizer, adam.optimizer);
+  EXPECT_LT(mu64.optimizer, mu8.optimizer);
+}
