@@ -683,10 +683,12 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                              ? fmt::format(" + DMuon: Newton–Schulz 5·(4r²c + 2r³) FLOPs per hidden r×c matrix (r ≤ c), "
                                            "{:.4g} FLOPs over the {} matrices of the stage, owners balanced "
                                            "longest-first: max(total/N, largest) = max({} / {}, {}) = {} + exchange "
-                                           "{} ({} of {:.4g} MB fp32 per rank)",
+                                           "{} ({:.4g} MB fp32: {})",
                                            muon.flops, muon.matrices, fmt_s(muon.ns_total), muon.owners,
                                            fmt_s(muon.ns_largest), fmt_s(muon.ns), fmt_s(muon.exchange),
-                                           l.zero >= 1 ? "2 all-to-alls" : "1 all-gather", muon.exchange_bytes / 1e6)
+                                           muon.exchange_bytes / 1e6,
+                                           l.zero >= 1 ? "each rank's pieces, sent to the owners and back by 2 all-to-alls"
+                                                       : "the buffer of 1 all-gather of the owners' updates")
                              : std::string());
     });
     rec.add("time.offload", p.offload, "s", [&] { return "optimizer offload: gradients to host + weights back over the host link"; });
