@@ -112,6 +112,7 @@ Layout load_layout(Config& cfg, const std::string& s) {
   l.optimizer = cfg.get_string(s + ".optimizer", "adam", {"adam", "muon"});
   l.offload = cfg.get_string(s + ".offload", "none", {"none", "optimizer"});
   l.reduce_dtype = cfg.get_string(s + ".reduce_dtype", "grad", {"grad", "fp32"});
+  if (cfg.has(s + ".fsdp_grad_copy")) l.fsdp_grad_copy = cfg.get_bool(s + ".fsdp_grad_copy", true) ? 1 : 0;
   l.overlap_dp = cfg.get_bool(s + ".overlap_dp", true);
   l.overlap_tp = cfg.get_bool(s + ".overlap_tp", false);
   l.overlap_ep = cfg.get_bool(s + ".overlap_ep", false);

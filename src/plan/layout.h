@@ -30,6 +30,10 @@ struct Layout {
   // Precision of the data-parallel gradient reduction: "grad" (the gradients' own dtype) or "fp32"
   // (PyTorch FSDP MixedPrecision(reduce_dtype=float32); Composer's mixed_precision = "DEFAULT").
   std::string reduce_dtype = "grad";
+  // ZeRO-3: the framework copies each unit's unsharded gradients into the reduce-scatter's flat
+  // input every micro-batch (PyTorch FSDP, DeepSpeed). 1 yes, 0 no (atoll: gradients accumulate in
+  // the flat buffer the reduce-scatter reads), -1 by device (no on cpu-local, atoll's own runs).
+  int fsdp_grad_copy = -1;
   bool overlap_dp = true;          // gradient sync overlaps the backward pass
   bool overlap_tp = false;         // tensor-parallel collectives overlap compute
   // Expert-parallel all-to-alls overlap another micro-batch's compute (DeepSeek-V3's DualPipe,

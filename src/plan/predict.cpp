@@ -288,8 +288,8 @@ MuonCost muon_step_cost(const std::vector<MuonMatrix>& mats, const Device& d, co
   return out;
 }
 
-double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce) {
-  return unit_params * (2.0 * grad_e + (fp32_reduce ? grad_e + 4.0 : 0.0));
+double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce, bool copy) {
+  return unit_params * ((copy ? 2.0 * grad_e : 0.0) + (fp32_reduce ? grad_e + 4.0 : 0.0));
 }
 
 double bucketed_exposed(double n, double c, double window) {
@@ -386,7 +386,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const StateBytes sb = state_bytes(l.precision, l.optimizer);
   const double params_local = p.memory.params_per_device;
   const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
-  const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce) / d.mem_bw : 0.0;
+  const bool grad_copy = l.fsdp_grad_copy < 0 ? d.name != "cpu-local" : l.fsdp_grad_copy > 0;
+  const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce, grad_copy) / d.mem_bw : 0.0;
   const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + tp_mb.total() + cp_mb.total() + ep_mb.total();
 
   // ---- pipeline ----
@@ -622,10 +623,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.fsdp_copies", p.fsdp_copies, "s", [&] {
       if (l.zero < 3) return std::string("no ZeRO-3/FSDP: gradients are reduced from the buffers they accumulate in");
-      return fmt::format("m={} × {:.4g} params × ({}) B / memory bandwidth {:.4g} GB/s: every micro-batch each unit's "
-                         "unsharded gradients are copied into the reduce-scatter's flat input (2×{} B: FSDP's "
-                         "flat-parameter gradient, FSDP2's chunk-cat copy-in, DeepSpeed's IPG bucket){}",
-                         n_micro, params_local, fsdp_copy_bytes(1.0, sb.grad, fp32_reduce), d.mem_bw / 1e9, sb.grad,
+      return fmt::format("m={} × {:.4g} params × ({}) B / memory bandwidth {:.4g} GB/s: every micro-batch {}{}",
+                         n_micro, params_local, fsdp_copy_bytes(1.0, sb.grad, fp32_reduce, grad_copy), d.mem_bw / 1e9,
+                         grad_copy ? fmt::format("each unit's unsharded gradients are copied into the reduce-scatter's "
+                                                 "flat input (2×{} B: FSDP's flat-parameter gradient, FSDP2's chunk-cat "
+                                                 "copy-in, DeepSpeed's IPG bucket)", sb.grad)
+                                   : std::string("no gradient copy (fsdp_grad_copy off: they accumulate in the flat "
+                                                 "buffer the reduce-scatter reads, as in atoll)"),
                          fp32_reduce ? fmt::format(" and cast to fp32 for an fp32 reduction ({} B read + 4 B written; "
                                                    "the reduce-scatter then moves 4 B per parameter)", sb.grad)
                                      : std::string());

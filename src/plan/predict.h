@@ -71,7 +71,8 @@ double fsdp_exposed(int64_t units, double fwd, double bwd, double ag, double rs)
 // written once into the reduce-scatter's flat input, 2·grad_e; with an fp32 reduction they are
 // also cast, read at grad_e and written at 4 bytes, grad_e + 4. Both are unit-sized, not
 // shard-sized, so they do not shrink as the job scales out.
-double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce);
+// copy = false: the gradients already sit in the flat buffer (atoll's engine), only the cast.
+double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce, bool copy = true);
 // Distributed Muon's step (DMuon; the engine's parallel/optim/muon_owner.h and sharded_muon.h):
 // Newton–Schulz, 5 quintic iterations of 4r²c + 2r³ FLOPs on every hidden r×c matrix (r ≤ c;
 // Jordan et al. 2024), each matrix on one owner; owners balanced longest-processing-time-first, so

@@ -1,7 +1,8 @@
 // The step-time physics of issue 16, each checked against its formula: ring latency per level,
 // FSDP per unit and micro-batch with one unit prefetched, DP buckets overlapped by when they
 // become ready, attention as one batched launch (flash without s×s traffic), measured GEMM
-// ceilings, and uneven interleaved stages.
+// ceilings, uneven interleaved stages, FSDP's framework traffic (gradient copies, fp32 cast) and
+// distributed Muon's step (owners balanced longest-first, the largest matrix as the floor).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -236,6 +237,10 @@ TEST(PlanPhysics, FsdpCopiesAreUnitSizedPerMicroBatch) {
   wide.dp = 64, wide.global_batch = 512;
   Prediction w = predict(m, nodes_of("a100-80gb", 8), wide);
   EXPECT_NEAR(w.fsdp_copies, fp32.fsdp_copies, 1e-9 * fp32.fsdp_copies);
+  // A framework whose gradients accumulate in the flat buffer (atoll) pays only the cast.
+  l.fsdp_grad_copy = 0;
+  EXPECT_NEAR(predict(m, c, l).fsdp_copies, n_micro * params * 6.0 / c.device.mem_bw, 1e-9 * fp32.fsdp_copies);
+  EXPECT_DOUBLE_EQ(fsdp_copy_bytes(1e9, 2, false, false), 0.0);
   // DDP reduces from the buffers the gradients accumulate in: no copies.
   Layout ddp;
   ddp.dp = 16, ddp.micro_batch = 1, ddp.global_batch = 64, ddp.recompute = "full";
