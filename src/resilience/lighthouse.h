@@ -20,6 +20,15 @@
 //   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step,id:step,...>   (when formed)
 //   S                                ->  S <store_port>
 //   W                                ->  W <json>
+//   F <id> <nonce>                   ->  F         (finished normally: its exit is not a failure)
+//   SPARE <id> <nonce>               ->  ASSIGN <slot> | DONE   (DeadPool: when a slot needs it)
+//
+// DeadPool (slots > 0): replicas 0..slots-1 are the job's slots, spares wait in the pool with
+// SPARE. A slot whose replica is dead (connection closed, not finished) is given the oldest waiting
+// spare, and the next quorum waits for it (at most refill_timeout) so that the job goes on at full
+// size; with no spare left the quorum goes on without the slot (torchft's behaviour) and the
+// lighthouse says so. A stopped (silent) replica is not replaced: it may come back; the quorum
+// leaves it out meanwhile.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -32,6 +41,8 @@ struct LighthouseOptions {
   int port = 0;  // 0: pick a free one
   std::chrono::milliseconds heartbeat_timeout{300};
   int min_replicas = 1;  // replicas the first quorum waits for
+  int slots = 0;         // DeadPool: the job's size; 0 = no spare pool
+  std::chrono::milliseconds refill_timeout{15000};  // a quorum waits this long for a given spare
 };
 
 class Lighthouse {
@@ -41,7 +52,8 @@ class Lighthouse {
   int port() const;
   int store_port() const;
   // JSON: {"quorum_id":..,"members":[..],"replicas":[{"id","alive","state":"alive|stopped|dead",
-  // "last_heartbeat_ms","step","phase"}],"stopped":[ids],"dead":[ids]}
+  // "last_heartbeat_ms","step","phase"}],"stopped":[ids],"dead":[ids],
+  //  "spares":[waiting ids],"vacant":[slots without a replica or spare],"swaps":[[slot,spare],..]}
   std::string status() const;
 
  private:

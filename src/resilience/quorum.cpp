@@ -187,6 +187,14 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
     stats_.last_reconfigure_ms = ms_since(t0);
     log::info("replica {}: quorum {} of {} replicas ({}) for step {}", o_.replica_id, qid, ids.size(), list,
               state.step + 1);
+    if (o_.slots > 0 && int(ids.size()) < o_.slots) {
+      std::string missing;
+      for (int sl = 0; sl < o_.slots; ++sl)
+        if (!std::count(ids.begin(), ids.end(), sl)) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", sl);
+      log::warn("replica {}: deadpool: no spare left for slot(s) {}: quorum {} goes on with {} of {} slots "
+                "(their share of the batch is skipped)",
+                o_.replica_id, missing, qid, ids.size(), o_.slots);
+    }
   }
   int64_t target = *std::max_element(steps.begin(), steps.end());
   if (std::any_of(steps.begin(), steps.end(), [&](int64_t s) { return s != target; })) {
@@ -210,6 +218,7 @@ void QuorumReplica::heal(ReplicaState& state, int source, int64_t target) {
   if (behind) {
     blob.assign(static_cast<const char*>(bytes.raw()), size_t(n));
     if (state.load_extra) state.load_extra(blob);
+    if (state.advance_own) state.advance_own(state.step, target);
     log::info("replica {}: healed from replica {} at step {} (was at {}) in {:.0f} ms", o_.replica_id,
               members_[size_t(source)], target, state.step, ms_since(t0));
     state.step = target;
@@ -222,6 +231,10 @@ void QuorumReplica::finish(const ReplicaState& state) {
   set_phase("finished");
   LineConn c(connect_to(o_.lighthouse_host, o_.lighthouse_port, o_.connect_within));
   std::string reply;
+  // Said first, so that the lighthouse does not take our exit for a failure (DeadPool: no spare
+  // must take a finished replica's place).
+  if (!c.send_line(fmt::format("F {} {}", o_.replica_id, nonce_)) || !c.read_line(reply, o_.connect_within))
+    log::warn("replica {}: the lighthouse did not answer the finish notice", o_.replica_id);
   if (!c.send_line(fmt::format("Q {} {} {} 0", o_.replica_id, nonce_, state.step)) || !c.read_line(reply))
     log::warn("replica {}: the lighthouse did not answer the final quorum request", o_.replica_id);
 }
