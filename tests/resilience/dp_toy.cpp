@@ -8,6 +8,9 @@
 #include <cstring>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "core/log.h"
 #include "proc.h"
 #include "resilience/deadpool.h"
@@ -192,13 +195,34 @@ int dp_replica_main(int argc, char** argv) {
 // rewrites all of it; with snapshots, fence() before the optimizer and snapshot() after it. Blocks
 // of off and on steps alternate so that a change in the machine's load hits both alike.
 int dp_bench_main(int argc, char** argv) {
-  ATOLL_CHECK(argc >= 3, "--dp-bench STATE_MB STEPS COMPUTE_PASSES");
+  ATOLL_CHECK(argc >= 4, "--dp-bench STATE_MB STEPS COMPUTE_PASSES EVERY");
   size_t n = size_t(std::atoll(argv[0])) * (1u << 20) / 4;
-  int steps = std::atoi(argv[1]), passes = std::atoi(argv[2]);
+  int steps = std::atoi(argv[1]), passes = std::atoi(argv[2]), every = std::max(1, std::atoi(argv[3]));
+  // The holder is another process (another host in production), started before any thread here.
+  int to_parent[2], to_child[2];
+  ATOLL_CHECK(::pipe(to_parent) == 0 && ::pipe(to_child) == 0, "pipe failed");
+  pid_t child = ::fork();
+  ATOLL_CHECK(child >= 0, "fork failed");
+  if (child == 0) {
+    ::close(to_parent[0]);
+    ::close(to_child[1]);
+    {
+      SnapshotHolder h("127.0.0.1", 0);
+      int port = h.port();
+      (void)!::write(to_parent[1], &port, sizeof port);
+      char c;
+      while (::read(to_child[0], &c, 1) > 0) {
+      }  // until the parent closes the pipe (or dies)
+    }
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  ::close(to_child[0]);
+  int port = 0;
+  ATOLL_CHECK(::read(to_parent[0], &port, sizeof port) == sizeof port, "the holder process did not start");
   std::vector<float> state(n, 0.5f);
-  SnapshotHolder holder("127.0.0.1", 0);
-  std::string addr = "127.0.0.1:" + std::to_string(holder.port());
-  SnapshotSender sender(0, [&] { return addr; });
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  auto sender = std::make_unique<SnapshotSender>(0, [&] { return addr; });
   using C = std::chrono::steady_clock;
   std::vector<double> off, on, fence;
   volatile float sink = 0;
@@ -210,9 +234,10 @@ int dp_bench_main(int argc, char** argv) {
       for (int p = 0; p < passes; ++p)
         for (size_t j = 0; j < n; j += 4) acc += state[j] * state[j + 1] + state[j + 2] * state[j + 3];
       sink = sink + acc;
-      if (snap) fence.push_back(sender.fence());
+      bool take = snap && step % every == 0;
+      if (snap) fence.push_back(sender->fence());
       for (size_t j = 0; j < n; ++j) state[j] = state[j] * 0.999f + 1e-4f;
-      if (snap) sender.snapshot(step, {{state.data(), n * 4}});
+      if (take) sender->snapshot(step, {{state.data(), n * 4}});
       double ms = std::chrono::duration<double, std::milli>(C::now() - t0).count();
       (snap ? on : off).push_back(ms);
     }
@@ -224,16 +249,21 @@ int dp_bench_main(int argc, char** argv) {
     block(false, steps / 8);
     block(true, steps / 8);
   }
-  sender.fence();
-  bool acked = sender.wait_acked(step - 1, std::chrono::seconds(30));
+  sender->fence();
+  sender->snapshot(step, {{state.data(), n * 4}});
+  sender->fence();
+  bool acked = sender->wait_acked(step, std::chrono::seconds(30));
   auto med = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
-  auto ss = sender.stats();
+  auto ss = sender->stats();
+  sender.reset();
+  ::close(to_child[1]);
+  ::waitpid(child, nullptr, 0);
   double m_off = med(off), m_on = med(on);
-  std::printf("peer snapshots, %s MB of state, %d read passes per step, %zu steps each:\n", argv[0], passes,
-              off.size());
+  std::printf("peer snapshots every %d steps, %s MB of state, %d read passes per step, %zu steps each:\n", every,
+              argv[0], passes, off.size());
   std::printf("  median step: off %.2f ms, on %.2f ms (%+.1f%%); median fence wait %.3f ms\n", m_off, m_on,
               100.0 * (m_on - m_off) / m_off, med(fence));
   std::printf("  last copy %.1f ms, last send %.1f ms; copied %lld, sent %lld, superseded %lld, failures %lld; "
