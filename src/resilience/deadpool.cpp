@@ -58,6 +58,10 @@ void PeerCheckpointer::after_commit(int64_t step, std::vector<SnapshotSender::Pa
   if (step % every_ == 0) sender_->snapshot(step, std::move(parts));
 }
 
+void PeerCheckpointer::after_commit(int64_t step, std::function<void(std::string&)> fill) {
+  if (step % every_ == 0) sender_->snapshot_with(step, std::move(fill));
+}
+
 std::optional<PeerSnapshot> PeerCheckpointer::fetch_own(Millis within) {
   std::string addr = store_->get(holder_key((slot_ + 1) % slots_));
   auto colon = addr.rfind(':');

@@ -39,6 +39,7 @@ class PeerCheckpointer {
   // After a committed step: when step % every == 0, starts the snapshot of `parts` (views of the
   // live state, unchanged until fence()).
   void after_commit(int64_t step, std::vector<SnapshotSender::Part> parts);
+  void after_commit(int64_t step, std::function<void(std::string&)> fill);
   // Before the state changes (the next optimizer step): the copy must be done. Returns ms waited.
   double fence() { return sender_->fence(); }
   // This slot's last snapshot, from its holder (what a spare that took the slot restores).

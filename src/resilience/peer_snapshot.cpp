@@ -161,7 +161,7 @@ struct SnapshotSender::Impl {
   // The copy job (one at a time: snapshot() ... fence()).
   bool job = false, job_done = true;
   int job_buf = -1;
-  std::vector<Part> parts;
+  std::function<void(std::string&)> fill;
   bool stop = false;
   Stats st;
   std::thread copier, sender;
@@ -174,23 +174,21 @@ struct SnapshotSender::Impl {
       if (stop) return;
       job = false;
       int b = job_buf;
-      std::vector<Part> p = std::move(parts);
+      auto f = std::move(fill);
       lk.unlock();
       auto t0 = Clock::now();
-      size_t total = 0;
-      for (auto& [ptr, n] : p) total += n;
-      std::string& out = buf[b];  // state filling: nobody else touches it
-      out.resize(total);
-      size_t off = 0;
-      for (auto& [ptr, n] : p) {
-        std::memcpy(out.data() + off, ptr, n);
-        off += n;
+      bool ok = true;
+      try {
+        f(buf[b]);  // state filling: nobody else touches it
+      } catch (const std::exception& e) {
+        log::warn("peer snapshot of {}: the copy failed: {}", owner, e.what());
+        ok = false;
       }
       double ms = ms_since(t0);
       lk.lock();
       st.copy_ms = ms;
-      ++st.copied;
-      state[b] = Buf::ready;
+      if (ok) ++st.copied;
+      state[b] = ok ? Buf::ready : Buf::free;
       job_done = true;
       cv.notify_all();
     }
@@ -277,6 +275,19 @@ SnapshotSender::~SnapshotSender() {
 }
 
 void SnapshotSender::snapshot(int64_t step, std::vector<Part> parts) {
+  snapshot_with(step, [p = std::move(parts)](std::string& out) {
+    size_t total = 0;
+    for (auto& [ptr, n] : p) total += n;
+    out.resize(total);
+    size_t off = 0;
+    for (auto& [ptr, n] : p) {
+      if (n) std::memcpy(out.data() + off, ptr, n);
+      off += n;
+    }
+  });
+}
+
+void SnapshotSender::snapshot_with(int64_t step, std::function<void(std::string&)> fill) {
   auto& I = *impl_;
   std::lock_guard<std::mutex> lk(I.mu);
   if (!I.job_done) {
@@ -294,7 +305,7 @@ void SnapshotSender::snapshot(int64_t step, std::vector<Part> parts) {
   I.state[b] = Buf::filling;
   I.step[b] = step;
   I.job_buf = b;
-  I.parts = std::move(parts);
+  I.fill = std::move(fill);
   I.job = true;
   I.job_done = false;
   I.cv.notify_all();

@@ -60,6 +60,9 @@ class SnapshotSender {
   // Starts copying parts (views of the live state, unchanged until fence()) for `step`; returns at
   // once. Skipped (counted as superseded) when the previous copy has not been fenced.
   void snapshot(int64_t step, std::vector<Part> parts);
+  // The same with a serializer: `fill` runs on the copy thread and writes the snapshot into the
+  // buffer it is given (reading only state that stays unchanged until fence()).
+  void snapshot_with(int64_t step, std::function<void(std::string&)> fill);
   // Waits for the copy snapshot() started; returns the ms this call waited (the critical-path cost).
   double fence();
   // Waits until a holder has acknowledged `step` or a later snapshot, at most `within`.

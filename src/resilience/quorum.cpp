@@ -206,6 +206,7 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
 void QuorumReplica::heal(ReplicaState& state, int source, int64_t target) {
   auto t0 = Clock::now();
   const bool behind = state.step != target;
+  if (state.before_write) state.before_write();
   for (Tensor& t : state.tensors) comm_->broadcast(t, source);
   std::string blob = comm_->rank() == source && state.save_extra ? state.save_extra() : std::string();
   Tensor len = Tensor::empty({1}, DType::i64);

@@ -53,6 +53,8 @@ struct ReplicaState {
   // State that is this replica's own and so is not broadcast (DeadPool: a rank's RNG stream, its
   // data position): rolled forward from step `from` to `to` when a heal moves the replica ahead.
   std::function<void(int64_t from, int64_t to)> advance_own;
+  // Called before a heal writes into the tensors (DeadPool: a snapshot copy may still read them).
+  std::function<void()> before_write;
 };
 
 struct QuorumStats {
