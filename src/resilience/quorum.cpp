@@ -52,12 +52,16 @@ struct QuorumReplica::Heartbeat {
   std::string phase = "start";
   comm::Communicator* comm = nullptr;  // the current quorum's
   std::vector<int> members;
+  // Bumped when comm changes: an alive set asked for before the current quorum formed may lack a
+  // member that joined it (a spare) and must not abort the new communicator.
+  uint64_t gen = 0;
   bool first_reply = false;
 
   void loop() {
     std::unique_lock<std::mutex> lk(mu);
     while (!stop) {
       std::string msg = fmt::format("HB {} {} {} {}", o.replica_id, nonce, step, phase.empty() ? "-" : phase);
+      const uint64_t sent_gen = gen;
       lk.unlock();
       std::string reply;
       bool ok = conn.send_line(msg) && conn.read_line(reply, o.heartbeat * 50);
@@ -75,7 +79,7 @@ struct QuorumReplica::Heartbeat {
       std::istringstream in(reply.size() > 2 ? reply.substr(2) : "");
       for (std::string tok; std::getline(in, tok, ',');)
         if (!tok.empty()) alive.push_back(std::atoi(tok.c_str()));
-      if (comm && !comm->aborted()) {
+      if (comm && !comm->aborted() && sent_gen == gen) {
         std::string gone;
         for (int m : members)
           if (!std::count(alive.begin(), alive.end(), m)) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", m);
@@ -134,6 +138,7 @@ void QuorumReplica::retire_comm() {
     std::lock_guard<std::mutex> lk(hb_->mu);
     hb_->comm = nullptr;
     hb_->members.clear();
+    ++hb_->gen;
   }
   if (!comm_) return;
   comm_->abort("replaced by a new quorum");
@@ -182,6 +187,7 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
       std::lock_guard<std::mutex> lk(hb_->mu);
       hb_->comm = comm_.get();
       hb_->members = ids;
+      ++hb_->gen;
     }
     ++stats_.reconfigurations;
     stats_.last_reconfigure_ms = ms_since(t0);
