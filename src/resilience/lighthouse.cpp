@@ -129,8 +129,11 @@ struct Lighthouse::Impl {
       need_new = need_new || it->second.need_new;
       ++it;
     }
-    for (auto& [id, r] : replicas)
-      if (alive(r, now) && !pending.count(id)) return;  // someone alive has not asked yet
+    for (auto& [id, r] : replicas) {  // someone alive has not asked yet (a dead incarnation's ask does not count)
+      if (!alive(r, now)) continue;
+      auto p = pending.find(id);
+      if (p == pending.end() || p->second.nonce != r.nonce) return;
+    }
     if (m.empty()) return;
     if (!formed_once && int(m.size()) < o.min_replicas) return;
     if (m != members || need_new) ++quorum_id;
@@ -138,7 +141,7 @@ struct Lighthouse::Impl {
     formed_once = true;
     std::string list;
     for (auto& [id, nonce] : m)
-      list += fmt::format("{}{}:{}", list.empty() ? "" : ",", id, pending[id].step);
+      list += fmt::format("{}{}:{}:{}", list.empty() ? "" : ",", id, pending[id].step, nonce);
     std::string reply = fmt::format("Q {} {}", quorum_id, list);
     for (auto& [id, nonce] : m) {
       pending[id].reply = reply;
@@ -180,7 +183,7 @@ struct Lighthouse::Impl {
           hb_id = id;
           hb_nonce = nonce;
           for (auto& [i, x] : replicas)
-            if (alive(x, now)) alive_list += fmt::format("{}{}", alive_list.empty() ? "" : ",", i);
+            if (alive(x, now)) alive_list += fmt::format("{}{}:{}", alive_list.empty() ? "" : ",", i, x.nonce);
           try_form(now);
         }
         if (!c.send_line("A " + alive_list)) break;
@@ -195,10 +198,16 @@ struct Lighthouse::Impl {
           std::unique_lock<std::mutex> lk(mu);
           pending[id] = Pending{nonce, step, need_new != 0, "", false};
           try_form(Clock::now());
-          cv.wait(lk, [&] { return stop || pending[id].answered || pending[id].nonce != nonce; });
-          if (stop || pending[id].nonce != nonce) break;
-          reply = pending[id].reply;
-          pending.erase(id);
+          // find, not []: a waiter whose entry a new incarnation took over must not re-create it.
+          auto mine = [&] {
+            auto p = pending.find(id);
+            return p != pending.end() && p->second.nonce == nonce ? p : pending.end();
+          };
+          cv.wait(lk, [&] { return stop || mine() == pending.end() || mine()->second.answered; });
+          auto p = mine();
+          if (stop || p == pending.end()) break;
+          reply = p->second.reply;
+          pending.erase(p);
         }
         if (!c.send_line(reply)) break;
       } else if (kind == "F") {

@@ -16,8 +16,10 @@
 // It also hosts the TCP store in which each quorum's Gloo communicator meets.
 //
 // Wire protocol, one line each way:
-//   HB <id> <nonce> <step> <phase>   ->  A <id,id,...>
-//   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step,id:step,...>   (when formed)
+//   HB <id> <nonce> <step> <phase>   ->  A <id:nonce,id:nonce,...>
+//   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step:nonce,...>   (when formed)
+// Replicas are compared by incarnation (id and nonce): a spare that took a dead replica's id at
+// once must not hide that replica's death from a peer still blocked on it.
 //   S                                ->  S <store_port>
 //   W                                ->  W <json>
 //   F <id> <nonce>                   ->  F         (finished normally: its exit is not a failure)

@@ -51,7 +51,7 @@ struct QuorumReplica::Heartbeat {
   int64_t step = 0;
   std::string phase = "start";
   comm::Communicator* comm = nullptr;  // the current quorum's
-  std::vector<int> members;
+  std::vector<std::string> members;  // "id:nonce": incarnations, not ids
   // Bumped when comm changes: an alive set asked for before the current quorum formed may lack a
   // member that joined it (a spare) and must not abort the new communicator.
   uint64_t gen = 0;
@@ -75,14 +75,15 @@ struct QuorumReplica::Heartbeat {
       }
       first_reply = true;
       cv.notify_all();
-      std::vector<int> alive;
+      std::vector<std::string> alive;
       std::istringstream in(reply.size() > 2 ? reply.substr(2) : "");
       for (std::string tok; std::getline(in, tok, ',');)
-        if (!tok.empty()) alive.push_back(std::atoi(tok.c_str()));
+        if (!tok.empty()) alive.push_back(tok);
       if (comm && !comm->aborted() && sent_gen == gen) {
         std::string gone;
-        for (int m : members)
-          if (!std::count(alive.begin(), alive.end(), m)) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", m);
+        for (const std::string& m : members)
+          if (!std::count(alive.begin(), alive.end(), m))
+            gone += fmt::format("{}{}", gone.empty() ? "" : ", ", m.substr(0, m.find(':')));
         if (!gone.empty()) comm->abort(fmt::format("replica {} missed its heartbeats (the lighthouse says)", gone));
       }
       cv.wait_for(lk, o.heartbeat, [&] { return stop; });
@@ -166,11 +167,15 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
   in >> qid >> list;
   std::vector<int> ids;
   std::vector<int64_t> steps;
+  std::vector<std::string> incarnations;  // id:nonce
   std::istringstream li(list);
+  list.clear();  // for the log: id:step
   for (std::string tok; std::getline(li, tok, ',');) {
-    auto colon = tok.find(':');
-    ids.push_back(std::atoi(tok.substr(0, colon).c_str()));
-    steps.push_back(std::atoll(tok.c_str() + colon + 1));
+    auto c1 = tok.find(':'), c2 = tok.find(':', c1 + 1);
+    ids.push_back(std::atoi(tok.substr(0, c1).c_str()));
+    steps.push_back(std::atoll(tok.substr(c1 + 1, c2 - c1 - 1).c_str()));
+    incarnations.push_back(tok.substr(0, c1) + ":" + (c2 == std::string::npos ? "" : tok.substr(c2 + 1)));
+    list += fmt::format("{}{}:{}", list.empty() ? "" : ",", ids.back(), steps.back());
   }
   auto me = std::find(ids.begin(), ids.end(), o_.replica_id);
   ATOLL_CHECK(me != ids.end(), "replica {}: quorum {} does not include it", o_.replica_id, qid);
@@ -186,7 +191,7 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
     {
       std::lock_guard<std::mutex> lk(hb_->mu);
       hb_->comm = comm_.get();
-      hb_->members = ids;
+      hb_->members = incarnations;
       ++hb_->gen;
     }
     ++stats_.reconfigurations;

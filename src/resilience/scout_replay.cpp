@@ -87,7 +87,7 @@ ReplayFinding judge_replays(const std::vector<std::vector<int64_t>>& rows, int w
     const double own = s[0].ms;
     if (own > o.time_factor * fastest_replay && own - fastest_replay > o.min_delta_ms) {
       f.stragglers.push_back(j);
-      why.push_back(fmt::format("rank {} took {:.0f} ms for its share, {:.0f} ms when rank(s) replayed it", j, own,
+      why.push_back(fmt::format("rank {} took {:.0f} ms for its share, {:.0f} ms when other ranks replayed it", j, own,
                                 fastest_replay));
     } else if (fastest_all > o.time_factor * median && fastest_all - median > o.min_delta_ms) {
       f.slow_shares.push_back(j);
