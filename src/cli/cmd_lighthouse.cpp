@@ -28,6 +28,11 @@ int run_lighthouse(int argc, char** argv) {
   app.add_option("--heartbeat-timeout-ms", timeout_ms, "a replica silent this long leaves the quorum")
       ->check(integer_in(10, 3600000));
   app.add_option("--min-replicas", o.min_replicas, "replicas the first quorum waits for")->check(integer_in(1, 1 << 20));
+  int64_t refill_ms = o.refill_timeout.count();
+  app.add_option("--slots", o.slots, "DeadPool: the job's size; a dead replica's slot goes to a waiting spare")
+      ->check(integer_in(0, 1 << 20));
+  app.add_option("--refill-timeout-ms", refill_ms, "DeadPool: how long a quorum waits for the spare given a slot")
+      ->check(integer_in(100, 3600000));
   app.add_option("--status", status, "HOST:PORT: print a running lighthouse's view of the replicas (JSON) and exit");
   try {
     app.parse(argc, argv);
@@ -46,6 +51,7 @@ int run_lighthouse(int argc, char** argv) {
     return 0;
   }
   o.heartbeat_timeout = std::chrono::milliseconds(timeout_ms);
+  o.refill_timeout = std::chrono::milliseconds(refill_ms);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   resilience::Lighthouse lh(o);

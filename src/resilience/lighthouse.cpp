@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -27,6 +29,7 @@ struct Replica {
   Clock::time_point last_hb;
   bool connected = false;  // heartbeat connection open
   bool ever_alive = false;
+  bool finished = false;  // said F: its connection closing is not a failure
   int64_t step = 0;
   std::string phase;
 };
@@ -53,6 +56,58 @@ struct Lighthouse::Impl {
   std::thread acceptor, monitor;
   std::vector<std::thread> conns;
   std::vector<int> conn_fds;
+  // DeadPool.
+  std::deque<std::pair<int, std::string>> waiting;  // spares (id, nonce), oldest first
+  std::map<std::string, int> assigned;              // spare nonce -> slot, until it is told
+  std::map<int, std::pair<Clock::time_point, std::string>> refilling;  // slot -> (deadline, dead nonce)
+  std::set<int> vacant;
+  std::set<std::string> reported;  // dead incarnations already handled
+  std::vector<std::pair<int, int>> swaps;
+
+  bool all_slots_finished() const {
+    for (int s = 0; s < o.slots; ++s) {
+      auto r = replicas.find(s);
+      if (r == replicas.end() || !r->second.finished) return false;
+    }
+    return o.slots > 0;
+  }
+
+  // Under mu: dead slots get waiting spares. True while a quorum must wait for a given spare.
+  bool refill(Clock::time_point now) {
+    if (o.slots <= 0) return false;
+    for (auto& [id, r] : replicas) {
+      if (id >= o.slots || !r.ever_alive || r.connected || r.finished || reported.count(r.nonce)) continue;
+      reported.insert(r.nonce);
+      vacant.insert(id);
+      if (waiting.empty())
+        log::warn("deadpool: replica {} is dead and no spare is left: the quorum goes on without it (the job "
+                  "runs at reduced size until a spare registers)",
+                  id);
+    }
+    for (auto it = vacant.begin(); it != vacant.end() && !waiting.empty();) {
+      auto [spare, nonce] = waiting.front();
+      waiting.pop_front();
+      assigned[nonce] = *it;
+      refilling[*it] = {now + o.refill_timeout, replicas[*it].nonce};
+      swaps.push_back({*it, spare});
+      log::info("deadpool: spare {} takes the place of replica {}", spare, *it);
+      it = vacant.erase(it);
+      cv.notify_all();
+    }
+    bool wait = false;
+    for (auto it = refilling.begin(); it != refilling.end();) {
+      if (now > it->second.first) {
+        log::warn("deadpool: the spare for slot {} did not join within {} ms: the quorum goes on without it",
+                  it->first, o.refill_timeout.count());
+        vacant.insert(it->first);
+        it = refilling.erase(it);
+      } else {
+        wait = true;
+        ++it;
+      }
+    }
+    return wait;
+  }
 
   bool alive(const Replica& r, Clock::time_point now) const {
     return r.connected && now - r.last_hb <= o.heartbeat_timeout;
@@ -60,6 +115,7 @@ struct Lighthouse::Impl {
 
   // Under mu: answer the pending requests when every alive replica has asked.
   void try_form(Clock::time_point now) {
+    if (refill(now)) return;  // a spare is on its way: the job goes on at full size
     if (pending.empty()) return;
     std::vector<std::pair<int, std::string>> m;
     bool need_new = false;
@@ -73,8 +129,11 @@ struct Lighthouse::Impl {
       need_new = need_new || it->second.need_new;
       ++it;
     }
-    for (auto& [id, r] : replicas)
-      if (alive(r, now) && !pending.count(id)) return;  // someone alive has not asked yet
+    for (auto& [id, r] : replicas) {  // someone alive has not asked yet (a dead incarnation's ask does not count)
+      if (!alive(r, now)) continue;
+      auto p = pending.find(id);
+      if (p == pending.end() || p->second.nonce != r.nonce) return;
+    }
     if (m.empty()) return;
     if (!formed_once && int(m.size()) < o.min_replicas) return;
     if (m != members || need_new) ++quorum_id;
@@ -82,7 +141,7 @@ struct Lighthouse::Impl {
     formed_once = true;
     std::string list;
     for (auto& [id, nonce] : m)
-      list += fmt::format("{}{}:{}", list.empty() ? "" : ",", id, pending[id].step);
+      list += fmt::format("{}{}:{}:{}", list.empty() ? "" : ",", id, pending[id].step, nonce);
     std::string reply = fmt::format("Q {} {}", quorum_id, list);
     for (auto& [id, nonce] : m) {
       pending[id].reply = reply;
@@ -110,7 +169,11 @@ struct Lighthouse::Impl {
           std::lock_guard<std::mutex> lk(mu);
           auto now = Clock::now();
           Replica& r = replicas[id];
-          if (r.nonce != nonce) r = Replica{};  // a new incarnation of this id
+          if (r.nonce != nonce) {  // a new incarnation of this id (a restart, or the spare given the slot)
+            r = Replica{};
+            refilling.erase(id);
+            vacant.erase(id);
+          }
           r.nonce = nonce;
           r.last_hb = now;
           r.connected = true;
@@ -120,7 +183,7 @@ struct Lighthouse::Impl {
           hb_id = id;
           hb_nonce = nonce;
           for (auto& [i, x] : replicas)
-            if (alive(x, now)) alive_list += fmt::format("{}{}", alive_list.empty() ? "" : ",", i);
+            if (alive(x, now)) alive_list += fmt::format("{}{}:{}", alive_list.empty() ? "" : ",", i, x.nonce);
           try_form(now);
         }
         if (!c.send_line("A " + alive_list)) break;
@@ -135,12 +198,63 @@ struct Lighthouse::Impl {
           std::unique_lock<std::mutex> lk(mu);
           pending[id] = Pending{nonce, step, need_new != 0, "", false};
           try_form(Clock::now());
-          cv.wait(lk, [&] { return stop || pending[id].answered || pending[id].nonce != nonce; });
-          if (stop || pending[id].nonce != nonce) break;
-          reply = pending[id].reply;
-          pending.erase(id);
+          // find, not []: a waiter whose entry a new incarnation took over must not re-create it.
+          auto mine = [&] {
+            auto p = pending.find(id);
+            return p != pending.end() && p->second.nonce == nonce ? p : pending.end();
+          };
+          cv.wait(lk, [&] { return stop || mine() == pending.end() || mine()->second.answered; });
+          auto p = mine();
+          if (stop || p == pending.end()) break;
+          reply = p->second.reply;
+          pending.erase(p);
         }
         if (!c.send_line(reply)) break;
+      } else if (kind == "F") {
+        int id;
+        std::string nonce;
+        in >> id >> nonce;
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          auto r = replicas.find(id);
+          if (r != replicas.end() && r->second.nonce == nonce) {
+            r->second.finished = true;
+            r->second.phase = "finished";
+          }
+          cv.notify_all();
+        }
+        if (!c.send_line("F")) break;
+      } else if (kind == "SPARE") {
+        int id;
+        std::string nonce;
+        in >> id >> nonce;
+        int slot = -1;
+        bool done = false;
+        {
+          std::unique_lock<std::mutex> lk(mu);
+          waiting.push_back({id, nonce});
+          refill(Clock::now());
+          for (;;) {
+            auto a = assigned.find(nonce);
+            if (a != assigned.end()) {
+              slot = a->second;
+              assigned.erase(a);
+              break;
+            }
+            if (stop) break;
+            if (all_slots_finished()) {
+              done = true;
+              break;
+            }
+            cv.wait_for(lk, Millis(50));
+            char ch;
+            ssize_t k = ::recv(c.fd(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;  // it died
+          }
+          if (slot < 0) waiting.erase(std::remove(waiting.begin(), waiting.end(), std::make_pair(id, nonce)), waiting.end());
+        }
+        if (done) c.send_line("DONE");
+        if (slot < 0 || !c.send_line(fmt::format("ASSIGN {}", slot))) break;
       } else if (kind == "S") {
         if (!c.send_line(fmt::format("S {}", store->port()))) break;
       } else if (kind == "W") {
@@ -183,6 +297,11 @@ struct Lighthouse::Impl {
     }
     j["stopped"] = stopped;
     j["dead"] = dead;
+    std::vector<int> sp;
+    for (auto& [id, n] : waiting) sp.push_back(id);
+    j["spares"] = sp;
+    j["vacant"] = std::vector<int>(vacant.begin(), vacant.end());
+    j["swaps"] = swaps;
     return j.dump();
   }
 };

@@ -16,10 +16,21 @@
 // It also hosts the TCP store in which each quorum's Gloo communicator meets.
 //
 // Wire protocol, one line each way:
-//   HB <id> <nonce> <step> <phase>   ->  A <id,id,...>
-//   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step,id:step,...>   (when formed)
+//   HB <id> <nonce> <step> <phase>   ->  A <id:nonce,id:nonce,...>
+//   Q <id> <nonce> <step> <need_new> ->  Q <quorum_id> <id:step:nonce,...>   (when formed)
+// Replicas are compared by incarnation (id and nonce): a spare that took a dead replica's id at
+// once must not hide that replica's death from a peer still blocked on it.
 //   S                                ->  S <store_port>
 //   W                                ->  W <json>
+//   F <id> <nonce>                   ->  F         (finished normally: its exit is not a failure)
+//   SPARE <id> <nonce>               ->  ASSIGN <slot> | DONE   (DeadPool: when a slot needs it)
+//
+// DeadPool (slots > 0): replicas 0..slots-1 are the job's slots, spares wait in the pool with
+// SPARE. A slot whose replica is dead (connection closed, not finished) is given the oldest waiting
+// spare, and the next quorum waits for it (at most refill_timeout) so that the job goes on at full
+// size; with no spare left the quorum goes on without the slot (torchft's behaviour) and the
+// lighthouse says so. A stopped (silent) replica is not replaced: it may come back; the quorum
+// leaves it out meanwhile.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -32,6 +43,8 @@ struct LighthouseOptions {
   int port = 0;  // 0: pick a free one
   std::chrono::milliseconds heartbeat_timeout{300};
   int min_replicas = 1;  // replicas the first quorum waits for
+  int slots = 0;         // DeadPool: the job's size; 0 = no spare pool
+  std::chrono::milliseconds refill_timeout{15000};  // a quorum waits this long for a given spare
 };
 
 class Lighthouse {
@@ -41,7 +54,8 @@ class Lighthouse {
   int port() const;
   int store_port() const;
   // JSON: {"quorum_id":..,"members":[..],"replicas":[{"id","alive","state":"alive|stopped|dead",
-  // "last_heartbeat_ms","step","phase"}],"stopped":[ids],"dead":[ids]}
+  // "last_heartbeat_ms","step","phase"}],"stopped":[ids],"dead":[ids],
+  //  "spares":[waiting ids],"vacant":[slots without a replica or spare],"swaps":[[slot,spare],..]}
   std::string status() const;
 
  private:

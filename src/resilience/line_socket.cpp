@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -87,6 +88,48 @@ bool LineConn::send_line(const std::string& line) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     off += size_t(n);
+  }
+  return true;
+}
+
+bool LineConn::send_bytes(const void* data, size_t n) {
+  if (fd_ < 0) return false;
+  const char* p = static_cast<const char*>(data);
+  size_t off = 0;
+  while (off < n) {
+    ssize_t k = ::send(fd_, p + off, n - off, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    off += size_t(k);
+  }
+  return true;
+}
+
+bool LineConn::read_bytes(std::string& out, size_t n, Millis within) {
+  auto until = std::chrono::steady_clock::now() + within;
+  size_t take = std::min(n, buf_.size());
+  out.append(buf_, 0, take);
+  buf_.erase(0, take);
+  n -= take;
+  size_t base = out.size();
+  out.resize(base + n);
+  size_t got = 0;
+  while (got < n) {
+    if (fd_ < 0) return false;
+    int wait_ms = -1;
+    if (within.count() >= 0) {
+      auto left = std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return false;
+      wait_ms = int(left);
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, wait_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    ssize_t k = ::recv(fd_, out.data() + base + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    got += size_t(k);
   }
   return true;
 }

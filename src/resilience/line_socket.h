@@ -36,6 +36,11 @@ class LineConn {
   bool send_line(const std::string& line);
   // One line without its '\n'; false on EOF, error or when nothing came within `within` (< 0: forever).
   bool read_line(std::string& line, Millis within = Millis(-1));
+  // Raw bytes, for payloads that follow a header line (peer snapshots): false when the peer has gone.
+  bool send_bytes(const void* data, size_t n);
+  // Exactly n bytes (after whatever a read_line buffered) appended to out; false on EOF, error or
+  // when they did not all come within `within` (< 0: forever).
+  bool read_bytes(std::string& out, size_t n, Millis within = Millis(-1));
   void close();
   // Wakes a reader blocked in read_line on another thread (shutdown, the fd stays valid).
   void shutdown();

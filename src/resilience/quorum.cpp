@@ -51,13 +51,17 @@ struct QuorumReplica::Heartbeat {
   int64_t step = 0;
   std::string phase = "start";
   comm::Communicator* comm = nullptr;  // the current quorum's
-  std::vector<int> members;
+  std::vector<std::string> members;  // "id:nonce": incarnations, not ids
+  // Bumped when comm changes: an alive set asked for before the current quorum formed may lack a
+  // member that joined it (a spare) and must not abort the new communicator.
+  uint64_t gen = 0;
   bool first_reply = false;
 
   void loop() {
     std::unique_lock<std::mutex> lk(mu);
     while (!stop) {
       std::string msg = fmt::format("HB {} {} {} {}", o.replica_id, nonce, step, phase.empty() ? "-" : phase);
+      const uint64_t sent_gen = gen;
       lk.unlock();
       std::string reply;
       bool ok = conn.send_line(msg) && conn.read_line(reply, o.heartbeat * 50);
@@ -71,14 +75,15 @@ struct QuorumReplica::Heartbeat {
       }
       first_reply = true;
       cv.notify_all();
-      std::vector<int> alive;
+      std::vector<std::string> alive;
       std::istringstream in(reply.size() > 2 ? reply.substr(2) : "");
       for (std::string tok; std::getline(in, tok, ',');)
-        if (!tok.empty()) alive.push_back(std::atoi(tok.c_str()));
-      if (comm && !comm->aborted()) {
+        if (!tok.empty()) alive.push_back(tok);
+      if (comm && !comm->aborted() && sent_gen == gen) {
         std::string gone;
-        for (int m : members)
-          if (!std::count(alive.begin(), alive.end(), m)) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", m);
+        for (const std::string& m : members)
+          if (!std::count(alive.begin(), alive.end(), m))
+            gone += fmt::format("{}{}", gone.empty() ? "" : ", ", m.substr(0, m.find(':')));
         if (!gone.empty()) comm->abort(fmt::format("replica {} missed its heartbeats (the lighthouse says)", gone));
       }
       cv.wait_for(lk, o.heartbeat, [&] { return stop; });
@@ -134,6 +139,7 @@ void QuorumReplica::retire_comm() {
     std::lock_guard<std::mutex> lk(hb_->mu);
     hb_->comm = nullptr;
     hb_->members.clear();
+    ++hb_->gen;
   }
   if (!comm_) return;
   comm_->abort("replaced by a new quorum");
@@ -161,11 +167,15 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
   in >> qid >> list;
   std::vector<int> ids;
   std::vector<int64_t> steps;
+  std::vector<std::string> incarnations;  // id:nonce
   std::istringstream li(list);
+  list.clear();  // for the log: id:step
   for (std::string tok; std::getline(li, tok, ',');) {
-    auto colon = tok.find(':');
-    ids.push_back(std::atoi(tok.substr(0, colon).c_str()));
-    steps.push_back(std::atoll(tok.c_str() + colon + 1));
+    auto c1 = tok.find(':'), c2 = tok.find(':', c1 + 1);
+    ids.push_back(std::atoi(tok.substr(0, c1).c_str()));
+    steps.push_back(std::atoll(tok.substr(c1 + 1, c2 - c1 - 1).c_str()));
+    incarnations.push_back(tok.substr(0, c1) + ":" + (c2 == std::string::npos ? "" : tok.substr(c2 + 1)));
+    list += fmt::format("{}{}:{}", list.empty() ? "" : ",", ids.back(), steps.back());
   }
   auto me = std::find(ids.begin(), ids.end(), o_.replica_id);
   ATOLL_CHECK(me != ids.end(), "replica {}: quorum {} does not include it", o_.replica_id, qid);
@@ -181,12 +191,21 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
     {
       std::lock_guard<std::mutex> lk(hb_->mu);
       hb_->comm = comm_.get();
-      hb_->members = ids;
+      hb_->members = incarnations;
+      ++hb_->gen;
     }
     ++stats_.reconfigurations;
     stats_.last_reconfigure_ms = ms_since(t0);
     log::info("replica {}: quorum {} of {} replicas ({}) for step {}", o_.replica_id, qid, ids.size(), list,
               state.step + 1);
+    if (o_.slots > 0 && int(ids.size()) < o_.slots) {
+      std::string missing;
+      for (int sl = 0; sl < o_.slots; ++sl)
+        if (!std::count(ids.begin(), ids.end(), sl)) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", sl);
+      log::warn("replica {}: deadpool: no spare left for slot(s) {}: quorum {} goes on with {} of {} slots "
+                "(their share of the batch is skipped)",
+                o_.replica_id, missing, qid, ids.size(), o_.slots);
+    }
   }
   int64_t target = *std::max_element(steps.begin(), steps.end());
   if (std::any_of(steps.begin(), steps.end(), [&](int64_t s) { return s != target; })) {
@@ -198,6 +217,7 @@ void QuorumReplica::join_quorum(ReplicaState& state) {
 void QuorumReplica::heal(ReplicaState& state, int source, int64_t target) {
   auto t0 = Clock::now();
   const bool behind = state.step != target;
+  if (state.before_write) state.before_write();
   for (Tensor& t : state.tensors) comm_->broadcast(t, source);
   std::string blob = comm_->rank() == source && state.save_extra ? state.save_extra() : std::string();
   Tensor len = Tensor::empty({1}, DType::i64);
@@ -210,6 +230,7 @@ void QuorumReplica::heal(ReplicaState& state, int source, int64_t target) {
   if (behind) {
     blob.assign(static_cast<const char*>(bytes.raw()), size_t(n));
     if (state.load_extra) state.load_extra(blob);
+    if (state.advance_own) state.advance_own(state.step, target);
     log::info("replica {}: healed from replica {} at step {} (was at {}) in {:.0f} ms", o_.replica_id,
               members_[size_t(source)], target, state.step, ms_since(t0));
     state.step = target;
@@ -222,6 +243,10 @@ void QuorumReplica::finish(const ReplicaState& state) {
   set_phase("finished");
   LineConn c(connect_to(o_.lighthouse_host, o_.lighthouse_port, o_.connect_within));
   std::string reply;
+  // Said first, so that the lighthouse does not take our exit for a failure (DeadPool: no spare
+  // must take a finished replica's place).
+  if (!c.send_line(fmt::format("F {} {}", o_.replica_id, nonce_)) || !c.read_line(reply, o_.connect_within))
+    log::warn("replica {}: the lighthouse did not answer the finish notice", o_.replica_id);
   if (!c.send_line(fmt::format("Q {} {} {} 0", o_.replica_id, nonce_, state.step)) || !c.read_line(reply))
     log::warn("replica {}: the lighthouse did not answer the final quorum request", o_.replica_id);
 }

@@ -37,6 +37,7 @@ struct QuorumOptions {
   std::chrono::milliseconds heartbeat{100};
   std::chrono::milliseconds comm_timeout{30000};    // a collective that neither finishes nor is aborted
   std::chrono::milliseconds connect_within{10000};  // a quorum's communicator must connect within
+  int slots = 0;  // DeadPool: the job's size (a smaller quorum is reported: no spare was left)
   // [fault] lighthouse = "HOST:PORT", heartbeat_ms; replica id from RANK. From ATOLL_LIGHTHOUSE
   // when set (`atoll launch --ft` sets it).
   static QuorumOptions from_environment();
@@ -49,6 +50,11 @@ struct ReplicaState {
   std::vector<Tensor> tensors;
   std::function<std::string()> save_extra;
   std::function<void(const std::string&)> load_extra;
+  // State that is this replica's own and so is not broadcast (DeadPool: a rank's RNG stream, its
+  // data position): rolled forward from step `from` to `to` when a heal moves the replica ahead.
+  std::function<void(int64_t from, int64_t to)> advance_own;
+  // Called before a heal writes into the tensors (DeadPool: a snapshot copy may still read them).
+  std::function<void()> before_write;
 };
 
 struct QuorumStats {

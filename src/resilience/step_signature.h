@@ -13,7 +13,7 @@
 // What it can see: corruption that makes one replica's copy differ from the others' (a bit flip in
 // its averaged gradient or its update, a desynchronized collective, a straggler). What it cannot:
 // corruption that enters before the all-reduce (every rank then averages the same bad gradient);
-// that needs SCOUT's in-situ replay, which is not built.
+// that needs SCOUT's in-situ replay (scout_replay.h).
 #pragma once
 #include <cstdint>
 #include <string>

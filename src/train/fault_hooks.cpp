@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "resilience/deadpool.h"
 #include "resilience/invariant_gate.h"
 #include "resilience/step_signature.h"
 #include "tensor/safetensors.h"
@@ -18,6 +19,12 @@ void read_fault_options(Config& c, TrainOptions& o) {
   o.fault_gate = c.get_bool("fault.gate", o.fault_gate);
   o.fault_phase_guard = c.get_bool("fault.phase_guard", o.fault_phase_guard);
   o.fault_signatures = c.get_bool("fault.signatures", o.fault_signatures);
+  o.fault_snapshot_every = c.get_int("fault.snapshot_every", o.fault_snapshot_every, 0, 1000000);
+  o.fault_spare = c.get_bool("fault.spare", o.fault_spare);
+  ATOLL_CHECK(o.fault_tolerance == "quorum" || (o.fault_snapshot_every == 0 && !o.fault_spare),
+              "fault.{} ({}) is DeadPool's and needs fault.tolerance = \"quorum\"",
+              o.fault_spare ? "spare" : "snapshot_every",
+              c.where(o.fault_spare ? "fault.spare" : "fault.snapshot_every"));
   if (!o.fault_lighthouse.empty()) {
     auto colon = o.fault_lighthouse.rfind(':');
     int port = colon == std::string::npos ? 0 : std::atoi(o.fault_lighthouse.c_str() + colon + 1);
@@ -89,9 +96,31 @@ QuorumHook::QuorumHook(TrainOptions& o, const comm::DistEnv& env) : id_(env.rank
   ATOLL_CHECK(qo_.lighthouse_port > 0,
               "[fault] tolerance = \"quorum\" needs a lighthouse: set fault.lighthouse = \"HOST:PORT\" or "
               "ATOLL_LIGHTHOUSE (start one with `atoll lighthouse`)");
-  qo_.replica_id = id_;
   qo_.heartbeat = std::chrono::milliseconds(o.fault_heartbeat_ms);
-  o.run_dir = (std::filesystem::path(o.run_dir) / ("replica" + std::to_string(id_))).string();
+  every_ = o.fault_snapshot_every;
+  spare_ = o.fault_spare;
+  std::string dir = "replica" + std::to_string(id_);
+  if (spare_) {
+    // ATOLL_SPARE_ID names the spare (RANK must be a valid rank of the job, so it cannot).
+    if (const char* sid = std::getenv("ATOLL_SPARE_ID")) id_ = std::atoi(sid);
+    else id_ = 1000 + env.rank;
+    // DeadPool: wait in the pool; the slot given is the replica this process becomes (its data
+    // shard, its place in the quorum). Nothing is built or written before that.
+    int slot = resilience::wait_for_slot(qo_.lighthouse_host, qo_.lighthouse_port, id_, std::chrono::milliseconds(-1));
+    if (slot < 0) {
+      log::info("spare {}: not needed (every replica finished, or the lighthouse is gone)", id_);
+      std::exit(0);
+    }
+    ATOLL_CHECK(slot < replicas_, "spare {}: given slot {} of a job of WORLD_SIZE={}", id_, slot, replicas_);
+    dir = fmt::format("replica{}.spare{}", slot, id_);  // not the dead replica's directory: its run
+    id_ = slot;
+  }
+  if (every_ > 0 || spare_) {
+    ATOLL_CHECK(replicas_ >= 2, "DeadPool needs WORLD_SIZE >= 2 slots (got {})", replicas_);
+    qo_.slots = replicas_;
+  }
+  qo_.replica_id = id_;
+  o.run_dir = (std::filesystem::path(o.run_dir) / dir).string();
 }
 
 QuorumHook::~QuorumHook() {
@@ -111,20 +140,58 @@ void QuorumHook::begin(int64_t start, nn::Model& model, parallel::DataParallel& 
   state_.step = start;
   state_.save_extra = [this] { return save(); };
   state_.load_extra = [this](const std::string& b) { load(b); };
+  state_.before_write = [this] {
+    if (pc_) pc_->fence();
+  };
+  if (every_ > 0) {
+    const char* adv = std::getenv("ATOLL_ADVERTISE_HOST");  // where the other hosts reach this one
+    pc_ = std::make_unique<resilience::PeerCheckpointer>(qo_.lighthouse_host, qo_.lighthouse_port, id_, replicas_,
+                                                         int(every_), adv ? adv : "127.0.0.1");
+    if (spare_) {
+      auto snap = pc_->fetch_own(std::chrono::seconds(30));
+      if (snap) {
+        load(snap->blob);
+        state_.step = snap->step;
+        log::info("spare: slot {} restored from its peer's in-memory snapshot of step {}", id_, snap->step);
+      } else {
+        log::warn("spare: no peer snapshot of slot {}: its whole state heals from a live replica", id_);
+      }
+    }
+  }
   replica_ = std::make_unique<resilience::QuorumReplica>(qo_);
   log::info("fault tolerance: replica {} of {} against the lighthouse {}:{}", id_, replicas_, qo_.lighthouse_host,
             qo_.lighthouse_port);
 }
 
 // Everything a replica is, in one blob: weights and optimizer state (safetensors) and the rest.
+static std::string encode_state(const std::vector<std::pair<std::string, Tensor>>& m,
+                                const std::vector<std::pair<std::string, Tensor>>& opt, const std::string& rest) {
+  std::string a = safetensors_encode(m, {}), b = safetensors_encode(opt, {});
+  auto len = [](const std::string& s) { return fmt::format("{:020}", s.size()); };
+  return len(a) + len(b) + a + b + rest;
+}
+
+std::string QuorumHook::rest() const {
+  auto rs = rng_->state();
+  nlohmann::json j = {{"rng", std::vector<uint64_t>(rs.begin(), rs.end())}, {"data", task_->data_state()}};
+  return j.dump();
+}
+
 std::string QuorumHook::save() const {
   std::vector<std::pair<std::string, Tensor>> m, opt;
   dp_->full_state(m, opt);
-  auto rs = rng_->state();
-  nlohmann::json j = {{"rng", std::vector<uint64_t>(rs.begin(), rs.end())}, {"data", task_->data_state()}};
-  std::string a = safetensors_encode(m, {}), b = safetensors_encode(opt, {}), c = j.dump();
-  auto len = [](const std::string& s) { return fmt::format("{:020}", s.size()); };
-  return len(a) + len(b) + a + b + c;
+  return encode_state(m, opt, rest());
+}
+
+// DeadPool: the tensors are encoded on the snapshot's copy thread, overlapping the next step's
+// forward and backward (they only read them); the RNG and data position are taken here, now.
+void QuorumHook::peer_snapshot() {
+  if (!pc_ || state_.step % every_ != 0) return;
+  std::vector<std::pair<std::string, Tensor>> m, opt;
+  dp_->full_state(m, opt);  // handles on the live tensors
+  pc_->after_commit(state_.step, [m = std::move(m), opt = std::move(opt), r = rest()](std::string& out) {
+    out = encode_state(m, opt, r);
+  });
 }
 
 void QuorumHook::load(const std::string& blob) {
@@ -156,9 +223,11 @@ bool QuorumHook::step(int64_t& step, const std::function<double()>& compute, dou
         loss = lt.f32()[0];
       },
       [&] {
+        if (pc_) pc_->fence();  // the last snapshot's copy is done reading the state
         step = state_.step;
         apply();
       });
+  if (ok) peer_snapshot();
   if (!ok && !data_before.is_null()) task_->set_data_state(data_before, task_env());  // redo the step on the same data
   step = state_.step - 1;
   return ok;

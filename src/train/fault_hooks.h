@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "nn/model.h"
 #include "parallel/data_parallel.h"
+#include "resilience/deadpool.h"
 #include "resilience/phase_guard.h"
 #include "resilience/quorum.h"
 #include "tensor/rng.h"
@@ -48,6 +49,9 @@ class SignatureHook {
 // and heals the whole training state (weights, optimizer state, sampling RNG, data position) from
 // a peer as one blob. Each replica reads shard RANK of WORLD_SIZE and keeps its own run directory
 // (RUN_DIR/replica<RANK>) for metrics and disk checkpoints.
+// DeadPool ([fault] snapshot_every, spare): the state goes to the next replica's memory every N
+// committed steps; a spare (RANK = its spare id) waits in the lighthouse's pool, becomes the slot it
+// is given (RUN_DIR/replica<SLOT>.spare<ID>), restores the slot's snapshot and heals the rest.
 class QuorumHook {
  public:
   QuorumHook(TrainOptions& o, const comm::DistEnv& env);
@@ -61,8 +65,13 @@ class QuorumHook {
 
  private:
   std::string save() const;
+  std::string rest() const;  // RNG and data position, JSON
   void load(const std::string& blob);
+  void peer_snapshot();
   int id_ = 0, replicas_ = 1;
+  int64_t every_ = 0;  // [fault] snapshot_every
+  bool spare_ = false;
+  std::unique_ptr<resilience::PeerCheckpointer> pc_;
   resilience::QuorumOptions qo_;
   std::unique_ptr<resilience::QuorumReplica> replica_;
   resilience::ReplicaState state_;

@@ -51,6 +51,10 @@ struct TrainOptions {
   std::string fault_tolerance = "none", fault_lighthouse;
   int64_t fault_heartbeat_ms = 100;
   bool fault_gate = true, fault_phase_guard = true, fault_signatures = false;
+  // DeadPool: a quorum replica's state sent to the next replica's memory every N committed steps
+  // (0 = off); a spare waits in the lighthouse's pool and takes a dead replica's place.
+  int64_t fault_snapshot_every = 0;
+  bool fault_spare = false;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
   std::string matmul_dtype = "f32";
 

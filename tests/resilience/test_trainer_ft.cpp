@@ -98,6 +98,53 @@ TEST(QuorumTrainer, AKilledReplicaComesBackHealedAndAllEndWithBitwiseEqualCheckp
   }
 }
 
+// DeadPool through `atoll train`: 3 replicas sending their state to the next one's memory every 5
+// steps, one spare waiting in the lighthouse's pool. kill -9 of replica 1 after step 20: the spare
+// takes slot 1, restores it from replica 2's in-memory copy (no disk, no --resume), heals the steps
+// since that snapshot from a live peer, and the job goes on at full size: the three final model and
+// optimizer files (replica 0, replica 2, the spare as slot 1) are byte-identical.
+TEST(QuorumTrainer, ASpareTakesAKilledReplicasPlaceFromItsPeerSnapshotAndAllEndBitwiseEqual) {
+  Corpus c;
+  LighthouseOptions lo;
+  lo.host = "127.0.0.1";
+  lo.heartbeat_timeout = std::chrono::milliseconds(600);
+  lo.min_replicas = 3;
+  lo.slots = 3;
+  Lighthouse lh(lo);
+  auto replica = [&](int r, bool spare) {
+    std::vector<std::string> argv = {atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
+                                     "--fault.tolerance=quorum", "--fault.snapshot_every=5"};
+    if (spare) argv.push_back("--fault.spare=true");
+    return spawn(argv,
+                 {"RANK=" + std::to_string(spare ? 0 : r), "ATOLL_SPARE_ID=" + std::to_string(r), "WORLD_SIZE=3",
+                  "ATOLL_LIGHTHOUSE=127.0.0.1:" + std::to_string(lh.port()), "OMP_NUM_THREADS=1"},
+                 (c.root / ("d" + std::to_string(r) + ".log")).string());
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) pids.push_back(replica(r, false));
+  pid_t spare = replica(100, true);
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << lh.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(pids[1], SIGKILL);
+  EXPECT_EQ(wait_for(pids[1], 10), 128 + SIGKILL);
+  for (int r : {0, 2}) EXPECT_EQ(wait_for(pids[size_t(r)], 120), 0) << read_file((c.root / ("d" + std::to_string(r) + ".log")).string());
+  EXPECT_EQ(wait_for(spare, 60), 0) << read_file((c.root / "d100.log").string());
+  std::string log0 = read_file((c.root / "d0.log").string()), logs = read_file((c.root / "d100.log").string());
+  EXPECT_NE(logs.find("restored from its peer's in-memory snapshot of step"), std::string::npos) << logs;
+  EXPECT_EQ(log0.find("no spare left"), std::string::npos) << log0;
+  EXPECT_EQ(log0.find("quorum 2 of 2 replicas"), std::string::npos) << "the job ran at reduced size:\n" << log0;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    std::string ref = read_file((c.root / "run/replica0/checkpoints/step_00000120" / f).string());
+    ASSERT_FALSE(ref.empty()) << f;
+    for (const char* d : {"run/replica2", "run/replica1.spare100"})
+      EXPECT_TRUE(read_file((c.root / d / "checkpoints/step_00000120" / f).string()) == ref)
+          << d << "'s " << f << " differs from replica 0's";
+  }
+}
+
 // Two ranks of `atoll train` whose configs differ in one key: refused by the gate, on both ranks,
 // before any step runs, in seconds, naming the config hash.
 TEST(PreRunGate, AtollTrainRefusesRanksWhoseConfigsDifferBeforeStepOne) {
