@@ -203,9 +203,14 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
   parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
-  check_memory_before_start(cfg, *I.model,
-                            {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
-                             I.o.matmul_dtype, env.world_size, env.local_world_size});
+  TrainShape shape{I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
+                   I.o.matmul_dtype, env.world_size, env.local_world_size};
+  shape.tp = I.pc.mesh.tp;  // the worst rank's share under tp and pp
+  shape.pp = ppc.pp;
+  shape.micro_batches = I.o.grad_accum;
+  shape.pp_schedule = ppc.schedule;
+  shape.sequence_parallel = I.tp && I.tp->sequence_parallel();
+  check_memory_before_start(cfg, *I.model, shape);
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
   parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "autograd/graph.h"
@@ -274,8 +275,9 @@ std::vector<float> gathered_grads(nn::GPT& model, PipelineParallel& pipe, Mesh& 
   auto params = model.parameters();
   std::vector<float> g;
   for (size_t k = 0; k < params.size(); ++k) {
-    const Tensor& t = params[k]->grad;
-    for (int64_t i = 0; i < t.numel(); ++i) g.push_back(pipe.owners()[k] == pipe.stage_rank() ? t.f32()[i] : 0.f);
+    const Tensor& t = params[k]->grad;  // undefined on the other stages
+    const bool mine = pipe.owners()[k] == pipe.stage_rank();
+    for (int64_t i = 0; i < shape_numel(params[k]->shape); ++i) g.push_back(mine ? t.f32()[i] : 0.f);
   }
   Tensor all = Tensor::from_vector(g, {int64_t(g.size())});
   mesh.axis("pp")->all_reduce(all);
@@ -317,22 +319,37 @@ void run_rank(const PJob& j, comm::Communicator* world) {
     if (s == kSteps - 1) rec.grads10 = gathered_grads(model, pipe, mesh);
     pipe.step({1.f, clip_coefficient(pipe.grad_norm(), 0.5f)});
   }
-  // Between steps a stage holds only its own parameters and gradients: the others' are zero and
-  // their pages released.
+  // A stage allocates only its own parameters, gradients and optimizer state: the model's flat
+  // buffers hold exactly the owned parameters (each aligned to 16 floats, as Module lays them
+  // out), the others have no storage, and AdamW's two moments cover the owned ones only.
+  auto aligned = [](int64_t n) { return (n + 15) / 16 * 16; };
+  std::set<nn::Parameter*> mine(pipe.owned().begin(), pipe.owned().end());
   int64_t owned = 0;
-  for (nn::Parameter* q : pipe.owned()) owned += q->value.numel();
-  auto nonzero = [](const Tensor& t) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) n += t.f32()[i] != 0.f;
-    return n;
-  };
-  ATOLL_CHECK(nonzero(model.flat_values()) <= owned && nonzero(model.flat_grads()) <= owned,
-              "rank {}: {} weights and {} gradients are nonzero, but the rank owns {} of {}", world->rank(),
-              nonzero(model.flat_values()), nonzero(model.flat_grads()), owned, model.flat_values().numel());
-  ATOLL_CHECK(owned < model.flat_values().numel(), "rank {} owns every parameter", world->rank());
+  for (nn::Parameter* q : model.parameters()) {
+    if (mine.count(q)) owned += aligned(q->value.numel());
+    else ATOLL_CHECK(!q->value.defined() && !q->grad.defined(), "rank {} holds {} of another stage", world->rank(), q->name);
+  }
+  ATOLL_CHECK(model.flat_values().numel() == owned && model.flat_grads().numel() == owned,
+              "rank {}: flat buffers of {} and {} floats, owned parameters {}", world->rank(),
+              model.flat_values().numel(), model.flat_grads().numel(), owned);
+  std::vector<std::pair<std::string, Tensor>> opt_mine;
+  pipe.optimizer().save_state(opt_mine, "");
+  int64_t opt_floats = 0;
+  for (auto& [n, t] : opt_mine)
+    if (t.dtype() == DType::f32) opt_floats += t.numel();
+  test::write_floats(j.out + ".mem." + std::to_string(world->rank()),
+                     {float(model.flat_values().numel()), float(model.flat_grads().numel()), float(opt_floats)});
   std::vector<std::pair<std::string, Tensor>> msd, osd;
-  pipe.full_state(msd, osd);
-  for (auto& [n, t] : msd) rec.params.insert(rec.params.end(), t.f32(), t.f32() + t.numel());
+  pipe.full_state(msd, osd);  // the whole model on rank 0 only
+  pipe.sync_full_model();
+  rec.params = flat_params(model);
+  if (world->rank() == 0) {
+    std::vector<float> saved;
+    for (auto& [n, t] : msd) saved.insert(saved.end(), t.f32(), t.f32() + t.numel());
+    ATOLL_CHECK(saved == rec.params, "the gathered checkpoint differs from the synced model");
+  } else {
+    ATOLL_CHECK(msd.empty() && osd.empty(), "rank {} got a checkpoint's state", world->rank());
+  }
   const int r = world->rank();
   if (r == 0) {  // the checkpoint a trainer would write: model and optimizer under one-rank names
     auto all = msd;
@@ -360,6 +377,16 @@ double worst_param_rel(nn::GPT& model, const std::vector<float>& a, const std::v
   return worst;
 }
 
+// Each rank's allocation (floats of its flat values, flat gradients, optimizer state), which
+// differs by rank, as "mem<r>" (when the rank wrote it); the files are removed.
+void take_memory(const std::string& tag, int world, std::map<std::string, std::vector<float>>& res) {
+  for (int r = 0; r < world; ++r) {
+    std::string f = tag + ".mem." + std::to_string(r);
+    if (std::ifstream(f).good() && !res.empty()) res["mem" + std::to_string(r)] = test::read_floats(f);
+    std::remove(f.c_str());
+  }
+}
+
 std::map<std::string, std::vector<float>> run_pipeline(PJob j) {
   static int serial = 0;
   std::string tag = fmt::format("/tmp/atoll_pp_{}_{}", getpid(), serial++);
@@ -368,6 +395,7 @@ std::map<std::string, std::vector<float>> run_pipeline(PJob j) {
                                            {"ATOLL_PP_JOB=" + j.encode(), "GTEST_ALSO_RUN_DISABLED_TESTS=1"}, tag, 60);
   auto res = test::collect_kinds(tag, codes, {"losses", "grads1", "grads10", "params9", "params"}, "pipeline " + j.encode());
   std::remove((tag + ".ckpt").c_str());
+  take_memory(tag, j.world, res);
   return res;
 }
 
@@ -430,6 +458,38 @@ TEST(Pipeline, EveryScheduleOnTwoStagesMatchesOneRankAndInterleavedAndZbMatchGpi
   }
 }
 
+// Per-rank memory at pp = 2 on 4 blocks (d = 32, vocabulary 64, tied head): each rank's flat
+// values, gradients and AdamW moments are its stage's alone (the rank program checks they are
+// exactly its parameters, 16-float aligned). Stage 0 holds 2 blocks and the embeddings (4.8% of
+// the model), stage 1 holds 2 blocks, the final norm and the tied head's copy of the embeddings
+// (4.9%), so each is 0.52 of one rank's bytes (bound 0.55), and together they hold the model once
+// plus that copy.
+TEST(Pipeline, EachStageAllocatesOnlyItsOwnParametersGradientsAndOptimizerState) {
+  PJob j;
+  auto got = expect_matches_one_rank(j, reference(j));
+  ASSERT_FALSE(got.empty());
+  nn::GPT one(model_config(j));
+  const double full = double(one.flat_values().numel());
+  // The tied head's copy on the last stage is the whole lower root: token and position tables.
+  const double tied = double(one.find("transformer.wte.weight")->value.numel() +
+                             one.find("transformer.wpe.weight")->value.numel());
+  double sum = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float>& m = got["mem" + std::to_string(r)];
+    ASSERT_EQ(m.size(), 3u) << "rank " << r;
+    const double share = double(m[0]) / full;
+    std::printf("[pipeline memory] pp rank %d: %.0f parameter floats (%.3f of one rank's %.0f), %.0f gradient "
+                "floats, %.0f optimizer-state floats (one rank: %.0f)\n",
+                r, double(m[0]), share, full, double(m[1]), double(m[2]), 2 * full);
+    EXPECT_LE(share, 0.55) << "rank " << r;
+    EXPECT_EQ(m[1], m[0]) << "rank " << r;     // gradients: as many as the parameters
+    EXPECT_LE(m[2], 2.0 * m[0]) << "rank " << r;  // AdamW: two moments of the owned parameters (unaligned)
+    EXPECT_GE(m[2], 2.0 * m[0] - 2.0 * 16 * double(one.parameters().size())) << "rank " << r;
+    sum += double(m[0]);
+  }
+  EXPECT_EQ(sum, full + tied);
+}
+
 TEST(Pipeline, UnevenStagesMatchOneRank) {
   PJob j;
   j.n_layer = 3;  // 2 + 1 blocks
@@ -457,6 +517,7 @@ TEST(Pipeline, APipelineCheckpointLoadsAtOneRank) {
   auto codes = test::run_rank_programs(j.world, "DISABLED_Pipeline.RankProgram",
                                            {"ATOLL_PP_JOB=" + j.encode(), "GTEST_ALSO_RUN_DISABLED_TESTS=1"}, tag, 60);
   auto got = test::collect_kinds(tag, codes, {"params"}, "pipeline checkpoint");
+  take_memory(tag, j.world, got);
   ASSERT_FALSE(got.empty());
   TensorFile f = load_safetensors(tag + ".ckpt");
   std::remove((tag + ".ckpt").c_str());
