@@ -163,7 +163,8 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp) return TaskEnv{int(mesh->coord("dp_replicate")), int(pc.mesh.dp_replicate), comm.get(), rank};
+    if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
+                           comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
@@ -373,23 +374,25 @@ TrainResult Trainer::run(bool resume) {
         }
         loss_sum = I.pipe->forward_backward(ins, tgts) * double(o.grad_accum);
       }
+      const bool tp_first = I.tp && I.tp->sums_before(*I.dp);  // tp x ZeRO-2 (tensor_parallel.h)
       for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
         const Batch& batch = I.task->next_batch();
-        I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
+        I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
         backward(loss, 1.f / float(o.grad_accum));
       }
       if (I.sig) I.sig->backward_done();
+      if (tp_first) I.tp->finish_backward();
       I.dp->finish_backward();
-      if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
+      if (I.tp && !tp_first) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
       return loss_sum / double(o.grad_accum);
     };
     double loss = 0, norm = 0;
     float lr_scale = 0;
     double opt_s = 0;
     auto apply = [&] {
-      norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
+      norm = I.tp ? I.tp->grad_norm(*I.dp) : I.dp->grad_norm();
       if (!std::isfinite(loss) || !std::isfinite(norm)) {
         fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
              step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
