@@ -13,6 +13,7 @@
 #include "autograd/graph.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/adamw.h"
+#include "parallel/tensor_parallel.h"
 
 namespace atl::parallel {
 
@@ -153,8 +154,9 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   check_pipeline_layout(model, pc, micro_batches);
   const MeshShape& ms = mesh.shape();
   ATOLL_CHECK(ms.pp == pc.pp && pc.pp > 1, "pipeline of {} stages on a mesh with pp = {}", pc.pp, ms.pp);
-  ATOLL_CHECK(ms.tp == 1 && ms.cp == 1 && ms.ep == 1 && ms.island == 1,
-              "parallel.pp = {} composes with data parallelism only in this build (mesh {})", pc.pp, ms.describe());
+  ATOLL_CHECK(ms.cp == 1 && ms.ep == 1 && ms.island == 1,
+              "parallel.pp = {} composes with data and tensor parallelism only in this build (mesh {})", pc.pp,
+              ms.describe());
   ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
               "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
               ms.dp_replicate, ms.dp_shard);
@@ -274,7 +276,8 @@ void PipelineParallel::bind_unowned() {
 PipelineParallel::~PipelineParallel() = default;
 
 std::string PipelineParallel::name() const {
-  return fmt::format("pipeline {} (pp = {}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
+  return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
+                     tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
                      dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
 }
 
@@ -301,6 +304,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
     InFlight& f = inflight[{a.mb, a.chunk}];
     double t0 = now_s();
     if (a.op == PipeOp::forward) {
+      stages_->stage_begin(inputs[size_t(a.mb)].shape());
       Tensor x;
       if (s == 0) {
         TapeScope scope(f.tape);
@@ -383,9 +387,15 @@ void PipelineParallel::finish_backward() {
   }
 }
 
+void PipelineParallel::set_tensor_parallel(TensorParallel* tp) { tp_ = tp; }
+
 double PipelineParallel::grad_norm() {
-  double sq = 0;
-  for (nn::Parameter* q : norm_params_) sq += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+  // Under tp the stage's sharded parameters add up over its tp group; replicated ones (equal on
+  // the group's ranks after TensorParallel::finish_backward) count once.
+  double sq = 0, sharded = 0;
+  for (nn::Parameter* q : norm_params_)
+    (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+  if (tp_) sq += tp_->sum(sharded);
   // Every stage's squared norm, summed in double on every rank (so all ranks agree bit for bit).
   Tensor mine = split_double(sq), all = Tensor::empty({2 * int64_t(p_)});
   pp_comm_->all_gather(mine, all);

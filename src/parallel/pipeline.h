@@ -38,6 +38,8 @@
 
 namespace atl::parallel {
 
+class TensorParallel;
+
 struct PipelineConfig {
   int64_t pp = 1;
   std::string schedule = "1f1b";  // parallel.pp_schedule
@@ -73,6 +75,9 @@ class PipelineParallel final : public DataParallel {
   ~PipelineParallel() override;
   std::string name() const override;
 
+  // Under tensor parallelism (a mesh with tp > 1, the model being this rank's shard): the context,
+  // for the gradient norm. The caller runs TensorParallel::finish_backward after finish_backward.
+  void set_tensor_parallel(TensorParallel* tp);
   // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   void zero_grad() override;
@@ -115,6 +120,7 @@ class PipelineParallel final : public DataParallel {
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
   bool zero1_ = false, stale_ = false, full_resident_ = false;
+  TensorParallel* tp_ = nullptr;
   void release_unowned();
   void bind_unowned();
   std::vector<nn::Parameter*> unowned();

@@ -133,21 +133,23 @@ TpCollectiveTimes TensorParallel::time_collectives() {
 
 void TensorParallel::finish_backward() {
   if (!comm_) return;
+  // (A pipeline stage holds only its own parameters: the others have no gradient here.)
+  auto partial = [](const ParamInfo& pi) { return pi.partial && pi.p->grad.defined(); };
   int64_t n = 0;
   for (auto& pi : params_)
-    if (pi.partial) n += pi.p->grad.numel();
+    if (partial(pi)) n += pi.p->grad.numel();
   if (n == 0) return;
   Tensor buf = Tensor::empty({n});
   int64_t o = 0;
   for (auto& pi : params_)
-    if (pi.partial) {
+    if (partial(pi)) {
       buf.slice(0, o, o + pi.p->grad.numel()).copy_from(pi.p->grad.contiguous().flatten());
       o += pi.p->grad.numel();
     }
   comm_->all_reduce(buf);
   o = 0;
   for (auto& pi : params_)
-    if (pi.partial) {
+    if (partial(pi)) {
       pi.p->grad.copy_from(buf.slice(0, o, o + pi.p->grad.numel()).view(pi.p->grad.shape()));
       o += pi.p->grad.numel();
     }
@@ -164,6 +166,14 @@ double TensorParallel::grad_norm() {
   if (comm_) sharded = sum_double(comm_, sharded);
   return std::sqrt(sharded + replicated);
 }
+
+bool TensorParallel::sharded(const nn::Parameter* p) const {
+  for (auto& pi : params_)
+    if (pi.p == p) return pi.rule.sharded();
+  return false;
+}
+
+double TensorParallel::sum(double x) { return comm_ ? sum_double(comm_, x) : x; }
 
 bool TensorParallel::sums_before(const DataParallel& dp) const {
   const Zero* z = dynamic_cast<const Zero*>(&dp);

@@ -97,6 +97,10 @@ class TensorParallel final : public nn::TensorParallelContext {
   // The reverse: the whole model's state -> this rank's pieces.
   void local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state);
 
+  // Whether this parameter of the shard is split over the group (else replicated), and a double
+  // summed over the group (the same bits on every rank): for norms taken elsewhere (pipeline.h).
+  bool sharded(const nn::Parameter* p) const;
+  double sum(double x);
   // True on every rank of the group when it is true on any (a stop request, say).
   bool any(bool mine);
 
