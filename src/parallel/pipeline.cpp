@@ -387,7 +387,13 @@ void PipelineParallel::finish_backward() {
   }
 }
 
-void PipelineParallel::set_tensor_parallel(TensorParallel* tp) { tp_ = tp; }
+void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
+  // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
+  // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
+  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = 'zero1' with parallel.pp = {} and parallel.tp = "
+              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", p_, tp->size());
+  tp_ = tp;
+}
 
 double PipelineParallel::grad_norm() {
   // Under tp the stage's sharded parameters add up over its tp group; replicated ones (equal on
@@ -438,9 +444,14 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
     for (size_t k = 0; k < params.size(); ++k)
       if (owner_pp_[k] == r_) mine_model.emplace_back(params[k]->name, params[k]->value);
   opt_->save_state(mine_opt, "");
+  // Under tp a stage's tp group gathers its shards into whole tensors first (collective over the
+  // group: its ranks own the same parameters), and only its tp rank 0 sends them.
+  const bool sender = !tp_ || tp_->rank() == 0;
+  if (tp_) tp_->full_state(mine_model, mine_opt);
   model_sd.clear();
   opt_state.clear();
   if (rank() != 0) {
+    if (!sender) mine_model.clear(), mine_opt.clear();
     send_named(*world_p2p_, mine_model, 0);
     send_named(*world_p2p_, mine_opt, 0);
     return;

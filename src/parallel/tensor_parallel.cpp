@@ -9,6 +9,7 @@
 #include "kernels/cpu/kernels.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline.h"
 #include "parallel/zero.h"
 
 namespace atl::parallel {
@@ -180,7 +181,8 @@ bool TensorParallel::sums_before(const DataParallel& dp) const {
   return comm_ && z && z->stage() == 2 && dp.world() > 1;
 }
 
-double TensorParallel::grad_norm(const DataParallel& dp) {
+double TensorParallel::grad_norm(DataParallel& dp) {
+  if (auto* pipe = dynamic_cast<PipelineParallel*>(&dp)) return pipe->grad_norm();
   const Zero* z = dynamic_cast<const Zero*>(&dp);
   if (!z || z->stage() < 2 || dp.world() == 1) return grad_norm();
   const auto ranges = z->reduced_grad_ranges();

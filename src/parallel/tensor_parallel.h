@@ -88,7 +88,7 @@ class TensorParallel final : public nn::TensorParallelContext {
   double grad_norm();
   // The same over data parallelism dp: under ZeRO-2 each dp rank holds its chunks of the reduced
   // gradient only, so their squares are summed over dp first; otherwise grad_norm().
-  double grad_norm(const DataParallel& dp);
+  double grad_norm(DataParallel& dp);  // (a pipeline's own norm, which counts tp, under pp)
   // Model and optimizer state of this rank (names as the model/optimizer give them) -> the whole
   // model's (collective over the group). Optimizer entries named "<param>.<what>" with the
   // parameter's local shape are gathered like the parameter; others are kept as they are.

@@ -136,7 +136,7 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
-    if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
+    if (tp && !pipe) tp->full_state(ck.model, ck.optimizer);  // the whole model (a pipeline gathers tp itself)
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
@@ -244,6 +244,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                 ppc.pp);
     auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.comm.get(), *I.mesh, ppc, I.o.grad_accum,
                                                              I.pc.strategy, placement.adamw);
+    if (I.tp) pipe->set_tensor_parallel(I.tp.get());  // pp x tp: stages of this rank's tp shard
     I.pipe = pipe.get();
     I.dp = std::move(pipe);
     // Stages of one pipeline share data ranks: rank 0 prepares the data before the others look.
