@@ -438,11 +438,12 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
   // rank's optimizer state (its stages', its dp shard); the other ranks return nothing and never
   // hold the whole model. The tied copy and the step counter arrive more than once, equal, and
   // are kept once.
-  std::vector<std::pair<std::string, Tensor>> mine_model, mine_opt;
+  std::vector<std::pair<std::string, Tensor>> mine_model, mine_opt;  // model: under file names
   auto params = model_.parameters();
+  const nn::StateDictAdapter& a = model_.state_dict_adapter();
   if (!dp_comm_ || dp_comm_->rank() == 0)
     for (size_t k = 0; k < params.size(); ++k)
-      if (owner_pp_[k] == r_) mine_model.emplace_back(params[k]->name, params[k]->value);
+      if (owner_pp_[k] == r_) mine_model.emplace_back(a.to_file(params[k]->name), params[k]->value);
   opt_->save_state(mine_opt, "");
   // Under tp a stage's tp group gathers its shards into whole tensors first (collective over the
   // group: its ranks own the same parameters), and only its tp rank 0 sends them.
@@ -468,11 +469,10 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
     auto m = recv_named(*world_p2p_, src);
     merge(std::move(m), recv_named(*world_p2p_, src));
   }
-  const nn::StateDictAdapter& a = model_.state_dict_adapter();
   for (nn::Parameter* q : params) {
-    auto it = weights.find(q->name);
+    auto it = weights.find(a.to_file(q->name));
     ATOLL_CHECK(it != weights.end(), "pipeline checkpoint: no stage sent {}", q->name);
-    model_sd.emplace_back(a.to_file(q->name), it->second);
+    model_sd.emplace_back(it->first, it->second);
   }
 }
 
