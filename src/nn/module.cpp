@@ -59,21 +59,35 @@ std::vector<ParamRef> Module::param_refs() {
 }
 
 void Module::materialize() {
+  retain_parameters([](const Parameter&) { return true; });
+}
+
+void Module::retain_parameters(const std::function<bool(const Parameter&)>& keep) {
   auto ps = parameters();
   // Each parameter starts on a 64-byte boundary so kernels see aligned rows.
   auto align = [](int64_t n) { return (n + 15) / 16 * 16; };
   int64_t total = 0;
-  for (Parameter* p : ps) total += align(shape_numel(p->shape));
-  flat_values_ = Tensor::zeros({total});
-  flat_grads_ = Tensor::zeros({total});
+  for (Parameter* p : ps)
+    if (keep(*p)) total += align(shape_numel(p->shape));
+  Tensor values = Tensor::zeros({total}), grads = Tensor::zeros({total});
   int64_t off = 0;
   for (Parameter* p : ps) {
+    if (!keep(*p)) {
+      p->value = Tensor();
+      p->grad = Tensor();
+      continue;
+    }
     int64_t n = shape_numel(p->shape);
-    p->value = flat_values_.slice(0, off, off + n).view(p->shape);
-    p->grad = flat_grads_.slice(0, off, off + n).view(p->shape);
+    Tensor v = values.slice(0, off, off + n).view(p->shape), g = grads.slice(0, off, off + n).view(p->shape);
+    if (p->value.defined()) v.copy_from(p->value);
+    if (p->grad.defined()) g.copy_from(p->grad);
+    p->value = v;
+    p->grad = g;
     set_requires_grad(p->value, true, p->name, p->grad);
     off += align(n);
   }
+  flat_values_ = values;
+  flat_grads_ = grads;
 }
 
 }  // namespace atl::nn

@@ -5,6 +5,7 @@
 // one flat buffer and all gradients in another, each parameter a view into them. The optimizer,
 // gradient clipping and DDP's buckets then work on large contiguous ranges.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ class Module {
   const Tensor& flat_values() const { return flat_values_; }
   const Tensor& flat_grads() const { return flat_grads_; }
   void zero_grad() { flat_grads_.zero(); }
+  // Reallocates the flat buffers with only the parameters `keep` accepts (their values and
+  // gradients copied, in the same order and alignment); the others lose their storage (value and
+  // gradient undefined). A pipeline stage keeps its own parameters (parallel/pipeline.h). Views
+  // taken of the old buffers (an optimizer's) keep the old storage: call it before making them.
+  void retain_parameters(const std::function<bool(const Parameter&)>& keep);
 
  protected:
   explicit Module(std::string prefix) : prefix_(std::move(prefix)) {}

@@ -13,6 +13,10 @@ namespace atl::nn {
 class PipelineStages {
  public:
   virtual ~PipelineStages() = default;
+  // Called on every stage before its forward of a micro-batch with this input shape (a
+  // tensor-parallel shard starts its context's forward there: every stage's collectives need the
+  // batch's B and T).
+  virtual void stage_begin(const Shape& input) const {}
   // The model's input -> the first block's input (embeddings), recording the graph.
   virtual Tensor stage_input(const Tensor& input) const = 0;
   // Blocks [first, last) over hidden states x.

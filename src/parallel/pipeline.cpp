@@ -13,7 +13,7 @@
 #include "autograd/graph.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/adamw.h"
-#include "parallel/page_release.h"
+#include "parallel/tensor_parallel.h"
 
 namespace atl::parallel {
 
@@ -154,8 +154,9 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   check_pipeline_layout(model, pc, micro_batches);
   const MeshShape& ms = mesh.shape();
   ATOLL_CHECK(ms.pp == pc.pp && pc.pp > 1, "pipeline of {} stages on a mesh with pp = {}", pc.pp, ms.pp);
-  ATOLL_CHECK(ms.tp == 1 && ms.cp == 1 && ms.ep == 1 && ms.island == 1,
-              "parallel.pp = {} composes with data parallelism only in this build (mesh {})", pc.pp, ms.describe());
+  ATOLL_CHECK(ms.cp == 1 && ms.ep == 1 && ms.island == 1,
+              "parallel.pp = {} composes with data and tensor parallelism only in this build (mesh {})", pc.pp,
+              ms.describe());
   ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
               "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
               ms.dp_replicate, ms.dp_shard);
@@ -241,32 +242,42 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
     for (size_t i = 0; i < owned_.size(); ++i)
       if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
   }
+  // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
+  // them: the other stages' parameters, gradients and optimizer state are never held here.
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
   std::vector<ParamRef> refs;
   for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
   opt_ = std::make_unique<AdamW>(std::move(refs), ac);
-  release_unowned();
+  stale_ = true;
 }
 
 void PipelineParallel::release_unowned() {
-  // Parameters of other stages: values and gradients zeroed and their pages given back (they read
-  // as zeros and cost no memory until sync_full_model writes them).
-  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
-  const float *v0 = model_.flat_values().f32(), *g0 = model_.flat_grads().f32();
-  for (nn::Parameter* q : model_.parameters()) {
-    if (mine.count(q)) continue;
-    int64_t off = q->value.f32() - v0, n = q->value.numel();
-    release_range(const_cast<float*>(v0), off, off + n);
-    int64_t goff = q->grad.f32() - g0;
-    release_range(const_cast<float*>(g0), goff, goff + n);
-  }
+  // The other stages' values, bound by bind_unowned for an evaluation, a sample or a load, go.
+  for (nn::Parameter* q : unowned()) q->value = Tensor();
   full_resident_ = false;
   stale_ = true;
+}
+
+std::vector<nn::Parameter*> PipelineParallel::unowned() {
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  std::vector<nn::Parameter*> out;
+  for (nn::Parameter* q : model_.parameters())
+    if (!mine.count(q)) out.push_back(q);
+  return out;
+}
+
+void PipelineParallel::bind_unowned() {
+  // Values only, outside the flat buffers and without gradients: what evaluation and sampling read.
+  for (nn::Parameter* q : unowned())
+    if (!q->value.defined()) q->value = Tensor::zeros(q->shape);
 }
 
 PipelineParallel::~PipelineParallel() = default;
 
 std::string PipelineParallel::name() const {
-  return fmt::format("pipeline {} (pp = {}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
+  return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
+                     tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
                      dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
 }
 
@@ -293,6 +304,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
     InFlight& f = inflight[{a.mb, a.chunk}];
     double t0 = now_s();
     if (a.op == PipeOp::forward) {
+      stages_->stage_begin(inputs[size_t(a.mb)].shape());
       Tensor x;
       if (s == 0) {
         TapeScope scope(f.tape);
@@ -375,9 +387,21 @@ void PipelineParallel::finish_backward() {
   }
 }
 
+void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
+  // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
+  // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
+  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = 'zero1' with parallel.pp = {} and parallel.tp = "
+              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", p_, tp->size());
+  tp_ = tp;
+}
+
 double PipelineParallel::grad_norm() {
-  double sq = 0;
-  for (nn::Parameter* q : norm_params_) sq += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+  // Under tp the stage's sharded parameters add up over its tp group; replicated ones (equal on
+  // the group's ranks after TensorParallel::finish_backward) count once.
+  double sq = 0, sharded = 0;
+  for (nn::Parameter* q : norm_params_)
+    (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+  if (tp_) sq += tp_->sum(sharded);
   // Every stage's squared norm, summed in double on every rank (so all ranks agree bit for bit).
   Tensor mine = split_double(sq), all = Tensor::empty({2 * int64_t(p_)});
   pp_comm_->all_gather(mine, all);
@@ -397,21 +421,12 @@ void PipelineParallel::step(const StepContext& ctx) {
 }
 
 void PipelineParallel::sync_full_model() {
-  // Runs of parameters that are contiguous in the flat buffer and have one owner go as one broadcast.
-  const Tensor& flat = model_.flat_values();
-  auto params = model_.parameters();
+  bind_unowned();
+  // Every parameter from its owner, in the model's order on every rank (the tied copy on the last
+  // stage is overwritten with the same bits).
   std::vector<comm::WorkPtr> ws;
-  size_t i = 0;
-  while (i < params.size()) {
-    int64_t off = params[i]->value.f32() - flat.f32(), len = params[i]->value.numel();
-    size_t j = i + 1;
-    while (j < params.size() && owner_pp_[j] == owner_pp_[i] && params[j]->value.f32() == flat.f32() + off + len) {
-      len += params[j]->value.numel();
-      ++j;
-    }
-    ws.push_back(pp_comm_->broadcast_async(flat.slice(0, off, off + len), owner_pp_[i]));
-    i = j;
-  }
+  auto params = model_.parameters();
+  for (size_t k = 0; k < params.size(); ++k) ws.push_back(pp_comm_->broadcast_async(params[k]->value, owner_pp_[k]));
   for (auto& w : ws) w->wait();
   stale_ = false;
   full_resident_ = true;
@@ -419,28 +434,51 @@ void PipelineParallel::sync_full_model() {
 
 void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                                   std::vector<std::pair<std::string, Tensor>>& opt_state) {
-  if (stale_) sync_full_model();
-  model_sd = model_.state_dict();
-  // Each rank's optimizer state (its stages', its dp shard) gathered on rank 0; the tied copy and
-  // the step counter arrive more than once, equal, and are kept once.
-  std::vector<std::pair<std::string, Tensor>> mine;
-  opt_->save_state(mine, "");
+  // Rank 0 gathers the whole model (each parameter from its stage's first dp rank) and every
+  // rank's optimizer state (its stages', its dp shard); the other ranks return nothing and never
+  // hold the whole model. The tied copy and the step counter arrive more than once, equal, and
+  // are kept once.
+  std::vector<std::pair<std::string, Tensor>> mine_model, mine_opt;  // model: under file names
+  auto params = model_.parameters();
+  const nn::StateDictAdapter& a = model_.state_dict_adapter();
+  if (!dp_comm_ || dp_comm_->rank() == 0)
+    for (size_t k = 0; k < params.size(); ++k)
+      if (owner_pp_[k] == r_) mine_model.emplace_back(a.to_file(params[k]->name), params[k]->value);
+  opt_->save_state(mine_opt, "");
+  // Under tp a stage's tp group gathers its shards into whole tensors first (collective over the
+  // group: its ranks own the same parameters), and only its tp rank 0 sends them.
+  const bool sender = !tp_ || tp_->rank() == 0;
+  if (tp_) tp_->full_state(mine_model, mine_opt);
+  model_sd.clear();
   opt_state.clear();
   if (rank() != 0) {
-    send_named(*world_p2p_, mine, 0);
+    if (!sender) mine_model.clear(), mine_opt.clear();
+    send_named(*world_p2p_, mine_model, 0);
+    send_named(*world_p2p_, mine_opt, 0);
     return;
   }
+  std::map<std::string, Tensor> weights;
   std::set<std::string> have;
-  auto merge = [&](std::vector<std::pair<std::string, Tensor>>&& ts) {
-    for (auto& [n, t] : ts)
+  auto merge = [&](std::vector<std::pair<std::string, Tensor>>&& m, std::vector<std::pair<std::string, Tensor>>&& o) {
+    for (auto& [n, t] : m) weights.emplace(n, t);
+    for (auto& [n, t] : o)
       if (have.insert(n).second) opt_state.emplace_back(n, t);
   };
-  merge(std::move(mine));
-  for (int src = 1; src < world(); ++src) merge(recv_named(*world_p2p_, src));
+  merge(std::move(mine_model), std::move(mine_opt));
+  for (int src = 1; src < world(); ++src) {
+    auto m = recv_named(*world_p2p_, src);
+    merge(std::move(m), recv_named(*world_p2p_, src));
+  }
+  for (nn::Parameter* q : params) {
+    auto it = weights.find(a.to_file(q->name));
+    ATOLL_CHECK(it != weights.end(), "pipeline checkpoint: no stage sent {}", q->name);
+    model_sd.emplace_back(it->first, it->second);
+  }
 }
 
 void PipelineParallel::load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,
                                        const TensorFile& opt_state, const std::string& what) {
+  bind_unowned();  // the whole file is checked; the others' values go with the next step
   model_.load_state_dict(model_sd, what);
   opt_->load_state(opt_state, "");
   stale_ = false;

@@ -19,11 +19,14 @@
 // loss is the mean over micro-batches of each micro-batch's mean loss (backward seeded with 1/m),
 // as one process accumulating m micro-batches computes it.
 //
-// Every rank builds the whole model, then gives back the pages of the other stages' parameters
-// and gradients (page_release.h): it computes, holds and steps only its stages' parameters.
-// sync_full_model() brings every rank's copy up to date (for evaluation, sampling and
-// checkpoints, which hold the full model under its usual names and load under any layout); the
-// next step releases the others' parameters again.
+// Every rank builds and initialises the whole model (so any layout starts from the same weights),
+// then the constructor shrinks the model's flat buffers to its own stages' parameters
+// (Module::retain_parameters): the others' values and gradients are undefined and the optimizer
+// state is made for the rank's own parameters only. Checkpoints gather the full model and
+// optimizer state on rank 0 under their usual names (they load under any layout).
+// sync_full_model() gives every rank the whole model's values for a while (for evaluation and
+// sampling, which run the model in one process; a load binds them too): the other stages' values
+// are allocated outside the flat buffers, without gradients, and freed by the next step.
 #pragma once
 #include <memory>
 #include <string>
@@ -34,6 +37,8 @@
 #include "parallel/pipeline_schedule.h"
 
 namespace atl::parallel {
+
+class TensorParallel;
 
 struct PipelineConfig {
   int64_t pp = 1;
@@ -70,6 +75,9 @@ class PipelineParallel final : public DataParallel {
   ~PipelineParallel() override;
   std::string name() const override;
 
+  // Under tensor parallelism (a mesh with tp > 1, the model being this rank's shard): the context,
+  // for the gradient norm. The caller runs TensorParallel::finish_backward after finish_backward.
+  void set_tensor_parallel(TensorParallel* tp);
   // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   void zero_grad() override;
@@ -80,7 +88,8 @@ class PipelineParallel final : public DataParallel {
                   std::vector<std::pair<std::string, Tensor>>& opt_state) override;
   void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd, const TensorFile& opt_state,
                        const std::string& what) override;
-  // Collective over the world: every parameter copied from the stage (and dp rank) that owns it.
+  // Collective over the pp axis: every parameter's value copied from the stage that owns it (the
+  // others' allocated until the next step).
   void sync_full_model();
 
   int stage_rank() const { return r_; }
@@ -111,7 +120,10 @@ class PipelineParallel final : public DataParallel {
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
   bool zero1_ = false, stale_ = false, full_resident_ = false;
+  TensorParallel* tp_ = nullptr;
   void release_unowned();
+  void bind_unowned();
+  std::vector<nn::Parameter*> unowned();
   uint64_t steps_run_ = 0;
   std::vector<ActionSpan> spans_;
 };

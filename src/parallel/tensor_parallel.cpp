@@ -6,7 +6,11 @@
 
 #include "autograd/graph.h"
 #include "core/log.h"
+#include "kernels/cpu/kernels.h"
+#include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline.h"
+#include "parallel/zero.h"
 
 namespace atl::parallel {
 
@@ -65,8 +69,10 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
   const bool sp = cfg.get_bool("parallel.sequence_parallel", true);
   const int64_t tp = mesh.shape().tp;
   if (tp == 1) return nullptr;
-  ATOLL_CHECK(strategy == "ddp", "parallel.tp = {} composes with parallel.strategy = 'ddp' (over dp_replicate) in "
-              "this build, not '{}'", tp, strategy);
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
+              "parallel.tp = {} composes with parallel.strategy = 'ddp', 'zero1' or 'zero2' over the data-parallel "
+              "axis in this build, not '{}' (ZeRO-3/HSDP would gather tp shards per unit: not implemented)", tp,
+              strategy);
   std::string opt = cfg.get_string("optim.type", "adamw");
   ATOLL_CHECK(opt == "adamw" || opt == "adams" || opt == "lion",
               "parallel.tp = {}: optim.type = '{}' works on whole matrices, which tensor parallelism splits over "
@@ -81,7 +87,9 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
   return ctx;
 }
 
-comm::Communicator* data_parallel_comm(Mesh& mesh) { return mesh.axis("dp_replicate"); }
+comm::Communicator* data_parallel_comm(Mesh& mesh) {
+  return mesh.axis(mesh.shape().dp_shard > 1 ? "dp_shard" : "dp_replicate");
+}
 
 void TensorParallel::begin_forward(int64_t B, int64_t T) const {
   B_ = B;
@@ -126,21 +134,23 @@ TpCollectiveTimes TensorParallel::time_collectives() {
 
 void TensorParallel::finish_backward() {
   if (!comm_) return;
+  // (A pipeline stage holds only its own parameters: the others have no gradient here.)
+  auto partial = [](const ParamInfo& pi) { return pi.partial && pi.p->grad.defined(); };
   int64_t n = 0;
   for (auto& pi : params_)
-    if (pi.partial) n += pi.p->grad.numel();
+    if (partial(pi)) n += pi.p->grad.numel();
   if (n == 0) return;
   Tensor buf = Tensor::empty({n});
   int64_t o = 0;
   for (auto& pi : params_)
-    if (pi.partial) {
+    if (partial(pi)) {
       buf.slice(0, o, o + pi.p->grad.numel()).copy_from(pi.p->grad.contiguous().flatten());
       o += pi.p->grad.numel();
     }
   comm_->all_reduce(buf);
   o = 0;
   for (auto& pi : params_)
-    if (pi.partial) {
+    if (partial(pi)) {
       pi.p->grad.copy_from(buf.slice(0, o, o + pi.p->grad.numel()).view(pi.p->grad.shape()));
       o += pi.p->grad.numel();
     }
@@ -156,6 +166,40 @@ double TensorParallel::grad_norm() {
   }
   if (comm_) sharded = sum_double(comm_, sharded);
   return std::sqrt(sharded + replicated);
+}
+
+bool TensorParallel::sharded(const nn::Parameter* p) const {
+  for (auto& pi : params_)
+    if (pi.p == p) return pi.rule.sharded();
+  return false;
+}
+
+double TensorParallel::sum(double x) { return comm_ ? sum_double(comm_, x) : x; }
+
+bool TensorParallel::sums_before(const DataParallel& dp) const {
+  const Zero* z = dynamic_cast<const Zero*>(&dp);
+  return comm_ && z && z->stage() == 2 && dp.world() > 1;
+}
+
+double TensorParallel::grad_norm(DataParallel& dp) {
+  if (auto* pipe = dynamic_cast<PipelineParallel*>(&dp)) return pipe->grad_norm();
+  const Zero* z = dynamic_cast<const Zero*>(&dp);
+  if (!z || z->stage() < 2 || dp.world() == 1) return grad_norm();
+  const auto ranges = z->reduced_grad_ranges();
+  const float* g0 = model_->flat_grads().f32();
+  double sharded = 0, replicated = 0;
+  for (auto& pi : params_) {
+    const int64_t lo = pi.p->grad.f32() - g0, hi = lo + pi.p->grad.numel();
+    double s = 0;
+    for (auto [a, b] : ranges)
+      if (std::max(a, lo) < std::min(b, hi)) s += cpu::sum_squares(g0 + std::max(a, lo), std::min(b, hi) - std::max(a, lo));
+    (pi.rule.sharded() ? sharded : replicated) += s;
+  }
+  // Over dp: the chunks make up each parameter once. Over tp: the sharded parts add up; the
+  // replicated ones are the same parameters on every tp rank (their sums equal up to the order of
+  // the chunks), counted once as their mean so that every rank gets the same bits.
+  const double total = sum_double(dp.comm(), sharded) + sum_double(dp.comm(), replicated) / double(size_);
+  return std::sqrt(comm_ ? sum_double(comm_, total) : total);
 }
 
 bool TensorParallel::any(bool mine) {

@@ -28,6 +28,7 @@
 namespace atl::parallel {
 
 class Mesh;
+class DataParallel;
 
 // Time the tp collectives took, for the benchmark: wait_s is what the compute thread spent
 // blocked in wait(); standalone_s (from time_collectives) the same collectives run on their own.
@@ -74,10 +75,20 @@ class TensorParallel final : public nn::TensorParallelContext {
 
   // ---- training ----
   // After the data-parallel finish_backward: sums partial gradients of replicated parameters.
+  // Under ZeRO-2 (sums_before(dp)) before it instead, with the backward run unsynchronised
+  // (dp.set_sync(false)) so that the reduce-scatter starts after it: ZeRO-2 keeps only this
+  // rank's chunks of each bucket, and the tp ranks' chunks need not cover the same elements of a
+  // replicated parameter (an uneven split of the vocabulary or the MLP changes bucket sizes and
+  // so the chunk boundaries), so the tp sum must see whole gradients. The cost: ZeRO-2's
+  // reductions do not overlap backward under tp.
   void finish_backward();
+  bool sums_before(const DataParallel& dp) const;
   // The whole model's gradient norm: squares of sharded parameters summed over the group,
   // replicated ones counted once (they are equal on every rank after finish_backward).
   double grad_norm();
+  // The same over data parallelism dp: under ZeRO-2 each dp rank holds its chunks of the reduced
+  // gradient only, so their squares are summed over dp first; otherwise grad_norm().
+  double grad_norm(DataParallel& dp);  // (a pipeline's own norm, which counts tp, under pp)
   // Model and optimizer state of this rank (names as the model/optimizer give them) -> the whole
   // model's (collective over the group). Optimizer entries named "<param>.<what>" with the
   // parameter's local shape are gathered like the parameter; others are kept as they are.
@@ -86,6 +97,10 @@ class TensorParallel final : public nn::TensorParallelContext {
   // The reverse: the whole model's state -> this rank's pieces.
   void local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state);
 
+  // Whether this parameter of the shard is split over the group (else replicated), and a double
+  // summed over the group (the same bits on every rank): for norms taken elsewhere (pipeline.h).
+  bool sharded(const nn::Parameter* p) const;
+  double sum(double x);
   // True on every rank of the group when it is true on any (a stop request, say).
   bool any(bool mine);
 
@@ -130,12 +145,13 @@ class TensorParallel final : public nn::TensorParallelContext {
 };
 
 // The trainer's entry: reads parallel.sequence_parallel (default true) and, when the mesh has
-// tp > 1, refuses what does not compose yet (a strategy other than ddp, an optimizer that is not
+// tp > 1, refuses what does not compose yet (a strategy other than ddp, zero1 or zero2, an optimizer that is not
 // elementwise, bf16 matmuls, a micro-batch of `tokens` that sequence parallelism cannot split) and
 // applies TensorParallel::apply. Null when tp = 1.
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
                                                       const std::string& strategy, int64_t tokens);
-// The communicator data parallelism runs over when tp > 1: the mesh's dp_replicate axis.
+// The communicator data parallelism runs over when tp > 1: the mesh's dp_shard axis under ZeRO
+// (when it has more than one rank), else its dp_replicate axis.
 comm::Communicator* data_parallel_comm(Mesh& mesh);
 
 }  // namespace atl::parallel

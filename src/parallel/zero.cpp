@@ -224,6 +224,14 @@ double Zero::grad_norm() {
   return std::sqrt(double(t.f32()[0]) + double(t.f32()[1]));
 }
 
+std::vector<std::pair<int64_t, int64_t>> Zero::reduced_grad_ranges() const {
+  if (stage_ == 1 || shards() == 1) return {{0, model_.flat_grads().numel()}};
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const BucketLayout& L : layout_.buckets)
+    if (L.own.size() > 0) out.push_back({L.own.lo, L.own.hi});
+  return out;
+}
+
 void Zero::zero_grad() {
   if (stage_ < 3 || shards() == 1) return model_.zero_grad();
   // Only the own shards hold anything (reap_reduced gave the rest back); zero them and make sure.

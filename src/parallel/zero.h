@@ -54,6 +54,10 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd, const TensorFile& opt_state,
                        const std::string& what) override;
   int stage() const { return stage_; }
+  // [lo, hi) ranges of the flat gradient buffer that hold this rank's reduced gradients after
+  // finish_backward: its own chunk of every bucket under stages 2 and 3 (the rest is stale), the
+  // whole buffer under stage 1 or on one rank.
+  std::vector<std::pair<int64_t, int64_t>> reduced_grad_ranges() const;
   size_t num_buckets() const { return layout_.buckets.size(); }
 
  private:

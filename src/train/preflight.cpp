@@ -38,13 +38,29 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
     m.norm = t->rms_norm ? "rmsnorm" : "layernorm";
     m.position = t->rope ? "rope" : "learned";
     m.attention = "flash";  // the CPU attention keeps a log-sum-exp per row, not the [T, T] scores
-    params = double(m.total_params());
+    // The worst pipeline stage's parameters: ceil(layers / pp) blocks with the embeddings (the
+    // first) or with the final norm and the head (the last; a tied head keeps its copy of the
+    // table there when pp > 1); each split over tp (norms are replicated, a small overcount).
+    const int64_t pp = std::max<int64_t>(1, s.pp), per_stage = (m.layers + pp - 1) / pp;
+    double blocks = 0;
+    for (int64_t l = 0; l < per_stage; ++l) blocks += double(m.layer_params(l));
+    const double head = m.tied_head ? (pp > 1 ? double(t->vocab) * double(t->hidden) : 0.0) : double(m.head_params());
+    const double first = double(m.embedding_params()) + blocks, last = blocks + double(m.norm_params()) + head;
+    params = pp > 1 ? std::max(first, last) : double(m.total_params());
+    params /= double(std::max<int64_t>(1, s.tp));
     plan::ActivationOptions ao;
     ao.act_bytes = 4;
-    e.activations = double(m.layers) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao);
-    e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(t->vocab);
+    ao.t = std::max<int64_t>(1, s.tp);
+    ao.sp = s.sequence_parallel && s.tp > 1;
+    const double inflight = pp == 1 ? 1.0 : s.pp_schedule == "gpipe" ? double(s.micro_batches)
+                                          : double(std::min<int64_t>(pp, std::max<int64_t>(1, s.micro_batches)));
+    e.activations = double(per_stage) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao) * inflight;
+    e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(t->vocab) / double(ao.t);
+  } else if (s.pp > 1) {
+    params /= double(s.pp);  // (under tp the model is already this rank's shard)
   }
-  e.model_states = plan::zero_model_state_bytes(params, stage, std::max(1, s.world), sb);
+  const int64_t data_ranks = std::max<int64_t>(1, int64_t(std::max(1, s.world)) / std::max<int64_t>(1, s.tp * s.pp));
+  e.model_states = plan::zero_model_state_bytes(params, stage, data_ranks, sb);
   if (s.dtype == "bf16") e.model_states += 2.0 * params;  // the bf16 weight copies
   return e;
 }

@@ -22,12 +22,20 @@ struct TrainShape {
   int64_t batch_size = 1, seq_len = 1;
   std::string optimizer = "adamw", strategy = "ddp", dtype = "f32";
   int world = 1, local_world = 1;
+  // Model parallelism: a replica's ranks split its weights over tp and pp (ZeRO then shards over
+  // the world / (tp x pp) data ranks); sp: the activations between blocks split over tp too; a
+  // pipeline stage keeps its blocks' activations for up to `micro_batches` (gpipe) or
+  // min(pp, micro_batches) micro-batches in flight.
+  int64_t tp = 1, pp = 1, micro_batches = 1;
+  bool sequence_parallel = true;
+  std::string pp_schedule = "1f1b";
 };
 
 // The planner's memory model (plan/memory_model.h: ZeRO model states, Korthikanti et al.'s
 // per-layer activations with fp32 elements and flash attention's per-row statistics) applied to
 // this engine's fp32 training; a lower bound, since the engine keeps a few more intermediates.
-// A model without a transformer shape is counted by its parameters alone.
+// A model without a transformer shape is counted by its parameters alone. Under tp and pp the
+// figures are the worst rank's: the first or last stage's parameters split over tp.
 MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s);
 
 // Bytes this process may still allocate: /proc/meminfo's MemAvailable, lowered to the cgroup's

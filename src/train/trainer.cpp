@@ -136,7 +136,7 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
-    if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
+    if (tp && !pipe) tp->full_state(ck.model, ck.optimizer);  // the whole model (a pipeline gathers tp itself)
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
@@ -163,7 +163,8 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp) return TaskEnv{int(mesh->coord("dp_replicate")), int(pc.mesh.dp_replicate), comm.get(), rank};
+    if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
+                           comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
@@ -203,9 +204,14 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
   parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
-  check_memory_before_start(cfg, *I.model,
-                            {I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
-                             I.o.matmul_dtype, env.world_size, env.local_world_size});
+  TrainShape shape{I.o.batch_size, I.o.seq_len, cfg.get_string("optim.type", "adamw"), I.pc.strategy,
+                   I.o.matmul_dtype, env.world_size, env.local_world_size};
+  shape.tp = I.pc.mesh.tp;  // the worst rank's share under tp and pp
+  shape.pp = ppc.pp;
+  shape.micro_batches = I.o.grad_accum;
+  shape.pp_schedule = ppc.schedule;
+  shape.sequence_parallel = I.tp && I.tp->sequence_parallel();
+  check_memory_before_start(cfg, *I.model, shape);
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
   parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;
@@ -238,6 +244,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                 ppc.pp);
     auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.comm.get(), *I.mesh, ppc, I.o.grad_accum,
                                                              I.pc.strategy, placement.adamw);
+    if (I.tp) pipe->set_tensor_parallel(I.tp.get());  // pp x tp: stages of this rank's tp shard
     I.pipe = pipe.get();
     I.dp = std::move(pipe);
     // Stages of one pipeline share data ranks: rank 0 prepares the data before the others look.
@@ -368,23 +375,25 @@ TrainResult Trainer::run(bool resume) {
         }
         loss_sum = I.pipe->forward_backward(ins, tgts) * double(o.grad_accum);
       }
+      const bool tp_first = I.tp && I.tp->sums_before(*I.dp);  // tp x ZeRO-2 (tensor_parallel.h)
       for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
         const Batch& batch = I.task->next_batch();
-        I.dp->set_sync(m + 1 == o.grad_accum);  // no gradient sync on accumulation micro-steps
+        I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
         backward(loss, 1.f / float(o.grad_accum));
       }
       if (I.sig) I.sig->backward_done();
+      if (tp_first) I.tp->finish_backward();
       I.dp->finish_backward();
-      if (I.tp) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
+      if (I.tp && !tp_first) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
       return loss_sum / double(o.grad_accum);
     };
     double loss = 0, norm = 0;
     float lr_scale = 0;
     double opt_s = 0;
     auto apply = [&] {
-      norm = I.tp ? I.tp->grad_norm() : I.dp->grad_norm();
+      norm = I.tp ? I.tp->grad_norm(*I.dp) : I.dp->grad_norm();
       if (!std::isfinite(loss) || !std::isfinite(norm)) {
         fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
              step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));

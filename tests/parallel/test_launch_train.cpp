@@ -274,6 +274,26 @@ TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
 // (global batch 4 throughout). Not bit-exact: tp and pp re-associate a few fp32 sums (the tp
 // all-reduces, the tied head's gradient, per-stage norms), so the bound is the 1e-5 of the
 // other layout tests here.
+// pp2 x tp2 on 4 ranks (every rank reads the one batch): the stages run tp shards, the
+// checkpoint gathers each stage's tp shards into the whole model, and one rank resumes it.
+TEST(LaunchTrain, PipelineTimesTensorFollowsOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(f.train("pptp", 4, {"--parallel.pp=2", "--parallel.tp=2", "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("pptp").find("mesh dp=1 tp=2 pp=2"), std::string::npos) << f.log("pptp");
+  EXPECT_NE(f.log("pptp").find(", tp = 2)"), std::string::npos) << f.log("pptp");
+  ASSERT_EQ(losses(f.root / "pptp").size(), 3u);
+  ASSERT_EQ(f.train("pptp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "pptp"), one, 1e-5, "pp2 x tp2, then resumed at one rank: loss");
+  expect_close(losses(f.root / "pptp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "pp2 x tp2, then resumed at one rank: val loss");
+  // The clipping norm is the whole model's: stages and tp shards summed (a global norm).
+  expect_close(losses(f.root / "pptp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x tp2, then resumed at one rank: gradient norm");
+}
+
 TEST(LaunchTrain, ACheckpointSavedAtDp2Tp2ResumesAtPp2Dp2AndAtOneRank) {
   Fixture f;
   ASSERT_EQ(f.train("one", 1, {}), 0);

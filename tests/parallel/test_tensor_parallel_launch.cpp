@@ -86,3 +86,23 @@ TEST(LaunchTensorParallel, DataTimesTensorOnFourRanksFollowsOneRankAtDoubleBatch
   EXPECT_NE(log.find("data parallel: ddp over 2 ranks"), std::string::npos) << "DDP over the dp axis: " << log;
   expect_close(losses(f.root / "dp2tp2"), losses(f.root / "one8"), "dp2 x tp2 loss");
 }
+
+TEST(LaunchTensorParallel, DataTimesTensorUnderZero2FollowsOneRankAndResumesOnOne) {
+  // dp2 x tp2 with ZeRO-2 over the dp axis (dp_shard): the trainer sums tp's partial gradients
+  // before the reduce-scatter and takes the norm over the chunks; its checkpoint (whole model,
+  // whole optimizer state) resumes on one rank at the job's batch of 8 rows.
+  TpFixture f;
+  ASSERT_EQ(f.train("one8", 1, {"--train.batch_size=8"}), 0);
+  ASSERT_EQ(f.train("z2", 4, {"--parallel.tp=2", "--parallel.strategy=zero2", "--train.stop_after=3"}), 0);
+  std::string log = f.log("z2");
+  EXPECT_NE(log.find("data parallel: zero2 over 2 ranks"), std::string::npos) << log;
+  auto one = losses(f.root / "one8");
+  ASSERT_EQ(one.size(), 6u);
+  expect_close(losses(f.root / "z2"), std::vector<double>(one.begin(), one.begin() + 3), "dp2 x tp2 zero2 loss");
+  ASSERT_EQ(f.train("z2", 1, {"--train.batch_size=8", "--resume"}), 0);
+  expect_close(losses(f.root / "z2"), one, "dp2 x tp2 zero2, then resumed on one rank");
+  // ZeRO-3 would gather tp shards per unit: refused before step 1, naming the key.
+  EXPECT_NE(f.train("z3", 2, {"--parallel.tp=2", "--parallel.strategy=zero3"}, true), 0);
+  EXPECT_NE(f.log("z3").find("parallel.tp = 2 composes with parallel.strategy = 'ddp', 'zero1' or 'zero2'"),
+            std::string::npos) << f.log("z3");
+}

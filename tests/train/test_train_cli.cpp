@@ -75,6 +75,43 @@ TEST(TrainCli, MemoryEstimateScalesAndForceGoesOn) {
   EXPECT_NO_THROW(check_memory_before_start(refuse, mc, small));
 }
 
+// Under tensor and pipeline parallelism a rank holds its share: tp = 2 halves the weights (norms
+// counted as split: a small undercount the estimate accepts), pp = 2 keeps the worst stage's half
+// of the blocks plus the embeddings (or the head's table), and a 1F1B stage keeps min(pp, m)
+// micro-batches of its half of the blocks in flight (as many layers' activations as one rank),
+// GPipe all m of them.
+TEST(TrainCli, MemoryEstimateCountsTheTensorAndPipelineSplit) {
+  nn::GPT mc(nn::GPTConfig::preset("gpt2-tiny"));
+  TrainShape one;
+  one.batch_size = 4;
+  one.seq_len = 32;
+  one.world = 4;
+  TrainShape tp = one, pp = one, gpipe = one, tp_zero = one;
+  tp.tp = 2;
+  pp.pp = 2;
+  pp.micro_batches = 4;
+  gpipe = pp;
+  gpipe.pp_schedule = "gpipe";
+  tp_zero = tp;
+  tp_zero.strategy = "zero1";
+  TrainShape zero = one;
+  zero.strategy = "zero1";
+  MemoryEstimate o = estimate_training_memory(mc, one), t = estimate_training_memory(mc, tp),
+                 p = estimate_training_memory(mc, pp), g = estimate_training_memory(mc, gpipe),
+                 tz = estimate_training_memory(mc, tp_zero), z = estimate_training_memory(mc, zero);
+  EXPECT_NEAR(t.model_states / o.model_states, 0.5, 1e-9);
+  EXPECT_LT(t.activations, 0.6 * o.activations);  // sequence parallel: the block's activations split
+  EXPECT_NEAR(t.logits / o.logits, 0.5, 1e-9);    // vocab-parallel logits
+  EXPECT_GT(p.model_states / o.model_states, 0.5);
+  EXPECT_LT(p.model_states / o.model_states, 0.75);
+  EXPECT_NEAR(p.activations, o.activations, 1e-6 * o.activations);
+  EXPECT_NEAR(g.activations, 2 * o.activations, 1e-6 * o.activations);
+  // ZeRO-1 shards the optimizer state over the data ranks: 4 without tp, 2 with tp = 2.
+  EXPECT_LT(z.model_states, o.model_states);
+  EXPECT_GT(tz.model_states, 0.5 * z.model_states);
+  EXPECT_LT(tz.model_states, t.model_states);
+}
+
 // The repro: `atoll train ... | head -2` died of SIGPIPE (status 141), without a message
 // or a checkpoint.
 TEST(TrainCli, ClosedOutputPipeDoesNotStopTraining) {

@@ -126,11 +126,23 @@ Tensor GPT::logits(const Tensor& tokens) const {
   return ops::linear_t(hidden(tokens), head_weight()->value);
 }
 
-// Pipeline stages (nn/pipeline_stages.h): together exactly loss(), for the whole (not tp-sharded) model.
+// Pipeline stages (nn/pipeline_stages.h): together exactly loss(), for the whole model or its
+// tensor-parallel shard (between blocks a shard under sequence parallelism holds its token rows).
+void GPT::stage_begin(const Shape& in) const {
+  if (tp_) tp_->begin_forward(in.at(0), in.at(1));
+}
+
+Shape GPT::stage_hidden_shape(const Shape& in) const {
+  if (tp_ && tp_->sequence_sharded()) return {in.at(0) * in.at(1) / tp_->size(), c_.n_embd};
+  return {in.at(0), in.at(1), c_.n_embd};
+}
+
 Tensor GPT::stage_input(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
-  return ops::embedding(tokens, wte->weight->value, wpe ? wpe->weight->value : Tensor());
+  Tensor wpe_t = wpe ? wpe->weight->value : Tensor();
+  if (tp_) return tp_->vocab_embedding(tokens, wte->weight->value, vocab_lo_, wpe_t);
+  return ops::embedding(tokens, wte->weight->value, wpe_t);
 }
 
 Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
@@ -147,6 +159,7 @@ Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
 }
 
 Tensor GPT::stage_loss(const Tensor& x, const Tensor& targets) const {
+  if (tp_) return tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), targets, vocab_lo_);
   return ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), targets, /*reuse_logits=*/true);
 }
 

@@ -86,7 +86,8 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded, public 
   Tensor stage_input(const Tensor& tokens) const override;
   Tensor stage_blocks(const Tensor& x, int64_t first, int64_t last) const override;
   Tensor stage_loss(const Tensor& x, const Tensor& targets) const override;
-  Shape stage_hidden_shape(const Shape& in) const override { return {in.at(0), in.at(1), c_.n_embd}; }
+  void stage_begin(const Shape& in) const override;
+  Shape stage_hidden_shape(const Shape& in) const override;
 
   // The sharding units are the transformer blocks; a tied head reads the embedding table.
   std::vector<Module*> blocks() override { return {h.begin(), h.end()}; }
