@@ -56,6 +56,28 @@ RlEngine::RlEngine(RlConfig c) : c_(std::move(c)) {
 
 RlEngine::~RlEngine() {
   if (worker_.joinable()) worker_.join();
+  // The trainers' end releases the rollout ranks (they wait in the next push). Not while an error
+  // unwinds: the push could wait on a broken job, which `atoll launch` ends anyway.
+  if (channel_ && !rollout_rank_ && !stopped_ && std::uncaught_exceptions() == 0) {
+    try {
+      PushHeader h{calls_, rl_steps_, true};
+      channel_->push(h);
+    } catch (const std::exception& e) {
+      log::warn("rl: could not tell the rollout ranks to stop: {}", e.what());
+    }
+  }
+}
+
+int RlEngine::reserved_ranks(int world) const {
+  if (c_.placement != "disaggregated") return 0;
+  ATOLL_CHECK(c_.rollout_ranks < world, "rl.rollout_ranks = {} leaves none of the job's {} ranks to train", c_.rollout_ranks,
+              world);
+  return int(c_.rollout_ranks);
+}
+
+void RlEngine::attach_job(std::unique_ptr<comm::Communicator> job, bool rollout_rank) {
+  job_ = std::move(job);
+  rollout_rank_ = rollout_rank;
 }
 
 void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int world) {
@@ -72,6 +94,13 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
   ATOLL_CHECK(tm->max_sequence_length() == 0 || tm->max_sequence_length() >= need,
               "[train] task = 'rl' ({}): prompts and completions need {} positions; model.block_size is {}",
               task_->name(), need, tm->max_sequence_length());
+  if (c_.placement == "disaggregated") {
+    ATOLL_CHECK(job_, "rl.placement = 'disaggregated' needs a job of rl.rollout_ranks ({}) + at least one trainer rank "
+                "(atoll launch --nproc-per-node N)", c_.rollout_ranks);
+    channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
+                                                c_.sync_bucket_mb);  // collective over the job
+    if (rollout_rank_) return;  // generates only: no reference, no value head
+  }
   ref_ = nn::model_from_metadata(model.config_metadata());
   if (c_.placement == "async") {
     rollout_ = nn::model_from_metadata(model.config_metadata());
@@ -101,9 +130,9 @@ Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b) const {
   return ops::linear(p.features(b.input), vw_, vb_).contiguous().reshape({b.B * b.T});
 }
 
-RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step) {
+RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_rank, bool with_ref) {
   NoGradGuard ng;  // also on the async worker thread, whose grad mode starts on
-  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(rank_));
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank < 0 ? rank_ : seed_rank));
   Rng rng(seed, 5);
   std::vector<Problem> probs;
   std::vector<std::vector<int32_t>> rows;
@@ -135,7 +164,7 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step) {
   }
   RolloutBatch b = pack_rollouts(std::move(samples));
   b.old_logp = score_logprobs(gen, b);
-  b.ref_logp = score_logprobs(*ref_, b);
+  if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
   b.gen_s = gen_s;
   b.score_s = now_s() - t0;
   b.gen_tokens = gen_tokens;
@@ -171,6 +200,65 @@ void RlEngine::sync_rollout_model() {
   m_["sync_mb"] = double(st.bytes) / 1e6;
 }
 
+// Trainer side of a disaggregated step: push the current weights (version `updates`), then take
+// this trainer's scored rollouts and check they were generated with the weights of their version.
+void RlEngine::disaggregated_batch(int64_t updates) {
+  const std::vector<Tensor> params = param_values(*policy_);
+  pushed_hash_[updates] = weights_hash(params);
+  while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
+  PushHeader h{updates, rl_steps_, false};
+  double wait_s = 0;
+  const SyncStats st = channel_->push(h, &wait_s);
+  m_["sync_ms"] = st.seconds * 1e3;  // trainer 0's broadcast of the weights (0 on the other trainers)
+  m_["sync_buckets"] = st.buckets;
+  m_["sync_mb"] = double(st.bytes) / 1e6;
+  m_["push_wait_ms"] = wait_s * 1e3;  // the rollout ranks still generating the previous batch
+  const double t0 = now_s();
+  uint64_t hash = 0;
+  cur_ = decode_rollouts(channel_->exchange({}), &hash);
+  m_["exchange_ms"] = (now_s() - t0) * 1e3;
+  auto it = pushed_hash_.find(cur_.policy_version);
+  ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
+              "rl: trainer {} got rollouts generated with weights that are not the ones it pushed at version {} (the "
+              "trainers are at version {})",
+              rank_, cur_.policy_version, updates);
+  m_["rollout_version"] = cur_.policy_version;
+  const double t1 = now_s();
+  cur_.ref_logp = score_logprobs(*ref_, cur_);
+  cur_.score_s += now_s() - t1;
+}
+
+void RlEngine::serve() {
+  ATOLL_CHECK(channel_ && rollout_rank_, "rl: serve() on a rank that is not a rollout rank");
+  const std::vector<Tensor> params = param_values(*policy_);
+  const std::vector<int> served = channel_->served();
+  auto generate = [&](int64_t step, int64_t version) {
+    std::map<int, std::vector<int32_t>> out;
+    const uint64_t hash = weights_hash(params);
+    for (int t : served) {
+      RolloutBatch b = rollouts(*policy_, step, t, false);
+      b.policy_version = version;
+      out[t] = encode_rollouts(b, hash);
+    }
+    return out;
+  };
+  std::map<int, std::vector<int32_t>> ready;
+  int64_t ready_step = -1;
+  for (;;) {
+    PushHeader h;
+    channel_->push(h);
+    if (h.stop) break;
+    if (ready_step != h.rl_step) ready = generate(h.rl_step, h.version);
+    channel_->exchange(ready);
+    ready_step = -1;
+    if (c_.max_staleness >= 1) {  // the next step's rollouts while the trainers train this one
+      ready = generate(h.rl_step + 1, h.version);
+      ready_step = h.rl_step + 1;
+    }
+  }
+  stopped_ = true;
+}
+
 const RolloutBatch& RlEngine::next_batch() {
   ATOLL_CHECK(policy_, "rl: next_batch before setup");
   const double t_enter = now_s();
@@ -202,6 +290,8 @@ const RolloutBatch& RlEngine::next_batch() {
       cur_ = rollouts(*policy_, rl_steps_);
       cur_.policy_version = updates;
       m_["sync_ms"] = 0.0;
+    } else if (channel_) {
+      disaggregated_batch(updates);
     } else {
       double wait_s = 0;
       if (!worker_.joinable()) {
@@ -232,7 +322,7 @@ const RolloutBatch& RlEngine::next_batch() {
       });
     }
     const int64_t staleness = updates - cur_.policy_version;
-    ATOLL_CHECK(staleness <= (c_.placement == "async" ? c_.max_staleness : c_.epochs - 1),
+    ATOLL_CHECK(staleness <= (c_.placement == "colocated" ? c_.epochs - 1 : c_.max_staleness + c_.epochs - 1),
                 "rl: rollouts {} updates old exceed the staleness bound", staleness);
     m_["staleness"] = staleness;
     const double t0 = now_s();
@@ -261,7 +351,9 @@ const RolloutBatch& RlEngine::next_batch() {
     m_["completion_len"] = sums[3] / sums[4];
     m_["gen_ms"] = cur_.gen_s * 1e3;
     m_["score_ms"] = cur_.score_s * 1e3;
-    m_["gen_tokens_per_s"] = cur_.gen_s > 0 ? double(cur_.gen_tokens) * world_ / cur_.gen_s : 0.0;
+    // Disaggregated: each rollout rank generates its trainers' batches one after another.
+    const double gen_ranks = channel_ ? double(channel_->rollout_ranks()) : double(world_);
+    m_["gen_tokens_per_s"] = cur_.gen_s > 0 ? double(cur_.gen_tokens) * gen_ranks / cur_.gen_s : 0.0;
   }
   epoch_ = (epoch_ + 1) % c_.epochs;
   m_["rl_step"] = rl_steps_;
