@@ -154,6 +154,7 @@ std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_has
   Writer w;
   w.i32(kMagic);
   w.i64(b.policy_version);
+  w.i64(b.gen_version);
   w.i64(int64_t(weights_hash));
   w.f64(b.gen_s);
   w.f64(b.score_s);
@@ -169,6 +170,9 @@ std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_has
     w.f64(s.reward.exact);
     w.f64(s.reward.format);
     w.f64(s.reward.total);
+    w.i64(s.uid);
+    w.i64(int64_t(s.token_version.size()));
+    for (int64_t v : s.token_version) w.i64(v);
   }
   std::vector<int32_t> lp(size_t(b.old_logp.numel()));
   std::memcpy(lp.data(), b.old_logp.f32(), lp.size() * 4);  // the behaviour log-probs' bits
@@ -179,7 +183,7 @@ std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_has
 RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weights_hash) {
   Reader r{words};
   ATOLL_CHECK(r.i32() == kMagic, "rl: a rollout payload does not start with its marker");
-  const int64_t version = r.i64();
+  const int64_t version = r.i64(), gen_version = r.i64();
   const uint64_t hash = uint64_t(r.i64());
   const double gen_s = r.f64(), score_s = r.f64();
   const int64_t gen_tokens = r.i64(), n = r.i64();
@@ -195,6 +199,10 @@ RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weight
     s.reward.exact = r.f64();
     s.reward.format = r.f64();
     s.reward.total = r.f64();
+    s.uid = r.i64();
+    const int64_t nv = r.i64();
+    ATOLL_CHECK(nv >= 0 && nv <= int64_t(s.completion.size()) + 1, "rl: a rollout payload holds {} token versions", nv);
+    for (int64_t k = 0; k < nv; ++k) s.token_version.push_back(r.i64());
   }
   RolloutBatch b = pack_rollouts(std::move(samples));
   const std::vector<int32_t> lp = r.ids();
@@ -203,6 +211,7 @@ RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weight
   std::memcpy(b.old_logp.f32(), lp.data(), lp.size() * 4);
   ATOLL_CHECK(r.at == words.size(), "rl: a rollout payload has {} words past its end", words.size() - r.at);
   b.policy_version = version;
+  b.gen_version = gen_version;
   b.gen_s = gen_s;
   b.score_s = score_s;
   b.gen_tokens = gen_tokens;

@@ -28,7 +28,8 @@ struct RlConfig {
   int64_t eval_size = 200;
   std::string placement = "colocated";  // colocated | async (one-step-off-policy) | disaggregated
   int64_t max_staleness = 1;            // async, disaggregated: rollouts at most this many updates old
-  int64_t rollout_ranks = 1;            // disaggregated: the job's last ranks that only generate
+  int64_t rollout_ranks = 1;
+  int64_t partial_tokens = 0;           // > 0: partial rollouts, rounds of this many tokens (rl/partial_rollouts.h)            // disaggregated: the job's last ranks that only generate
   double sync_bucket_mb = 4.0;
   uint64_t seed = 1;
 

@@ -130,10 +130,21 @@ Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b) const {
   return ops::linear(p.features(b.input), vw_, vb_).contiguous().reshape({b.B * b.T});
 }
 
-RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_rank, bool with_ref) {
+RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_rank, bool with_ref, int64_t version) {
   NoGradGuard ng;  // also on the async worker thread, whose grad mode starts on
-  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank < 0 ? rank_ : seed_rank));
+  if (seed_rank < 0) seed_rank = rank_;
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
   Rng rng(seed, 5);
+  if (c_.partial_tokens > 0) {
+    std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
+    if (!pr)
+      pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
+                                                                  c_.temperature, c_.format_reward, c_.top_k},
+                                             *task_);
+    RolloutBatch b = pr->step(gen, version, rng, seed ^ 0x5eed);
+    if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
+    return b;
+  }
   std::vector<Problem> probs;
   std::vector<std::vector<int32_t>> rows;
   for (int64_t i = 0; i < c_.prompts; ++i) {
@@ -165,6 +176,7 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   RolloutBatch b = pack_rollouts(std::move(samples));
   b.old_logp = score_logprobs(gen, b);
   if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
+  b.policy_version = version;
   b.gen_s = gen_s;
   b.score_s = now_s() - t0;
   b.gen_tokens = gen_tokens;
@@ -217,12 +229,13 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   uint64_t hash = 0;
   cur_ = decode_rollouts(channel_->exchange({}), &hash);
   m_["exchange_ms"] = (now_s() - t0) * 1e3;
-  auto it = pushed_hash_.find(cur_.policy_version);
+  const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
+  auto it = pushed_hash_.find(gen_version);
   ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
               "rl: trainer {} got rollouts generated with weights that are not the ones it pushed at version {} (the "
               "trainers are at version {})",
-              rank_, cur_.policy_version, updates);
-  m_["rollout_version"] = cur_.policy_version;
+              rank_, gen_version, updates);
+  m_["rollout_version"] = gen_version;
   const double t1 = now_s();
   cur_.ref_logp = score_logprobs(*ref_, cur_);
   cur_.score_s += now_s() - t1;
@@ -236,8 +249,7 @@ void RlEngine::serve() {
     std::map<int, std::vector<int32_t>> out;
     const uint64_t hash = weights_hash(params);
     for (int t : served) {
-      RolloutBatch b = rollouts(*policy_, step, t, false);
-      b.policy_version = version;
+      RolloutBatch b = rollouts(*policy_, step, t, false, version);
       out[t] = encode_rollouts(b, hash);
     }
     return out;
@@ -287,8 +299,7 @@ const RolloutBatch& RlEngine::next_batch() {
   }
   if (epoch_ == 0) {
     if (c_.placement == "colocated") {
-      cur_ = rollouts(*policy_, rl_steps_);
-      cur_.policy_version = updates;
+      cur_ = rollouts(*policy_, rl_steps_, -1, true, updates);
       m_["sync_ms"] = 0.0;
     } else if (channel_) {
       disaggregated_batch(updates);
@@ -321,10 +332,20 @@ const RolloutBatch& RlEngine::next_batch() {
         }
       });
     }
+    // The bound: the placement's lag, the epochs' reuse and, with partial rollouts, the rounds a
+    // carried group may span (rl/partial_rollouts.h).
     const int64_t staleness = updates - cur_.policy_version;
-    ATOLL_CHECK(staleness <= (c_.placement == "colocated" ? c_.epochs - 1 : c_.max_staleness + c_.epochs - 1),
-                "rl: rollouts {} updates old exceed the staleness bound", staleness);
+    const int64_t carried = c_.partial_tokens > 0 ? (max_new_ + c_.partial_tokens - 1) / c_.partial_tokens - 1 : 0;
+    const int64_t bound = (c_.placement == "colocated" ? 0 : c_.max_staleness) + c_.epochs - 1 + carried;
+    ATOLL_CHECK(staleness <= bound, "rl: rollouts {} updates old exceed the staleness bound {}", staleness, bound);
     m_["staleness"] = staleness;
+    if (c_.partial_tokens > 0) {
+      int64_t mixed = 0;
+      for (const Sample& s : cur_.samples)
+        if (!s.token_version.empty() && s.token_version.front() != s.token_version.back()) ++mixed;
+      m_["partial_samples"] = mixed;  // carried across at least one update
+      m_["rollout_groups"] = cur_.B / c_.group_size;
+    }
     const double t0 = now_s();
     const Algorithm& alg = algorithm_registry().get(c_.algorithm);
     if (alg.value_head) cur_.old_values = values(*policy_, cur_);

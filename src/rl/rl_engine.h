@@ -28,6 +28,7 @@
 #include "nn/model.h"
 #include "nn/policy_model.h"
 #include "rl/disaggregated.h"
+#include "rl/partial_rollouts.h"
 #include "rl/rl_config.h"
 #include "rl/rollout.h"
 #include "rl/weight_sync.h"
@@ -72,7 +73,10 @@ class RlEngine {
   int64_t max_new_tokens() const { return max_new_; }
   // Generation + scoring with `gen` as the behaviour policy for rollout step `step` (exposed for tests).
   // seed_rank: whose prompts and sampling streams (-1: this rank's; a rollout rank draws its trainers').
-  RolloutBatch rollouts(const nn::Model& gen, int64_t step, int seed_rank = -1, bool with_ref = true);
+  // version: the updates gen's weights have seen. With rl.partial_tokens, rollouts carried from earlier
+  // calls of the same seed_rank are continued (rl/partial_rollouts.h).
+  RolloutBatch rollouts(const nn::Model& gen, int64_t step, int seed_rank = -1, bool with_ref = true,
+                        int64_t version = 0);
   // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
   static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
 
@@ -99,6 +103,7 @@ class RlEngine {
   std::unique_ptr<RolloutChannel> channel_;
   std::map<int64_t, uint64_t> pushed_hash_;  // version -> hash of the weights pushed at it
   bool stopped_ = false;
+  std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
   bool ref_ready_ = false;
   int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
   RolloutBatch cur_;
