@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "optim/adamw.h"
+#include "tensor/safetensors.h"
 #include "rl/policy_loss.h"
 
 namespace atl::rl {
@@ -294,8 +295,11 @@ const RolloutBatch& RlEngine::next_batch() {
     ATOLL_CHECK(!policy_->block_hooks(), "[train] task = 'rl' needs every rank to hold the whole model between steps "
                                          "(parallel.strategy ddp, zero1 or zero2), not a sharded one");
     copy_weights(*ref_, *policy_);
-    if (rollout_) copy_weights(*rollout_, *policy_);
     ref_ready_ = true;
+  }
+  if (rollout_ && !rollout_ready_) {  // unless a checkpoint restored both
+    copy_weights(*rollout_, *policy_);
+    rollout_ready_ = true;
   }
   if (epoch_ == 0) {
     if (c_.placement == "colocated") {
@@ -474,6 +478,61 @@ void RlEngine::set_state(const nlohmann::json& j) {
   calls_ = j.at("calls").get<int64_t>();
   rl_steps_ = j.at("rl_steps").get<int64_t>();
   epoch_ = j.at("epoch").get<int64_t>();
+  sft_phase_ = calls_ > 0 && calls_ <= c_.sft_steps;  // the phase of the last batch (the value head's step)
+}
+
+namespace {
+const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.";
+
+void save_model(const nn::Model& m, const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
+  for (nn::Parameter* p : const_cast<nn::Model&>(m).parameters()) out.emplace_back(prefix + p->name, p->value);
+}
+
+// True when every parameter of m is in `by` (copied in); false when none is; an error otherwise.
+bool load_model(nn::Model& m, const std::string& prefix, const std::map<std::string, const Tensor*>& by) {
+  size_t found = 0;
+  const auto params = m.parameters();
+  for (nn::Parameter* p : params) {
+    auto it = by.find(prefix + p->name);
+    if (it == by.end()) continue;
+    ATOLL_CHECK(it->second->shape() == p->shape, "checkpoint: '{}' has shape {}, the model expects {}", it->first,
+                shape_str(it->second->shape()), shape_str(p->shape));
+    p->value.copy_from(*it->second);
+    ++found;
+  }
+  ATOLL_CHECK(found == 0 || found == params.size(), "checkpoint: {} of the {} tensors of '{}*' are missing", params.size() - found,
+              params.size(), prefix);
+  return found > 0;
+}
+}  // namespace
+
+void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const {
+  if (ref_ && ref_ready_) save_model(*ref_, kRef, out);
+  if (rollout_ && rollout_ready_) save_model(*rollout_, kRollout, out);
+  if (vopt_) {
+    for (const ParamRef& r : vrefs_) {
+      out.emplace_back("task.rl." + r.name, r.value);
+      out.emplace_back("task.rl." + r.name + ".grad", r.grad);  // stepped at the next batch request
+    }
+    vopt_->save_state(out, kValue + "adamw.");
+  }
+}
+
+void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {
+  std::map<std::string, const Tensor*> by;
+  for (const auto& [n, t] : in) by[n] = &t;
+  // An older checkpoint without the reference: it is re-taken from the resumed policy, as before.
+  if (ref_) ref_ready_ = load_model(*ref_, kRef, by);
+  if (rollout_) rollout_ready_ = load_model(*rollout_, kRollout, by);
+  if (vopt_ && by.count("task.rl.value_head.weight")) {
+    TensorFile f;
+    for (const auto& [n, t] : in) f.tensors.emplace_back(n, t);
+    for (ParamRef& r : vrefs_) {
+      r.value.copy_from(f.get("task.rl." + r.name));
+      r.grad.copy_from(f.get("task.rl." + r.name + ".grad"));
+    }
+    vopt_->load_state(f, kValue + "adamw.");
+  }
 }
 
 }  // namespace atl::rl

@@ -61,6 +61,10 @@ class RlEngine {
   float lr_multiplier() const { return sft_phase_ ? 1.0f : c_.lr_scale; }
   int64_t tokens_per_batch() const;
   int64_t sequence_length() const;
+  // Checkpointed tensors ("task.rl." names): the frozen reference once taken, the async rollout
+  // copy, PPO's value head (weights, pending gradients, AdamW state). load_tensors restores them.
+  void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const;
+  void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in);
   nlohmann::json state() const;
   void set_state(const nlohmann::json& j);
 
@@ -104,7 +108,7 @@ class RlEngine {
   std::map<int64_t, uint64_t> pushed_hash_;  // version -> hash of the weights pushed at it
   bool stopped_ = false;
   std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
-  bool ref_ready_ = false;
+  bool ref_ready_ = false, rollout_ready_ = false;
   int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
   RolloutBatch cur_;
   // async

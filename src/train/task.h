@@ -62,6 +62,11 @@ class Task {
   // A factor on the learning-rate schedule for the step whose batch was just taken (a task with
   // phases, RL after a supervised warm start, runs them at different rates).
   virtual float lr_multiplier() const { return 1.0f; }
+  // Tensors of the task's own state (RL's frozen reference), saved in checkpoints beside the
+  // optimizer's under names that begin "task."; load_tensors gets them back on resume (a name
+  // missing from an older checkpoint is the task's to handle).
+  virtual void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const {}
+  virtual void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {}
   // Ranks the task runs itself instead of the training loop (RL's rollout ranks): the last n of a
   // job of `world`; 0: none. The trainer then trains over the others only.
   virtual int reserved_ranks(int world) const { return 0; }

@@ -137,6 +137,7 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
+    task->save_tensors(ck.optimizer);         // "task." entries (RL's reference), beside the optimizer's
     if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
@@ -301,6 +302,7 @@ TrainResult Trainer::run(bool resume) {
         fail_resume_load(*p, names, I.dp->optimizer().name(), e.what());
       }
       if (I.lowcomm) I.lowcomm->finish_load();
+      I.task->load_tensors(of.tensors);
       start = ck.state.at("step").get<int64_t>();
       auto rs = ck.state.at("sample_rng").get<std::vector<uint64_t>>();
       Rng::State st;
