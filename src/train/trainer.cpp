@@ -137,7 +137,6 @@ struct Trainer::Impl {
   Checkpoint make_checkpoint(int64_t step) {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
-    task->save_tensors(ck.optimizer);         // "task." entries (RL's reference), beside the optimizer's
     if (tp) tp->full_state(ck.model, ck.optimizer);  // the whole model, whatever tp saved it
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
@@ -149,6 +148,7 @@ struct Trainer::Impl {
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
                           {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
     if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
+    task->save_tensors(ck.optimizer);  // "task." entries (RL's reference), beside the optimizer's
     return ck;
   }
 
