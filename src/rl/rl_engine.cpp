@@ -301,6 +301,7 @@ const RolloutBatch& RlEngine::next_batch() {
     copy_weights(*rollout_, *policy_);
     rollout_ready_ = true;
   }
+  if (epoch_ != 0 && cur_.samples.empty()) epoch_ = 0;  // resumed inside a reused batch: a fresh one
   if (epoch_ == 0) {
     if (c_.placement == "colocated") {
       cur_ = rollouts(*policy_, rl_steps_, -1, true, updates);
