@@ -33,8 +33,13 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   r.format_reward = float(c.get_float("rl.format_reward", r.format_reward, 0.0, 1.0));
   r.lr_scale = float(c.get_float("rl.lr_scale", r.lr_scale, 0.0, 100.0));
   r.eval_size = c.get_int("rl.eval_size", r.eval_size, 1, 100000);
-  r.placement = c.get_string("rl.placement", r.placement, {"colocated", "async"});
+  r.placement = c.get_string("rl.placement", r.placement, {"colocated", "async", "disaggregated"});
   r.max_staleness = c.get_int("rl.max_staleness", r.max_staleness, 0, 1);
+  r.rollout_ranks = c.get_int("rl.rollout_ranks", r.rollout_ranks, 1, 4096);
+  r.partial_tokens = c.get_int("rl.partial_tokens", r.partial_tokens, 0, 1024);
+  ATOLL_CHECK(r.partial_tokens == 0 || r.placement != "async",
+              "rl.partial_tokens ({}) is for rl.placement 'colocated' or 'disaggregated', not 'async'",
+              c.where("rl.partial_tokens"));
   r.sync_bucket_mb = c.get_float("rl.sync_bucket_mb", r.sync_bucket_mb, 1e-3, 1024.0);
   ATOLL_CHECK(r.task.word_min <= r.task.word_max, "rl.word_min ({}) must not exceed rl.word_max ({})", r.task.word_min,
               r.task.word_max);

@@ -26,8 +26,10 @@ struct RlConfig {
   float format_reward = 0.1f;
   float lr_scale = 0.1f;  // the RL steps' learning rate relative to the schedule (SFT: 1)
   int64_t eval_size = 200;
-  std::string placement = "colocated";  // colocated | async (one-step-off-policy)
-  int64_t max_staleness = 1;            // async: rollouts at most this many updates old
+  std::string placement = "colocated";  // colocated | async (one-step-off-policy) | disaggregated
+  int64_t max_staleness = 1;            // async, disaggregated: rollouts at most this many updates old
+  int64_t rollout_ranks = 1;
+  int64_t partial_tokens = 0;           // > 0: partial rollouts, rounds of this many tokens (rl/partial_rollouts.h)            // disaggregated: the job's last ranks that only generate
   double sync_bucket_mb = 4.0;
   uint64_t seed = 1;
 

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "optim/adamw.h"
+#include "tensor/safetensors.h"
 #include "rl/policy_loss.h"
 
 namespace atl::rl {
@@ -56,6 +57,28 @@ RlEngine::RlEngine(RlConfig c) : c_(std::move(c)) {
 
 RlEngine::~RlEngine() {
   if (worker_.joinable()) worker_.join();
+  // The trainers' end releases the rollout ranks (they wait in the next push). Not while an error
+  // unwinds: the push could wait on a broken job, which `atoll launch` ends anyway.
+  if (channel_ && !rollout_rank_ && !stopped_ && std::uncaught_exceptions() == 0) {
+    try {
+      PushHeader h{calls_, rl_steps_, true};
+      channel_->push(h);
+    } catch (const std::exception& e) {
+      log::warn("rl: could not tell the rollout ranks to stop: {}", e.what());
+    }
+  }
+}
+
+int RlEngine::reserved_ranks(int world) const {
+  if (c_.placement != "disaggregated") return 0;
+  ATOLL_CHECK(c_.rollout_ranks < world, "rl.rollout_ranks = {} leaves none of the job's {} ranks to train", c_.rollout_ranks,
+              world);
+  return int(c_.rollout_ranks);
+}
+
+void RlEngine::attach_job(std::unique_ptr<comm::Communicator> job, bool rollout_rank) {
+  job_ = std::move(job);
+  rollout_rank_ = rollout_rank;
 }
 
 void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int world) {
@@ -72,6 +95,13 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
   ATOLL_CHECK(tm->max_sequence_length() == 0 || tm->max_sequence_length() >= need,
               "[train] task = 'rl' ({}): prompts and completions need {} positions; model.block_size is {}",
               task_->name(), need, tm->max_sequence_length());
+  if (c_.placement == "disaggregated") {
+    ATOLL_CHECK(job_, "rl.placement = 'disaggregated' needs a job of rl.rollout_ranks ({}) + at least one trainer rank "
+                "(atoll launch --nproc-per-node N)", c_.rollout_ranks);
+    channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
+                                                c_.sync_bucket_mb);  // collective over the job
+    if (rollout_rank_) return;  // generates only: no reference, no value head
+  }
   ref_ = nn::model_from_metadata(model.config_metadata());
   if (c_.placement == "async") {
     rollout_ = nn::model_from_metadata(model.config_metadata());
@@ -101,10 +131,21 @@ Tensor RlEngine::values(const nn::Model& m, const RolloutBatch& b) const {
   return ops::linear(p.features(b.input), vw_, vb_).contiguous().reshape({b.B * b.T});
 }
 
-RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step) {
+RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_rank, bool with_ref, int64_t version) {
   NoGradGuard ng;  // also on the async worker thread, whose grad mode starts on
-  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(rank_));
+  if (seed_rank < 0) seed_rank = rank_;
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
   Rng rng(seed, 5);
+  if (c_.partial_tokens > 0) {
+    std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
+    if (!pr)
+      pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
+                                                                  c_.temperature, c_.format_reward, c_.top_k},
+                                             *task_);
+    RolloutBatch b = pr->step(gen, version, rng, seed ^ 0x5eed);
+    if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
+    return b;
+  }
   std::vector<Problem> probs;
   std::vector<std::vector<int32_t>> rows;
   for (int64_t i = 0; i < c_.prompts; ++i) {
@@ -135,7 +176,8 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step) {
   }
   RolloutBatch b = pack_rollouts(std::move(samples));
   b.old_logp = score_logprobs(gen, b);
-  b.ref_logp = score_logprobs(*ref_, b);
+  if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
+  b.policy_version = version;
   b.gen_s = gen_s;
   b.score_s = now_s() - t0;
   b.gen_tokens = gen_tokens;
@@ -171,6 +213,65 @@ void RlEngine::sync_rollout_model() {
   m_["sync_mb"] = double(st.bytes) / 1e6;
 }
 
+// Trainer side of a disaggregated step: push the current weights (version `updates`), then take
+// this trainer's scored rollouts and check they were generated with the weights of their version.
+void RlEngine::disaggregated_batch(int64_t updates) {
+  const std::vector<Tensor> params = param_values(*policy_);
+  pushed_hash_[updates] = weights_hash(params);
+  while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
+  PushHeader h{updates, rl_steps_, false};
+  double wait_s = 0;
+  const SyncStats st = channel_->push(h, &wait_s);
+  m_["sync_ms"] = st.seconds * 1e3;  // trainer 0's broadcast of the weights (0 on the other trainers)
+  m_["sync_buckets"] = st.buckets;
+  m_["sync_mb"] = double(st.bytes) / 1e6;
+  m_["push_wait_ms"] = wait_s * 1e3;  // the rollout ranks still generating the previous batch
+  const double t0 = now_s();
+  uint64_t hash = 0;
+  cur_ = decode_rollouts(channel_->exchange({}), &hash);
+  m_["exchange_ms"] = (now_s() - t0) * 1e3;
+  const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
+  auto it = pushed_hash_.find(gen_version);
+  ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
+              "rl: trainer {} got rollouts generated with weights that are not the ones it pushed at version {} (the "
+              "trainers are at version {})",
+              rank_, gen_version, updates);
+  m_["rollout_version"] = gen_version;
+  const double t1 = now_s();
+  cur_.ref_logp = score_logprobs(*ref_, cur_);
+  cur_.score_s += now_s() - t1;
+}
+
+void RlEngine::serve() {
+  ATOLL_CHECK(channel_ && rollout_rank_, "rl: serve() on a rank that is not a rollout rank");
+  const std::vector<Tensor> params = param_values(*policy_);
+  const std::vector<int> served = channel_->served();
+  auto generate = [&](int64_t step, int64_t version) {
+    std::map<int, std::vector<int32_t>> out;
+    const uint64_t hash = weights_hash(params);
+    for (int t : served) {
+      RolloutBatch b = rollouts(*policy_, step, t, false, version);
+      out[t] = encode_rollouts(b, hash);
+    }
+    return out;
+  };
+  std::map<int, std::vector<int32_t>> ready;
+  int64_t ready_step = -1;
+  for (;;) {
+    PushHeader h;
+    channel_->push(h);
+    if (h.stop) break;
+    if (ready_step != h.rl_step) ready = generate(h.rl_step, h.version);
+    channel_->exchange(ready);
+    ready_step = -1;
+    if (c_.max_staleness >= 1) {  // the next step's rollouts while the trainers train this one
+      ready = generate(h.rl_step + 1, h.version);
+      ready_step = h.rl_step + 1;
+    }
+  }
+  stopped_ = true;
+}
+
 const RolloutBatch& RlEngine::next_batch() {
   ATOLL_CHECK(policy_, "rl: next_batch before setup");
   const double t_enter = now_s();
@@ -194,14 +295,19 @@ const RolloutBatch& RlEngine::next_batch() {
     ATOLL_CHECK(!policy_->block_hooks(), "[train] task = 'rl' needs every rank to hold the whole model between steps "
                                          "(parallel.strategy ddp, zero1 or zero2), not a sharded one");
     copy_weights(*ref_, *policy_);
-    if (rollout_) copy_weights(*rollout_, *policy_);
     ref_ready_ = true;
   }
+  if (rollout_ && !rollout_ready_) {  // unless a checkpoint restored both
+    copy_weights(*rollout_, *policy_);
+    rollout_ready_ = true;
+  }
+  if (epoch_ != 0 && cur_.samples.empty()) epoch_ = 0;  // resumed inside a reused batch: a fresh one
   if (epoch_ == 0) {
     if (c_.placement == "colocated") {
-      cur_ = rollouts(*policy_, rl_steps_);
-      cur_.policy_version = updates;
+      cur_ = rollouts(*policy_, rl_steps_, -1, true, updates);
       m_["sync_ms"] = 0.0;
+    } else if (channel_) {
+      disaggregated_batch(updates);
     } else {
       double wait_s = 0;
       if (!worker_.joinable()) {
@@ -231,10 +337,20 @@ const RolloutBatch& RlEngine::next_batch() {
         }
       });
     }
+    // The bound: the placement's lag, the epochs' reuse and, with partial rollouts, the rounds a
+    // carried group may span (rl/partial_rollouts.h).
     const int64_t staleness = updates - cur_.policy_version;
-    ATOLL_CHECK(staleness <= (c_.placement == "async" ? c_.max_staleness : c_.epochs - 1),
-                "rl: rollouts {} updates old exceed the staleness bound", staleness);
+    const int64_t carried = c_.partial_tokens > 0 ? (max_new_ + c_.partial_tokens - 1) / c_.partial_tokens - 1 : 0;
+    const int64_t bound = (c_.placement == "colocated" ? 0 : c_.max_staleness) + c_.epochs - 1 + carried;
+    ATOLL_CHECK(staleness <= bound, "rl: rollouts {} updates old exceed the staleness bound {}", staleness, bound);
     m_["staleness"] = staleness;
+    if (c_.partial_tokens > 0) {
+      int64_t mixed = 0;
+      for (const Sample& s : cur_.samples)
+        if (!s.token_version.empty() && s.token_version.front() != s.token_version.back()) ++mixed;
+      m_["partial_samples"] = mixed;  // carried across at least one update
+      m_["rollout_groups"] = cur_.B / c_.group_size;
+    }
     const double t0 = now_s();
     const Algorithm& alg = algorithm_registry().get(c_.algorithm);
     if (alg.value_head) cur_.old_values = values(*policy_, cur_);
@@ -261,7 +377,9 @@ const RolloutBatch& RlEngine::next_batch() {
     m_["completion_len"] = sums[3] / sums[4];
     m_["gen_ms"] = cur_.gen_s * 1e3;
     m_["score_ms"] = cur_.score_s * 1e3;
-    m_["gen_tokens_per_s"] = cur_.gen_s > 0 ? double(cur_.gen_tokens) * world_ / cur_.gen_s : 0.0;
+    // Disaggregated: each rollout rank generates its trainers' batches one after another.
+    const double gen_ranks = channel_ ? double(channel_->rollout_ranks()) : double(world_);
+    m_["gen_tokens_per_s"] = cur_.gen_s > 0 ? double(cur_.gen_tokens) * gen_ranks / cur_.gen_s : 0.0;
   }
   epoch_ = (epoch_ + 1) % c_.epochs;
   m_["rl_step"] = rl_steps_;
@@ -361,6 +479,61 @@ void RlEngine::set_state(const nlohmann::json& j) {
   calls_ = j.at("calls").get<int64_t>();
   rl_steps_ = j.at("rl_steps").get<int64_t>();
   epoch_ = j.at("epoch").get<int64_t>();
+  sft_phase_ = calls_ > 0 && calls_ <= c_.sft_steps;  // the phase of the last batch (the value head's step)
+}
+
+namespace {
+const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.";
+
+void save_model(const nn::Model& m, const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
+  for (nn::Parameter* p : const_cast<nn::Model&>(m).parameters()) out.emplace_back(prefix + p->name, p->value);
+}
+
+// True when every parameter of m is in `by` (copied in); false when none is; an error otherwise.
+bool load_model(nn::Model& m, const std::string& prefix, const std::map<std::string, const Tensor*>& by) {
+  size_t found = 0;
+  const auto params = m.parameters();
+  for (nn::Parameter* p : params) {
+    auto it = by.find(prefix + p->name);
+    if (it == by.end()) continue;
+    ATOLL_CHECK(it->second->shape() == p->shape, "checkpoint: '{}' has shape {}, the model expects {}", it->first,
+                shape_str(it->second->shape()), shape_str(p->shape));
+    p->value.copy_from(*it->second);
+    ++found;
+  }
+  ATOLL_CHECK(found == 0 || found == params.size(), "checkpoint: {} of the {} tensors of '{}*' are missing", params.size() - found,
+              params.size(), prefix);
+  return found > 0;
+}
+}  // namespace
+
+void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const {
+  if (ref_ && ref_ready_) save_model(*ref_, kRef, out);
+  if (rollout_ && rollout_ready_) save_model(*rollout_, kRollout, out);
+  if (vopt_) {
+    for (const ParamRef& r : vrefs_) {
+      out.emplace_back("task.rl." + r.name, r.value);
+      out.emplace_back("task.rl." + r.name + ".grad", r.grad);  // stepped at the next batch request
+    }
+    vopt_->save_state(out, kValue + "adamw.");
+  }
+}
+
+void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {
+  std::map<std::string, const Tensor*> by;
+  for (const auto& [n, t] : in) by[n] = &t;
+  // An older checkpoint without the reference: it is re-taken from the resumed policy, as before.
+  if (ref_) ref_ready_ = load_model(*ref_, kRef, by);
+  if (rollout_) rollout_ready_ = load_model(*rollout_, kRollout, by);
+  if (vopt_ && by.count("task.rl.value_head.weight")) {
+    TensorFile f;
+    for (const auto& [n, t] : in) f.tensors.emplace_back(n, t);
+    for (ParamRef& r : vrefs_) {
+      r.value.copy_from(f.get("task.rl." + r.name));
+      r.grad.copy_from(f.get("task.rl." + r.name + ".grad"));
+    }
+    vopt_->load_state(f, kValue + "adamw.");
+  }
 }
 
 }  // namespace atl::rl

@@ -12,6 +12,10 @@
 //              second thread while step k trains; after each update the weights are copied into it
 //              in flat buckets (rl/weight_sync.h). Staleness is at most 1 update; the clipped ratio
 //              pi_theta / pi_behaviour is the importance correction.
+//   disaggregated  the job's last rl.rollout_ranks ranks only generate, the others only train;
+//              weights are pushed to the rollout ranks by bucketed broadcast before each RL step
+//              (rl/disaggregated.h). rl.max_staleness 0: generation waits for the push (on-policy);
+//              1: the rollout ranks generate step k+1 while the trainers train step k.
 // Before the RL steps, rl.sft_steps steps of supervised warm start on generated demonstrations
 // (weighted cross-entropy on the answer tokens). The frozen reference is the policy as the first
 // RL step finds it.
@@ -23,6 +27,8 @@
 #include "comm/communicator.h"
 #include "nn/model.h"
 #include "nn/policy_model.h"
+#include "rl/disaggregated.h"
+#include "rl/partial_rollouts.h"
 #include "rl/rl_config.h"
 #include "rl/rollout.h"
 #include "rl/weight_sync.h"
@@ -34,6 +40,12 @@ class RlEngine {
  public:
   RlEngine(RlConfig c);
   ~RlEngine();
+  // disaggregated: how many of a job of `world` ranks generate only (its last ones); 0 otherwise.
+  int reserved_ranks(int world) const;
+  // disaggregated, before setup on every rank: the whole job's communicator and this rank's role.
+  void attach_job(std::unique_ptr<comm::Communicator> job, bool rollout_rank);
+  // A rollout rank's whole run: receive weights, generate and send rollouts until the trainers stop.
+  void serve();
   // Once the model is built (its weights may still change before the first step).
   void setup(nn::Model& model, comm::Communicator* comm, int rank, int world);
   // The next micro-batch: SFT demonstrations, or scored rollouts (reused rl.epochs times).
@@ -49,6 +61,10 @@ class RlEngine {
   float lr_multiplier() const { return sft_phase_ ? 1.0f : c_.lr_scale; }
   int64_t tokens_per_batch() const;
   int64_t sequence_length() const;
+  // Checkpointed tensors ("task.rl." names): the frozen reference once taken, the async rollout
+  // copy, PPO's value head (weights, pending gradients, AdamW state). load_tensors restores them.
+  void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const;
+  void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in);
   nlohmann::json state() const;
   void set_state(const nlohmann::json& j);
 
@@ -60,12 +76,17 @@ class RlEngine {
   const std::vector<Problem>& eval_problems() const { return eval_; }
   int64_t max_new_tokens() const { return max_new_; }
   // Generation + scoring with `gen` as the behaviour policy for rollout step `step` (exposed for tests).
-  RolloutBatch rollouts(const nn::Model& gen, int64_t step);
+  // seed_rank: whose prompts and sampling streams (-1: this rank's; a rollout rank draws its trainers').
+  // version: the updates gen's weights have seen. With rl.partial_tokens, rollouts carried from earlier
+  // calls of the same seed_rank are continued (rl/partial_rollouts.h).
+  RolloutBatch rollouts(const nn::Model& gen, int64_t step, int seed_rank = -1, bool with_ref = true,
+                        int64_t version = 0);
   // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
   static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
 
  private:
   void sync_rollout_model();
+  void disaggregated_batch(int64_t updates);
   void step_value_head();
   RolloutBatch sft_batch();
   // The value head on m's features, no graph: PPO's old values. [B*T]
@@ -80,7 +101,14 @@ class RlEngine {
   int rank_ = 0, world_ = 1;
   std::unique_ptr<nn::Model> ref_, rollout_;
   std::unique_ptr<WeightSync> sync_;
-  bool ref_ready_ = false;
+  // disaggregated
+  std::unique_ptr<comm::Communicator> job_;
+  bool rollout_rank_ = false;
+  std::unique_ptr<RolloutChannel> channel_;
+  std::map<int64_t, uint64_t> pushed_hash_;  // version -> hash of the weights pushed at it
+  bool stopped_ = false;
+  std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
+  bool ref_ready_ = false, rollout_ready_ = false;
   int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
   RolloutBatch cur_;
   // async

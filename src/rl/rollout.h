@@ -18,6 +18,10 @@ struct Sample {
   bool stopped = false;
   Reward reward;
   int64_t group = 0;  // samples of one prompt share a group (GRPO's baseline)
+  // Partial rollouts (rl/partial_rollouts.h): the version that sampled each completion token (+ the
+  // end marker), and the group's id over the run. Empty / 0 otherwise (every token the batch's).
+  std::vector<int64_t> token_version;
+  int64_t uid = 0;
 };
 
 struct RolloutBatch {
@@ -27,7 +31,8 @@ struct RolloutBatch {
   std::vector<int64_t> first, count;       // row b's completion targets: positions first..first+count-1
   Tensor old_logp, ref_logp, old_values;   // [B*T] f32
   Tensor advantages, returns, weights;     // [B*T] f32
-  int64_t policy_version = 0;              // updates the generating weights had seen
+  int64_t policy_version = 0;              // updates the generating weights had seen (the oldest token's)
+  int64_t gen_version = -1;                // partial rollouts: the newest token's (-1: policy_version)
   double gen_s = 0, score_s = 0;           // time spent generating and scoring it
   int64_t gen_tokens = 0;                  // tokens sampled (completions, end markers included)
   int64_t tokens() const;                  // completion tokens (targets) in the batch

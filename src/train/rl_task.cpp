@@ -30,6 +30,13 @@ class RlTask final : public Task {
   void set_data_state(const nlohmann::json& s, const TaskEnv&) override { eng_.set_state(s); }
   nlohmann::json step_metrics() override { return eng_.step_metrics(); }
   float lr_multiplier() const override { return eng_.lr_multiplier(); }
+  void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const override { eng_.save_tensors(out); }
+  void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) override { eng_.load_tensors(in); }
+  int reserved_ranks(int world) const override { return eng_.reserved_ranks(world); }
+  void attach_job(std::unique_ptr<comm::Communicator> job, bool reserved) override {
+    eng_.attach_job(std::move(job), reserved);
+  }
+  void serve(nn::Model&) override { eng_.serve(); }
 
  private:
   const rl::RolloutBatch& eng_current() { return eng_.current(); }

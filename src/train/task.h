@@ -62,6 +62,19 @@ class Task {
   // A factor on the learning-rate schedule for the step whose batch was just taken (a task with
   // phases, RL after a supervised warm start, runs them at different rates).
   virtual float lr_multiplier() const { return 1.0f; }
+  // Tensors of the task's own state (RL's frozen reference), saved in checkpoints beside the
+  // optimizer's under names that begin "task."; load_tensors gets them back on resume (a name
+  // missing from an older checkpoint is the task's to handle).
+  virtual void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const {}
+  virtual void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {}
+  // Ranks the task runs itself instead of the training loop (RL's rollout ranks): the last n of a
+  // job of `world`; 0: none. The trainer then trains over the others only.
+  virtual int reserved_ranks(int world) const { return 0; }
+  // Where reserved_ranks() > 0, before setup, on every rank: the whole job's communicator (the
+  // trainer keeps a split of it) and whether this rank is reserved.
+  virtual void attach_job(std::unique_ptr<comm::Communicator> job, bool reserved) {}
+  // A reserved rank's run, after setup and the weights' init; the training loop does not run there.
+  virtual void serve(nn::Model& model) {}
 };
 
 using TaskFactory = std::function<std::unique_ptr<Task>(Config& cfg, const TrainOptions& o)>;

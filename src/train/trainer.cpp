@@ -125,6 +125,7 @@ struct Trainer::Impl {
   std::unique_ptr<nn::ExpertDispatcher> experts;  // expert parallelism's token dispatcher (ep > 1)
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
+  bool serving = false;  // a rank the task runs itself (Task::reserved_ranks)
   std::string backend;
   Rng sample_rng;
   std::string config_text;
@@ -147,6 +148,7 @@ struct Trainer::Impl {
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
                           {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
     if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
+    task->save_tensors(ck.optimizer);  // "task." entries (RL's reference), beside the optimizer's
     return ck;
   }
 
@@ -184,6 +186,14 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     I.comm = comm::make_communicator(I.backend);
     I.rank = I.comm->rank();
     I.world = I.comm->size();
+    // A task may run some of the job's ranks itself (RL's rollout ranks): the trainer runs on the rest.
+    if (const int keep = I.task->reserved_ranks(I.world); keep > 0) {
+      I.serving = I.rank >= I.world - keep;
+      std::unique_ptr<comm::Communicator> part = I.comm->split(I.serving ? 1 : 0, I.rank);
+      I.task->attach_job(std::move(I.comm), I.serving);
+      I.comm = std::move(part);
+      I.world = I.comm->size();  // I.rank stays the job's: the first ranks train
+    }
     if (!env.store_hosted_externally) log::set_rank(I.rank);  // `atoll launch` prefixes lines itself
     // Only rank 0 reports progress; the others speak up for warnings and errors.
     if (I.rank != 0 && log::level() < log::Level::warn) log::set_level(log::Level::warn);
@@ -267,6 +277,10 @@ nn::Model& Trainer::model() { return *impl_->model; }
 TrainResult Trainer::run(bool resume) {
   auto& I = *impl_;
   const TrainOptions& o = I.o;
+  if (I.serving) {  // the task's own rank (RL's rollout ranks): no loop, no run dir, no metrics
+    I.task->serve(*I.model);
+    return TrainResult{};
+  }
   // issue 10: SIGTERM/SIGINT stop at a step boundary with a checkpoint, SIGPIPE is ignored; rank 0
   // owns the run dir (lock, no accidental reuse, writable, stale temporaries swept) before anything
   // is read or written there (train/stop_signals.h, train/run_dir.h).
@@ -295,6 +309,7 @@ TrainResult Trainer::run(bool resume) {
         fail_resume_load(*p, names, I.dp->optimizer().name(), e.what());
       }
       if (I.lowcomm) I.lowcomm->finish_load();
+      I.task->load_tensors(of.tensors);
       start = ck.state.at("step").get<int64_t>();
       auto rs = ck.state.at("sample_rng").get<std::vector<uint64_t>>();
       Rng::State st;

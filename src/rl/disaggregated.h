@@ -1,0 +1,67 @@
+// The disaggregated placement (rl.placement = "disaggregated"; the "disaggregated placement" of
+// "Performance Foundations of Parallel & Distributed Reasoning Language Models"): one job whose
+// last rl.rollout_ranks ranks only generate and whose others only train. After each update the
+// trainers' weights are pushed to the rollout ranks with the bucketed broadcast (rl/weight_sync.h,
+// never one message per parameter), then each trainer receives the scored rollouts of its batch.
+//
+// Job ranks [0, T) train (DDP among themselves), [T, T+R) generate; rollout rank T+i serves the
+// trainers t with t % R == i, drawing the prompts trainer t would draw itself when colocated.
+// Two groups: the job (the rollout exchange, broadcasts from each rollout rank) and the push group
+// (trainer 0 and the rollout ranks, the weight broadcast from trainer 0). Only broadcasts that every
+// member enters in the same order are used (Gloo tags collectives by sequence number).
+//
+// Every pushed version carries the version number; every batch returns the version it was generated
+// with and a hash of those weights, which the trainer checks against the hash of its own weights
+// at that version, so a rollout rank cannot train the policy on rollouts from other weights.
+#pragma once
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "rl/rollout.h"
+#include "rl/weight_sync.h"
+
+namespace atl::rl {
+
+struct PushHeader {
+  int64_t version = 0;  // optimizer steps the pushed weights have taken
+  int64_t rl_step = 0;  // the RL step whose rollouts the receivers generate next
+  bool stop = false;    // the run is over: rollout ranks return
+};
+
+class RolloutChannel {
+ public:
+  // Collective over `job` (every rank, once): splits off the push group. params: this rank's model
+  // parameters in order (the same shapes on every rank).
+  RolloutChannel(std::unique_ptr<comm::Communicator> job, int rollout_ranks, std::vector<Tensor> params,
+                 double bucket_mb);
+  ~RolloutChannel();
+  bool is_rollout() const { return job_->rank() >= T_; }
+  int trainers() const { return T_; }
+  int rollout_ranks() const { return R_; }
+  // The trainer ranks this rollout rank generates for.
+  std::vector<int> served() const;
+  // Push group: trainer 0 sends h and its weights, rollout ranks receive both (h filled in); other
+  // trainers return at once. The weights' broadcast alone is timed (the header's wait is not).
+  SyncStats push(PushHeader& h, double* header_wait_s = nullptr);
+  // Every job rank: for each trainer in order, its rollout rank broadcasts the trainer's payload
+  // (`mine` holds a rollout rank's, keyed by trainer). Returns this trainer's (empty on rollout ranks).
+  std::vector<int32_t> exchange(const std::map<int, std::vector<int32_t>>& mine);
+
+ private:
+  std::unique_ptr<comm::Communicator> job_, push_;
+  std::unique_ptr<WeightSync> sync_;
+  int T_ = 0, R_ = 0;
+};
+
+// A batch of scored rollouts as words for the exchange: each sample's prompt, completion, stop,
+// group, reward and problem, the behaviour log-probs [B*T], the generating version, a hash of the
+// generating weights and the generation's timings. decode_rollouts re-packs the same [B,T] batch.
+std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_hash);
+RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weights_hash);
+// Of every bit of every tensor, in order (not a cryptographic hash: it catches wrong or stale
+// weights, not an adversary).
+uint64_t weights_hash(const std::vector<Tensor>& tensors);
+
+}  // namespace atl::rl

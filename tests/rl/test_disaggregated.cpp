@@ -1,0 +1,208 @@
+// The disaggregated placement (rl/disaggregated.h): a rollout rank generates with exactly the
+// trainer's weights of the version it says (bitwise: the trainer regenerates every batch itself
+// from a snapshot of that version and compares every token and every behaviour log-prob bit), on
+// policy (rl.max_staleness 0) and one step off (1); the rollout payload round-trips and the weight
+// hash sees one flipped bit; and an end-to-end run through `atoll launch` on 3 ranks (2 trainers
+// and 1 rollout rank) trains on-policy with the ratio exactly 1 at every RL step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "nn/model.h"
+#include "parallel/harness.h"
+#include "rl/disaggregated.h"
+#include "rl/rl_engine.h"
+
+namespace atl::rl {
+namespace {
+
+const char* kModel = R"(
+[model]
+preset = "gpt2"
+vocab_size = 128
+block_size = 16
+n_layer = 2
+n_head = 2
+n_embd = 32
+)";
+
+std::unique_ptr<nn::Model> model_with(uint64_t seed) {
+  Config c = Config::parse(kModel, "model");
+  auto m = nn::make_model(c, "model");
+  m->init_weights(seed);
+  return m;
+}
+
+RlConfig disagg_config(int staleness) {
+  Config c = Config::parse(std::string(kModel) + "\n[rl]\nplacement = \"disaggregated\"\nrollout_ranks = 1\n" +
+                               "max_staleness = " + std::to_string(staleness) + "\nprompts = 3\ngroup_size = 2\n" +
+                               "temperature = 1.0\n",
+                           "test");
+  return RlConfig::from_config(c, 7);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.f32(), b.f32(), size_t(a.numel()) * 4) == 0;
+}
+
+// A rank of the 2-rank tests (rank 0 trains, rank 1 generates) when ATOLL_RL_DISAGG_STALENESS is
+// set; alone (one process, no job), the placement is refused with the key named.
+TEST(RlDisaggregated, RankProgram) {
+  const char* st = std::getenv("ATOLL_RL_DISAGG_STALENESS");
+  if (!st) {
+    RlEngine eng(disagg_config(0));
+    auto m = model_with(1);
+    try {
+      eng.setup(*m, nullptr, 0, 1);
+      FAIL() << "a one-process disaggregated run was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rl.rollout_ranks"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const int S = std::atoi(st);
+  set_num_threads(1);
+  auto world = comm::make_communicator("gloo", std::chrono::milliseconds(30000));
+  const bool rollout = world->rank() == 1;
+  auto part = world->split(rollout ? 1 : 0, world->rank());  // as the trainer splits the job
+  RlEngine eng(disagg_config(S));
+  // Different initial weights on the rollout rank: only the push can make its rollouts match.
+  auto m = model_with(rollout ? 99 : 11);
+  eng.attach_job(std::move(world), rollout);
+  eng.setup(*m, part.get(), rollout ? 1 : 0, 1);
+  if (rollout) {
+    eng.serve();  // returns when the trainer's engine is destroyed
+    return;
+  }
+  std::map<int64_t, std::unique_ptr<nn::Model>> snapshot;  // version -> the trainer's weights then
+  for (int64_t k = 0; k < 4; ++k) {
+    snapshot[k] = nn::model_from_metadata(m->config_metadata());
+    Tensor dst = snapshot[k]->flat_values();
+    dst.copy_from(m->flat_values());
+    const RolloutBatch& b = eng.next_batch();
+    const int64_t want_version = std::max<int64_t>(0, k - S);
+    ASSERT_EQ(b.policy_version, want_version) << "step " << k;
+    // The trainer generates the same step's rollouts itself with that version's weights.
+    RolloutBatch want = eng.rollouts(*snapshot[want_version], k, 0, false);
+    ASSERT_EQ(want.B, b.B);
+    ASSERT_EQ(want.T, b.T);
+    for (int64_t r = 0; r < b.B; ++r) {
+      EXPECT_EQ(b.samples[size_t(r)].completion, want.samples[size_t(r)].completion) << "step " << k << " row " << r;
+      EXPECT_EQ(b.samples[size_t(r)].reward.total, want.samples[size_t(r)].reward.total);
+    }
+    EXPECT_TRUE(same_bits(b.old_logp, want.old_logp)) << "step " << k << ": behaviour log-probs differ";
+    if (k > S) {  // and not the current weights' (staleness 1), nor the previous ones' (staleness 0)
+      const Tensor other = RlEngine::score_logprobs(*snapshot[S == 0 ? k - 1 : k], b);
+      EXPECT_FALSE(same_bits(b.old_logp, other)) << "step " << k;
+    }
+    Tensor loss = eng.loss(*m, b);
+    clear_tape();
+    nlohmann::json mt = eng.step_metrics();
+    EXPECT_EQ(mt.at("staleness").get<int64_t>(), k - want_version);
+    if (k - want_version == 0) EXPECT_EQ(mt.at("ratio").get<double>(), 1.0) << "step " << k;
+    EXPECT_GT(mt.at("sync_ms").get<double>(), 0.0);
+    EXPECT_GE(mt.at("sync_buckets").get<int64_t>(), 1);
+    // An update: every weight moves (as an optimizer step would move them).
+    Tensor w = m->flat_values();
+    for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] += 0.02f * float(std::sin(double(i) * 0.37 + double(k)));
+  }
+}
+
+void run_two_ranks(int staleness) {
+  const std::string tag =
+      (std::filesystem::temp_directory_path() / ("atoll_rl_disagg_" + std::to_string(::getpid()))).string();
+  auto codes = parallel::test::run_rank_programs(2, "RlDisaggregated.RankProgram",
+                                                 {"ATOLL_RL_DISAGG_STALENESS=" + std::to_string(staleness)}, tag, 60);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    const std::string log = parallel::test::read_file(tag + ".log" + std::to_string(r));
+    EXPECT_EQ(codes[r], 0) << "staleness " << staleness << ", rank " << r << ":\n" << log;
+    EXPECT_NE(log.find("[  PASSED  ] 1 test"), std::string::npos) << log;
+    std::filesystem::remove(tag + ".log" + std::to_string(r));
+  }
+}
+
+TEST(RlDisaggregated, RolloutRankGeneratesWithTheTrainersWeightsOnPolicy) { run_two_ranks(0); }
+TEST(RlDisaggregated, RolloutRankGeneratesWithTheTrainersWeightsOneStepOff) { run_two_ranks(1); }
+
+TEST(RlDisaggregated, PayloadRoundTripsAndTheHashSeesOneBit) {
+  Config c = Config::parse(std::string(kModel) + "\n[rl]\nprompts = 3\ngroup_size = 2\n", "test");
+  RlEngine eng(RlConfig::from_config(c, 3));
+  auto m = model_with(5);
+  eng.setup(*m, nullptr, 0, 1);
+  RolloutBatch b = eng.rollouts(*m, 2);
+  b.policy_version = 17;
+  b.gen_s = 0.25;
+  uint64_t h = 0;
+  RolloutBatch d = decode_rollouts(encode_rollouts(b, 0xfeedbeefcafe1234ull), &h);
+  EXPECT_EQ(h, 0xfeedbeefcafe1234ull);
+  EXPECT_EQ(d.policy_version, 17);
+  EXPECT_EQ(d.gen_s, 0.25);
+  ASSERT_EQ(d.B, b.B);
+  EXPECT_TRUE(same_bits(d.old_logp, b.old_logp));
+  EXPECT_EQ(std::memcmp(d.input.i32(), b.input.i32(), size_t(b.B * b.T) * 4), 0);
+  EXPECT_EQ(std::memcmp(d.target.i32(), b.target.i32(), size_t(b.B * b.T) * 4), 0);
+  for (int64_t r = 0; r < b.B; ++r) {
+    EXPECT_EQ(d.samples[size_t(r)].problem.answer, b.samples[size_t(r)].problem.answer);
+    EXPECT_EQ(d.samples[size_t(r)].reward.total, b.samples[size_t(r)].reward.total);
+    EXPECT_EQ(d.samples[size_t(r)].group, b.samples[size_t(r)].group);
+  }
+  std::vector<int32_t> words = encode_rollouts(b, 1);
+  words.pop_back();
+  EXPECT_THROW(decode_rollouts(words, nullptr), Error);  // a torn payload is refused
+  std::vector<Tensor> params;
+  for (nn::Parameter* p : m->parameters()) params.push_back(p->value);
+  const uint64_t before = weights_hash(params);
+  reinterpret_cast<uint32_t*>(params.back().f32())[params.back().numel() - 1] ^= 1u;  // the last bit of all
+  EXPECT_NE(weights_hash(params), before);
+}
+
+// Through the trainer and `atoll launch`: 3 ranks, ranks 0-1 train (DDP), rank 2 generates.
+TEST(RlDisaggregated, ThreeRanksThroughLaunchTrainOnPolicy) {
+  const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_disagg_launch_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
+  const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
+  std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", "3", "--timeout", "30", "--", atoll, "train",
+                                   cfg, "--run.dir=" + (root / "run").string(), "--train.steps=8", "--rl.sft_steps=3",
+                                   "--rl.prompts=4", "--rl.group_size=4", "--eval.every=8", "--rl.eval_size=20",
+                                   "--sample.every=0", "--hardware.peak_gflops=1", "--rl.placement=disaggregated",
+                                   "--rl.rollout_ranks=1", "--rl.max_staleness=0"};
+  const std::string log = (root / "log").string();
+  const int rc = parallel::test::run_command(argv, {"OMP_NUM_THREADS=1"}, log, 120);
+  const std::string out = parallel::test::read_file(log);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("over 2 ranks"), std::string::npos) << out;  // the trainers' DDP leaves the rollout rank out
+  std::ifstream f(root / "run" / "metrics.jsonl");
+  int rl_steps = 0;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") != "rl") continue;
+    ++rl_steps;
+    // On policy with the pushed weights: every step's ratio is exactly 1, not only the first's.
+    EXPECT_EQ(j.at("ratio").get<double>(), 1.0) << line;
+    EXPECT_EQ(j.at("clip_frac").get<double>(), 0.0) << line;
+    EXPECT_EQ(j.at("staleness").get<int64_t>(), 0) << line;
+    EXPECT_EQ(j.at("rollout_version").get<int64_t>(), j.at("step").get<int64_t>() - 1) << line;
+    if (j.at("rl_step").get<int64_t>() == 1) EXPECT_EQ(j.at("kl").get<double>(), 0.0) << line;
+    EXPECT_GT(j.at("sync_ms").get<double>(), 0.0) << line;  // rank 0 pushed, timed
+    EXPECT_GE(j.at("sync_buckets").get<int64_t>(), 1) << line;
+    EXPECT_GT(j.at("gen_ms").get<double>(), 0.0) << line;
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+  }
+  EXPECT_EQ(rl_steps, 5);
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace atl::rl
