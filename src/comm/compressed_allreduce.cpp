@@ -192,6 +192,59 @@ void CompressedAllReducer::all_reduce(const Tensor& t, ReduceOp op, const std::s
   (void)active;
 }
 
+std::vector<std::pair<std::string, Tensor>> CompressedAllReducer::state_tensors() const {
+  ATOLL_CHECK(!gift_, "compressed all-reduce: codec '{}' keeps GIFT's geometry, which checkpoints do not hold",
+              spec_.codec);
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto floats = [](const std::vector<float>& v) {
+    return Tensor::from_vector(v, {int64_t(v.size())});
+  };
+  for (const auto& [key, s] : states_) {
+    Tensor meta = Tensor::empty({2}, DType::i64);
+    meta.data<int64_t>()[0] = s->n;
+    meta.data<int64_t>()[1] = int64_t(s->calls);
+    out.emplace_back(key + ".meta", meta);
+    if (!s->residual.empty()) out.emplace_back(key + ".residual", floats(s->residual));
+    if (!s->residual2.empty()) out.emplace_back(key + ".residual2", floats(s->residual2));
+  }
+  return out;
+}
+
+void CompressedAllReducer::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& sd,
+                                              const std::string& what) {
+  ATOLL_CHECK(!gift_, "{}: codec '{}' keeps GIFT's geometry, which checkpoints do not hold", what, spec_.codec);
+  states_.clear();
+  auto ends = [](const std::string& a, const std::string& b) {
+    return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+  };
+  for (const auto& [name, t] : sd)
+    if (ends(name, ".meta")) {
+      ATOLL_CHECK(t.dtype() == DType::i64 && t.numel() == 2, "{}: {} is not an i64 [2]", what, name);
+      auto s = std::make_unique<State>();
+      s->n = t.contiguous().data<int64_t>()[0];
+      s->calls = uint64_t(t.contiguous().data<int64_t>()[1]);
+      states_[name.substr(0, name.size() - 5)] = std::move(s);
+    }
+  for (const auto& [name, t] : sd) {
+    for (const char* suffix : {".residual2", ".residual"}) {
+      if (!ends(name, suffix)) continue;
+      std::string key = name.substr(0, name.size() - std::strlen(suffix));
+      auto it = states_.find(key);
+      ATOLL_CHECK(it != states_.end(), "{}: {} without {}.meta", what, name, key);
+      ATOLL_CHECK(t.dtype() == DType::f32, "{}: {} is not f32", what, name);
+      std::vector<float> v = t.contiguous().to_vector();
+      const bool second = std::strcmp(suffix, ".residual2") == 0;
+      if (second) it->second->residual2 = std::move(v);
+      else {
+        ATOLL_CHECK(int64_t(v.size()) == it->second->n, "{}: {} has {} elements, the tensor {}", what, name, v.size(),
+                    it->second->n);
+        it->second->residual = std::move(v);
+      }
+      break;
+    }
+  }
+}
+
 int64_t compressed_all_reduce(Communicator& comm, const Tensor& t, const std::string& codec, ReduceOp op,
                               bool stochastic, uint64_t seed) {
   CodecSpec s;

@@ -47,6 +47,12 @@ class CompressedAllReducer {
   // a key's first call) are the matrices within t that GIFT may transform.
   void all_reduce(const Tensor& t, ReduceOp op, const std::string& key, const std::vector<MatrixSpan>& mats = {});
   const CompressionStats& stats() const { return stats_; }
+  // What a bit-exact resume needs, per key: "<key>.meta" (i64 [n, calls]: the call count seeds
+  // stochastic rounding) and, with error feedback, "<key>.residual" / "<key>.residual2" (f32).
+  // Refused with GIFT (its geometry is not exported).
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // The inverse, replacing every key's state; `what` names the source for messages.
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what);
   const CodecSpec& spec() const { return spec_; }
   const Codec& codec() const { return *codec_; }
   bool gift() const { return gift_; }
