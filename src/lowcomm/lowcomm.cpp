@@ -178,28 +178,25 @@ bool is_ours(const std::string& n) { return n.rfind(kPrefix, 0) == 0; }
 void LowComm::save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                          std::vector<std::pair<std::string, Tensor>>& opt_sd, nlohmann::json& state) {
   std::vector<std::pair<std::string, Tensor>> extra;
-  // The other islands' parameters and inner optimizer state, sent to world rank 0 (it writes the
-  // checkpoint; it is island 0's first rank) by each island's first rank, over the island axis.
-  // Every island holds the same names and shapes (one model, one optimizer).
+  // The other islands' parameters and inner optimizer state, gathered for world rank 0 (it
+  // writes the checkpoint; it is island 0's first rank) from each island's first rank, over the
+  // island axis. Every island holds the same names and shapes (one model, one optimizer). An
+  // all_gather, not sends to island 0: a communicator's collectives are tagged by its operation
+  // count, which uneven point-to-point traffic (M - 1 receives against one send) would set apart
+  // for M > 2 islands, hanging the next exchange after a mid-run checkpoint.
   if (islands_ > 1 && island_comm_ && island_comm_->rank() == 0) {
-    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind, int& tag) {
+    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind) {
       for (const auto& [name, t0] : sd) {
-        Tensor t = t0.contiguous();
-        if (island_ > 0) {
-          across_->send(t, 0, tag++);
-          continue;
-        }
-        for (int i = 1; i < islands_; ++i) {
-          Tensor r = Tensor::empty(t.shape(), t.dtype());
-          across_->recv(r, i, tag);
-          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name), r);
-        }
-        ++tag;
+        Tensor t = t0.contiguous(), all = Tensor::empty({int64_t(islands_) * t.numel()}, t.dtype());
+        across_->all_gather(t.reshape({t.numel()}), all);
+        if (island_ > 0) continue;
+        for (int i = 1; i < islands_; ++i)
+          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name),
+                             all.slice(0, i * t.numel(), (i + 1) * t.numel()).reshape(t.shape()).clone());
       }
     };
-    int tag = 0;
-    move(model_sd, "model", tag);
-    move(opt_sd, "optim", tag);
+    move(model_sd, "model");
+    move(opt_sd, "optim");
   }
   extra.emplace_back(std::string(kPrefix) + "global", global_.clone());
   extra.emplace_back(std::string(kPrefix) + "momentum", mom_.clone());
