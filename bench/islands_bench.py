@@ -15,6 +15,9 @@ against DDP, from atoll's count and, on the WAN test bed, from the veth counters
 the outer steps alone: the difference between a run of --steps and one of a third of them, so
 start-up, rendezvous and the final checkpoint cancel).
 --seeds N: every local run with seeds 1..N; ratios are of the means over seeds.
+--only sweep: where DiLoCo M=4's gap to DDP comes from: DDP and DiLoCo with H = --inner, H/2,
+H/5, outer SGD lr 1 without momentum (plain parameter averaging), and outer lr 0.35; val loss
+ratios to DDP (per seed and of the means).
 
 usage: bench/islands_bench.py [--out DIR] [--steps N] [--inner H] [--only local|wan|codecs] [--layers L]
        [--embd D] [--codecs int8,fp8_e4m3,nvfp4] [--seeds N]
@@ -184,12 +187,14 @@ def main():
     ap.add_argument("--inner", type=int, default=50)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--embd", type=int, default=64)
-    ap.add_argument("--only", choices=["local", "wan", "codecs"], default=None)
+    ap.add_argument("--only", choices=["local", "wan", "codecs", "sweep"], default=None)
     ap.add_argument("--codecs", default="int8,fp8_e4m3,nvfp4")
     ap.add_argument("--seeds", type=int, default=1)
     a = ap.parse_args()
     if a.only == "codecs":
         return codecs_main(a)
+    if a.only == "sweep":
+        return sweep_main(a)
     os.makedirs(a.out, exist_ok=True)
     cfg = config(a.out, a)
     H = a.inner
@@ -379,6 +384,37 @@ def codecs_main(a):
     res["load_after"] = os.getloadavg()[0]
     json.dump(res, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+
+
+def sweep_main(a):
+    os.makedirs(a.out, exist_ok=True)
+    cfg = config(a.out, a)
+    H = a.inner
+    dl = ["--parallel.islands=4", "--lowcomm.method=diloco"]
+    rows = [("DDP 4 ranks", "ddp", []),
+            (f"DiLoCo H={H} lr 0.7 mom 0.9", "h", dl + [f"--lowcomm.inner_steps={H}"]),
+            (f"DiLoCo H={H // 2}", "h2", dl + [f"--lowcomm.inner_steps={H // 2}"]),
+            (f"DiLoCo H={H // 5}", "h5", dl + [f"--lowcomm.inner_steps={H // 5}"]),
+            (f"DiLoCo H={H} averaging (lr 1, mom 0)", "avg", dl + [f"--lowcomm.inner_steps={H}",
+                                                               "--lowcomm.outer_lr=1", "--lowcomm.outer_momentum=0"]),
+            (f"DiLoCo H={H} lr 0.35 mom 0.9", "lr035", dl + [f"--lowcomm.inner_steps={H}", "--lowcomm.outer_lr=0.35"])]
+    res = {"cpu": cpu_model(), "load_before": os.getloadavg()[0], "steps": a.steps, "seeds": a.seeds,
+           "model": f"GPT L={a.layers} d={a.embd} heads=4 V=257 T=64", "runs": {}}
+    for label, name, extra in rows:
+        vals = []
+        for seed in range(1, a.seeds + 1):
+            run, secs = launch_local(a.out, cfg, f"sweep_{name}_s{seed}", extra + [f"--train.seed={seed}"])
+            vals.append(val_of(metrics(run)))
+            print(f"{label:36s} seed {seed}: val loss {vals[-1]:.4f}  ({secs:.0f} s)", flush=True)
+        res["runs"][name] = {"label": label, "val_loss": vals, "val_loss_mean": sum(vals) / len(vals)}
+    d = res["runs"]["ddp"]
+    for name, r in res["runs"].items():
+        r["vs_ddp_of_means"] = r["val_loss_mean"] / d["val_loss_mean"]
+        r["vs_ddp_per_seed"] = [v / w for v, w in zip(r["val_loss"], d["val_loss"])]
+    res["load_after"] = os.getloadavg()[0]
+    json.dump(res, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    for name, r in res["runs"].items():
+        print(f"{r['label']:36s} {r['val_loss_mean']:.4f}  {r['vs_ddp_of_means']:.4f} x DDP")
 
 
 main()
