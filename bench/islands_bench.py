@@ -9,7 +9,18 @@ The model is small so that every run fits this shared 2-core machine (default: G
 0.22M parameters, byte-level fortunes corpus); --steps, --layers, --embd change it. PyTorch has
 no DiLoCo to run as the peer; DDP (atoll's, the same ranks and tokens) is the baseline.
 
-usage: bench/islands_bench.py [--out DIR] [--steps N] [--inner H] [--only local|wan] [--layers L] [--embd D]
+--only codecs: DDP, fp32 DiLoCo and DiLoCo with each codec exchange ([lowcomm] exchange, --codecs;
+error feedback on, nvfp4 with stochastic rounding): val loss against fp32 DiLoCo and bytes
+against DDP, from atoll's count and, on the WAN test bed, from the veth counters (the traffic of
+the outer steps alone: the difference between a run of --steps and one of a third of them, so
+start-up, rendezvous and the final checkpoint cancel).
+--seeds N: every local run with seeds 1..N; ratios are of the means over seeds.
+--only sweep: where DiLoCo M=4's gap to DDP comes from: DDP and DiLoCo with H = --inner, H/2,
+H/5, outer SGD lr 1 without momentum (plain parameter averaging), and outer lr 0.35; val loss
+ratios to DDP (per seed and of the means).
+
+usage: bench/islands_bench.py [--out DIR] [--steps N] [--inner H] [--only local|wan|codecs] [--layers L]
+       [--embd D] [--codecs int8,fp8_e4m3,nvfp4] [--seeds N]
 (build first: cmake --build build --target atoll)"""
 import argparse
 import json
@@ -176,8 +187,14 @@ def main():
     ap.add_argument("--inner", type=int, default=50)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--embd", type=int, default=64)
-    ap.add_argument("--only", choices=["local", "wan"], default=None)
+    ap.add_argument("--only", choices=["local", "wan", "codecs", "sweep"], default=None)
+    ap.add_argument("--codecs", default="int8,fp8_e4m3,nvfp4")
+    ap.add_argument("--seeds", type=int, default=1)
     a = ap.parse_args()
+    if a.only == "codecs":
+        return codecs_main(a)
+    if a.only == "sweep":
+        return sweep_main(a)
     os.makedirs(a.out, exist_ok=True)
     cfg = config(a.out, a)
     H = a.inner
@@ -281,6 +298,123 @@ print(sum((v['data_offsets'][1]-v['data_offsets'][0])//4 for k,v in h.items() if
         svg(os.path.join(a.out, "loss_vs_bytes.svg"), "train loss vs bytes sent by the job (atoll's count, log)",
             "bytes", curves_b, 1)
     print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+
+
+def val_of(rows):
+    return next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None)
+
+
+def n_params_of(run):
+    import glob
+    import struct
+    p = sorted(glob.glob(os.path.join(run, "checkpoints", "step_*", "model.safetensors")))[-1]
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return sum((v["data_offsets"][1] - v["data_offsets"][0]) // 4 for k, v in h.items() if k != "__metadata__")
+
+
+def codecs_main(a):
+    os.makedirs(a.out, exist_ok=True)
+    cfg = config(a.out, a)
+    H = a.inner
+    codecs = [c for c in a.codecs.split(",") if c]
+    dl = ["--parallel.islands=4", "--lowcomm.method=diloco", f"--lowcomm.inner_steps={H}"]
+    rows = [("DDP 4 ranks", "ddp", []), (f"DiLoCo M=4 H={H} fp32", "diloco4", dl)]
+    rows += [(f"DiLoCo M=4 H={H} {c}", f"diloco4_{c}", dl + [f"--lowcomm.exchange={c}"]) for c in codecs]
+    res = {"cpu": cpu_model(), "load_before": os.getloadavg()[0], "steps": a.steps, "inner_steps": H,
+           "seeds": a.seeds, "model": f"GPT L={a.layers} d={a.embd} heads=4 V=257 T=64",
+           "tokens_per_step": 4 * 8 * 64, "runs": {}}
+    for label, name, extra in rows:
+        vals, jb = [], None
+        for seed in range(1, a.seeds + 1):
+            run, secs = launch_local(a.out, cfg, f"{name}_s{seed}", extra + [f"--train.seed={seed}"])
+            m = metrics(run)
+            vals.append(val_of(m))
+            if name == "ddp":
+                res["parameters"] = n_params_of(run)
+                jb = 2 * 3 / 4 * 4 * res["parameters"] * 4 * len(m)  # ring all-reduce, 4 ranks, every step
+            else:
+                jb = series(m, 0)[-1][1]
+            print(f"{label:28s} seed {seed}: val loss {vals[-1]:.4f}  ({secs:.0f} s)", flush=True)
+        res["runs"][name] = {"label": label, "val_loss": vals, "val_loss_mean": sum(vals) / len(vals),
+                             "job_bytes_atoll": jb}
+    R = res["runs"]
+    for c in ["fp32"] + codecs:
+        k = "diloco4" if c == "fp32" else f"diloco4_{c}"
+        res[f"{k}_vs_ddp_val_loss_ratio"] = R[k]["val_loss_mean"] / R["ddp"]["val_loss_mean"]
+        res[f"ddp_vs_{k}_bytes_ratio_atoll"] = R["ddp"]["job_bytes_atoll"] / R[k]["job_bytes_atoll"]
+        if c != "fp32":
+            res[f"{k}_vs_diloco4_val_loss_ratio"] = R[k]["val_loss_mean"] / R["diloco4"]["val_loss_mean"]
+            res[f"diloco4_vs_{k}_bytes_ratio_atoll"] = R["diloco4"]["job_bytes_atoll"] / R[k]["job_bytes_atoll"]
+    # The WAN test bed: bytes on the wire per outer step, from the veth counters.
+    topo = os.path.join(a.out, "wan.toml")
+    open(topo, "w").write('islands = 4\nranks_per_island = 1\n[link]\nrate = "20mbit"\nlatency_ms = 20\njitter_ms = 2\n')
+    short = max(H, (a.steps // 3) // H * H)
+    outer = a.steps // H - short // H
+    for c in ["fp32"] + codecs:
+        k = "diloco4" if c == "fp32" else f"diloco4_{c}"
+        ex = dl + ([] if c == "fp32" else [f"--lowcomm.exchange={c}"]) + ["--eval.every=0"]
+        got = []
+        for n in (short, a.steps):
+            run, stats, secs = launch_wan(a.out, cfg, f"wan_{k}_{n}", 4, 1, ex + [f"--train.steps={n}"], topo)
+            if run is None:
+                res["wan_skipped"] = secs
+                break
+            got.append((stats["total_bytes"], series(metrics(run), 0)[-1][1]))
+        if "wan_skipped" in res:
+            print("WAN runs skipped:", res["wan_skipped"])
+            break
+        veth = (got[1][0] - got[0][0]) / outer
+        atoll = (got[1][1] - got[0][1]) / outer
+        R[k]["veth_bytes_per_outer_step"] = veth
+        R[k]["atoll_bytes_per_outer_step"] = atoll
+        print(f"{k:20s} WAN: {veth:.0f} veth bytes per outer step (atoll's count {atoll:.0f}, ratio {veth / atoll:.3f})",
+              flush=True)
+    if "wan_skipped" not in res:
+        per = []
+        for n in (10, 20):
+            run, stats, secs = launch_wan(a.out, cfg, f"wan_ddp{n}", 4, 1, [f"--train.steps={n}", "--eval.every=0"], topo)
+            per.append(stats["total_bytes"])
+        ddp_step = (per[1] - per[0]) / 10
+        R["ddp"]["veth_bytes_per_step"] = ddp_step
+        for c in ["fp32"] + codecs:
+            k = "diloco4" if c == "fp32" else f"diloco4_{c}"
+            res[f"ddp_vs_{k}_bytes_ratio_veth"] = ddp_step * H / R[k]["veth_bytes_per_outer_step"]
+    res["load_after"] = os.getloadavg()[0]
+    json.dump(res, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+
+
+def sweep_main(a):
+    os.makedirs(a.out, exist_ok=True)
+    cfg = config(a.out, a)
+    H = a.inner
+    dl = ["--parallel.islands=4", "--lowcomm.method=diloco"]
+    rows = [("DDP 4 ranks", "ddp", []),
+            (f"DiLoCo H={H} lr 0.7 mom 0.9", "h", dl + [f"--lowcomm.inner_steps={H}"]),
+            (f"DiLoCo H={H // 2}", "h2", dl + [f"--lowcomm.inner_steps={H // 2}"]),
+            (f"DiLoCo H={H // 5}", "h5", dl + [f"--lowcomm.inner_steps={H // 5}"]),
+            (f"DiLoCo H={H} averaging (lr 1, mom 0)", "avg", dl + [f"--lowcomm.inner_steps={H}",
+                                                               "--lowcomm.outer_lr=1", "--lowcomm.outer_momentum=0"]),
+            (f"DiLoCo H={H} lr 0.35 mom 0.9", "lr035", dl + [f"--lowcomm.inner_steps={H}", "--lowcomm.outer_lr=0.35"])]
+    res = {"cpu": cpu_model(), "load_before": os.getloadavg()[0], "steps": a.steps, "seeds": a.seeds,
+           "model": f"GPT L={a.layers} d={a.embd} heads=4 V=257 T=64", "runs": {}}
+    for label, name, extra in rows:
+        vals = []
+        for seed in range(1, a.seeds + 1):
+            run, secs = launch_local(a.out, cfg, f"sweep_{name}_s{seed}", extra + [f"--train.seed={seed}"])
+            vals.append(val_of(metrics(run)))
+            print(f"{label:36s} seed {seed}: val loss {vals[-1]:.4f}  ({secs:.0f} s)", flush=True)
+        res["runs"][name] = {"label": label, "val_loss": vals, "val_loss_mean": sum(vals) / len(vals)}
+    d = res["runs"]["ddp"]
+    for name, r in res["runs"].items():
+        r["vs_ddp_of_means"] = r["val_loss_mean"] / d["val_loss_mean"]
+        r["vs_ddp_per_seed"] = [v / w for v, w in zip(r["val_loss"], d["val_loss"])]
+    res["load_after"] = os.getloadavg()[0]
+    json.dump(res, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    for name, r in res["runs"].items():
+        print(f"{r['label']:36s} {r['val_loss_mean']:.4f}  {r['vs_ddp_of_means']:.4f} x DDP")
 
 
 main()

@@ -90,6 +90,66 @@ CompressedAllReducer::State& CompressedAllReducer::state(const std::string& key,
   return *s;
 }
 
+RoundingRng CompressedAllReducer::rng(uint64_t call, int phase, int chunk) const {
+  const int me = comm_ ? comm_->rank() : 0;
+  RoundingRng r;
+  r.seed = mix(spec_.seed ^ mix(uint64_t(me) * 0x100000001b3ull ^ mix(call * 4 + uint64_t(phase)) ^ uint64_t(chunk) * 7919));
+  return r;
+}
+
+int64_t CompressedAllReducer::scatter_sum(State& st, uint64_t call, std::vector<float>& x, int64_t n, int64_t c,
+                                          ReduceOp op, std::vector<float>& acc) {
+  const int W = comm_ ? comm_->size() : 1;
+  if (spec_.error_feedback) {
+    if (st.residual.empty()) st.residual.assign(size_t(n), 0.f);
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] += st.residual[size_t(i)];
+  }
+  const int64_t B = codec_->encoded_bytes(c), words = (B + 3) / 4;
+  Tensor send = Tensor::zeros({int64_t(W) * words}, DType::i32), recv = Tensor::zeros({int64_t(W) * words}, DType::i32);
+  auto bytes_of = [&](const Tensor& buf, int j) { return reinterpret_cast<uint8_t*>(buf.i32() + int64_t(j) * words); };
+  std::vector<float> tmp(static_cast<size_t>(c));
+  for (int j = 0; j < W; ++j) {
+    RoundingRng r = rng(call, 0, j);
+    codec_->encode(x.data() + int64_t(j) * c, c, bytes_of(send, j), spec_.stochastic ? &r : nullptr);
+    if (spec_.error_feedback) {
+      codec_->decode(bytes_of(send, j), c, tmp.data());
+      for (int64_t i = 0; i < c && j * c + i < n; ++i)
+        st.residual[size_t(j * c + i)] = x[size_t(j * c + i)] - tmp[size_t(i)];
+    }
+  }
+  if (W > 1) comm_->all_to_all(send, recv);
+  else recv = send;
+
+  // Owner: decode the W encodings of chunk `me` and sum them in f32.
+  acc.assign(static_cast<size_t>(c), 0.f);
+  for (int i = 0; i < W; ++i) {
+    codec_->decode(bytes_of(recv, i), c, tmp.data());
+    for (int64_t e = 0; e < c; ++e) acc[size_t(e)] += tmp[size_t(e)];
+  }
+  if (op == ReduceOp::avg)
+    for (float& v : acc) v /= float(W);
+  return words;
+}
+
+void CompressedAllReducer::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, const std::string& key) {
+  ATOLL_CHECK(in.dtype() == DType::f32 && in.is_contiguous() && out.dtype() == DType::f32 && out.is_contiguous(),
+              "compressed reduce-scatter '{}' takes contiguous f32 tensors", key);
+  ATOLL_CHECK(op != ReduceOp::max, "compressed reduce-scatter '{}': max is not a codec reduction", key);
+  ATOLL_CHECK(!gift_, "compressed reduce-scatter '{}': GIFT's codecs need the whole reduced tensor (use an all-reduce)",
+              key);
+  const int W = comm_ ? comm_->size() : 1;
+  const int64_t c = out.numel(), n = in.numel();
+  ATOLL_CHECK(n == c * W, "compressed reduce-scatter '{}': input of {} is not {} chunks of {}", key, n, W, c);
+  State& st = state(key, n, {});
+  const uint64_t call = st.calls++;
+  std::vector<float> x(in.f32(), in.f32() + n), acc;
+  const int64_t words = scatter_sum(st, call, x, n, c, op, acc);
+  std::memcpy(out.f32(), acc.data(), size_t(c) * 4);
+  ++stats_.calls;
+  stats_.bytes_sent += int64_t(W - 1) * words * 4;
+  stats_.f32_bytes += int64_t(W - 1) * c * 4;
+}
+
 void CompressedAllReducer::all_reduce(const Tensor& t, ReduceOp op, const std::string& key,
                                       const std::vector<MatrixSpan>& mats) {
   ATOLL_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "compressed all-reduce '{}' takes a contiguous f32 tensor",
@@ -110,39 +170,10 @@ void CompressedAllReducer::all_reduce(const Tensor& t, ReduceOp op, const std::s
       g.forward(x.data() + m.offset);
       ++active;
     }
-  if (spec_.error_feedback) {
-    if (st.residual.empty()) st.residual.assign(size_t(n), 0.f);
-    for (int64_t i = 0; i < n; ++i) x[size_t(i)] += st.residual[size_t(i)];
-  }
-  const int64_t B = codec_->encoded_bytes(c), words = (B + 3) / 4;
-  auto rng_for = [&](int phase, int chunk) {
-    RoundingRng r;
-    r.seed = mix(spec_.seed ^ mix(uint64_t(me) * 0x100000001b3ull ^ mix(call * 4 + uint64_t(phase)) ^ uint64_t(chunk) * 7919));
-    return r;
-  };
-  Tensor send = Tensor::zeros({int64_t(W) * words}, DType::i32), recv = Tensor::zeros({int64_t(W) * words}, DType::i32);
+  std::vector<float> acc;
+  const int64_t words = scatter_sum(st, call, x, n, c, op, acc);
   auto bytes_of = [&](const Tensor& buf, int j) { return reinterpret_cast<uint8_t*>(buf.i32() + int64_t(j) * words); };
-  std::vector<float> tmp(static_cast<size_t>(c));
-  for (int j = 0; j < W; ++j) {
-    RoundingRng r = rng_for(0, j);
-    codec_->encode(x.data() + int64_t(j) * c, c, bytes_of(send, j), spec_.stochastic ? &r : nullptr);
-    if (spec_.error_feedback) {
-      codec_->decode(bytes_of(send, j), c, tmp.data());
-      for (int64_t i = 0; i < c && j * c + i < n; ++i)
-        st.residual[size_t(j * c + i)] = x[size_t(j * c + i)] - tmp[size_t(i)];
-    }
-  }
-  if (W > 1) comm_->all_to_all(send, recv);
-  else recv = send;
-
-  // Owner: decode the W encodings of chunk `me` and sum them in f32.
-  std::vector<float> acc(static_cast<size_t>(c), 0.f);
-  for (int i = 0; i < W; ++i) {
-    codec_->decode(bytes_of(recv, i), c, tmp.data());
-    for (int64_t e = 0; e < c; ++e) acc[size_t(e)] += tmp[size_t(e)];
-  }
-  if (op == ReduceOp::avg)
-    for (float& v : acc) v /= float(W);
+  auto rng_for = [&](int phase, int chunk) { return rng(call, phase, chunk); };
 
   // All-gather the reduced chunks, re-encoded or in f32.
   std::vector<float> out(size_t(c) * size_t(W));
@@ -190,6 +221,59 @@ void CompressedAllReducer::all_reduce(const Tensor& t, ReduceOp op, const std::s
     stats_.gift_active = act;
   }
   (void)active;
+}
+
+std::vector<std::pair<std::string, Tensor>> CompressedAllReducer::state_tensors() const {
+  ATOLL_CHECK(!gift_, "compressed all-reduce: codec '{}' keeps GIFT's geometry, which checkpoints do not hold",
+              spec_.codec);
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto floats = [](const std::vector<float>& v) {
+    return Tensor::from_vector(v, {int64_t(v.size())});
+  };
+  for (const auto& [key, s] : states_) {
+    Tensor meta = Tensor::empty({2}, DType::i64);
+    meta.data<int64_t>()[0] = s->n;
+    meta.data<int64_t>()[1] = int64_t(s->calls);
+    out.emplace_back(key + ".meta", meta);
+    if (!s->residual.empty()) out.emplace_back(key + ".residual", floats(s->residual));
+    if (!s->residual2.empty()) out.emplace_back(key + ".residual2", floats(s->residual2));
+  }
+  return out;
+}
+
+void CompressedAllReducer::load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& sd,
+                                              const std::string& what) {
+  ATOLL_CHECK(!gift_, "{}: codec '{}' keeps GIFT's geometry, which checkpoints do not hold", what, spec_.codec);
+  states_.clear();
+  auto ends = [](const std::string& a, const std::string& b) {
+    return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+  };
+  for (const auto& [name, t] : sd)
+    if (ends(name, ".meta")) {
+      ATOLL_CHECK(t.dtype() == DType::i64 && t.numel() == 2, "{}: {} is not an i64 [2]", what, name);
+      auto s = std::make_unique<State>();
+      s->n = t.contiguous().data<int64_t>()[0];
+      s->calls = uint64_t(t.contiguous().data<int64_t>()[1]);
+      states_[name.substr(0, name.size() - 5)] = std::move(s);
+    }
+  for (const auto& [name, t] : sd) {
+    for (const char* suffix : {".residual2", ".residual"}) {
+      if (!ends(name, suffix)) continue;
+      std::string key = name.substr(0, name.size() - std::strlen(suffix));
+      auto it = states_.find(key);
+      ATOLL_CHECK(it != states_.end(), "{}: {} without {}.meta", what, name, key);
+      ATOLL_CHECK(t.dtype() == DType::f32, "{}: {} is not f32", what, name);
+      std::vector<float> v = t.contiguous().to_vector();
+      const bool second = std::strcmp(suffix, ".residual2") == 0;
+      if (second) it->second->residual2 = std::move(v);
+      else {
+        ATOLL_CHECK(int64_t(v.size()) == it->second->n, "{}: {} has {} elements, the tensor {}", what, name, v.size(),
+                    it->second->n);
+        it->second->residual = std::move(v);
+      }
+      break;
+    }
+  }
 }
 
 int64_t compressed_all_reduce(Communicator& comm, const Tensor& t, const std::string& codec, ReduceOp op,

@@ -46,7 +46,18 @@ class CompressedAllReducer {
   // every rank. key names the tensor for its error-feedback residual and GIFT state; mats (used on
   // a key's first call) are the matrices within t that GIFT may transform.
   void all_reduce(const Tensor& t, ReduceOp op, const std::string& key, const std::vector<MatrixSpan>& mats = {});
+  // In place of comm.reduce_scatter(in, out, op) (ZeRO-2): in holds W equal chunks of
+  // out.numel(); this rank's out gets the sum (or avg) of every rank's DECODED chunk, summed in
+  // f32 in rank order (steps 1 and 2 above). Error feedback as all_reduce's local encode; no GIFT
+  // (its geometry needs the whole reduced tensor). in and out may overlap (in is read first).
+  void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, const std::string& key);
   const CompressionStats& stats() const { return stats_; }
+  // What a bit-exact resume needs, per key: "<key>.meta" (i64 [n, calls]: the call count seeds
+  // stochastic rounding) and, with error feedback, "<key>.residual" / "<key>.residual2" (f32).
+  // Refused with GIFT (its geometry is not exported).
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // The inverse, replacing every key's state; `what` names the source for messages.
+  void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what);
   const CodecSpec& spec() const { return spec_; }
   const Codec& codec() const { return *codec_; }
   bool gift() const { return gift_; }
@@ -54,6 +65,11 @@ class CompressedAllReducer {
  private:
   struct State;
   State& state(const std::string& key, int64_t n, const std::vector<MatrixSpan>& mats);
+  RoundingRng rng(uint64_t call, int phase, int chunk) const;
+  // Steps 1 and 2 on x (W chunks of c, transformed): adds and updates the local residual, encodes,
+  // exchanges, and returns this rank's f32 sum of the decoded chunk. Returns the words per chunk.
+  int64_t scatter_sum(State& st, uint64_t call, std::vector<float>& x, int64_t n, int64_t c, ReduceOp op,
+                      std::vector<float>& acc);
   Communicator* comm_;
   CodecSpec spec_;
   bool gift_ = false;

@@ -10,7 +10,7 @@ using Clock = std::chrono::steady_clock;
 std::string DiLoCo::describe() const {
   return fmt::format("{} over {} islands, H = {}, outer {}SGD lr {} momentum {}, exchange {}, sync {}", c_.method, islands_,
                      c_.inner_steps, c_.nesterov && c_.outer_momentum > 0 ? "Nesterov " : "", c_.outer_lr,
-                     c_.outer_momentum, c_.exchange, sched_->describe());
+                     c_.outer_momentum, describe_exchange(c_.codec), sched_->describe());
 }
 
 nlohmann::json DiLoCo::sync(int64_t step) {
@@ -21,7 +21,7 @@ nlohmann::json DiLoCo::sync(int64_t step) {
   float* d = delta_.f32();
   const float *x = flat_.f32(), *g = global_.f32();
   for (int64_t i = 0; i < n; ++i) d[i] = g[i] - x[i];
-  start_average(delta_)();
+  start_average(delta_, "pseudo_gradient")();
   merge(delta_);
   outer_sgd(global_.f32(), mom_.f32(), delta_.f32(), n, c_);
   flat_.copy_from(global_);

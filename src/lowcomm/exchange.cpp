@@ -1,5 +1,7 @@
-// The fp32 pseudo-gradient exchange and the exchange registry; see exchange.h.
+// The fp32 pseudo-gradient exchange, the exchange registry and its config; see exchange.h.
 #include "lowcomm/exchange.h"
+
+#include <fmt/format.h>
 
 namespace atl::lowcomm {
 
@@ -11,7 +13,7 @@ namespace {
 class Fp32Exchange final : public PseudoGradientExchange {
  public:
   std::string name() const override { return "fp32"; }
-  std::function<void()> start(const Tensor& t, comm::Communicator* across) override {
+  std::function<void()> start(const Tensor& t, comm::Communicator* across, const std::string&) override {
     if (!across || across->size() == 1) return [] {};
     comm::WorkPtr w = across->all_reduce_async(t, comm::ReduceOp::avg);
     return [w] { w->wait(); };
@@ -25,10 +27,34 @@ class Fp32Exchange final : public PseudoGradientExchange {
 Registry<ExchangeMaker>& exchange_registry() {
   static Registry<ExchangeMaker> r = [] {
     Registry<ExchangeMaker> g("pseudo-gradient exchange");
-    g.add("fp32", [](Config&) { return std::make_unique<Fp32Exchange>(); });
+    g.add("fp32", [](const comm::CodecSpec&) { return std::make_unique<Fp32Exchange>(); });
+    register_codec_exchanges(g);
     return g;
   }();
   return r;
+}
+
+std::string describe_exchange(const comm::CodecSpec& s) {
+  if (s.none()) return "fp32";
+  return fmt::format("{} ({}error feedback, {} rounding{})", s.codec, s.error_feedback ? "" : "no ",
+                     s.stochastic ? "stochastic" : "nearest", s.gather_encoded ? "" : ", f32 gather");
+}
+
+comm::CodecSpec exchange_spec(Config& cfg) {
+  comm::CodecSpec s;
+  std::string name = cfg.get_string("lowcomm.exchange", "fp32");
+  s.codec = name == "fp32" ? "none" : name;
+  s.where = cfg.where("lowcomm.exchange");
+  s.error_feedback = cfg.get_bool("lowcomm.error_feedback", !s.none());
+  s.stochastic = cfg.get_string("lowcomm.codec_rounding", name == "nvfp4" ? "stochastic" : "nearest",
+                                {"nearest", "stochastic"}) == "stochastic";
+  s.seed = uint64_t(cfg.get_int("lowcomm.codec_seed", 0, 0, INT64_MAX));
+  s.gather_encoded = cfg.get_string("lowcomm.codec_gather", "encoded", {"encoded", "f32"}) == "encoded";
+  ATOLL_CHECK(!s.none() || !s.error_feedback, "lowcomm.error_feedback = true ({}) needs a codec exchange "
+              "(lowcomm.exchange is 'fp32')", cfg.where("lowcomm.error_feedback"));
+  ATOLL_CHECK(!s.none() || !s.stochastic, "lowcomm.codec_rounding = 'stochastic' ({}) needs a codec exchange "
+              "(lowcomm.exchange is 'fp32')", cfg.where("lowcomm.codec_rounding"));
+  return s;
 }
 
 }  // namespace atl::lowcomm

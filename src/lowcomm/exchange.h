@@ -1,14 +1,19 @@
 // How a pseudo-gradient travels between islands: the hook a codec plugs into. An exchange
 // averages a contiguous f32 tensor in place over the communicator that joins equal ranks of
 // different islands; start() issues it and returns what completes it, so Streaming DiLoCo can
-// overlap the transfer with inner steps. "fp32" (the default) is a plain all-reduce; a codec
-// (src/comm/codec_*) registers another name here that encodes before and decodes after, and
-// must not accumulate in its low precision. Chosen by [lowcomm] exchange.
+// overlap the transfer with inner steps. "fp32" (the default) is a plain all-reduce; the codecs
+// of src/comm/codec_* (int8, fp8_e4m3, fp8_e5m2, nvfp4: exchange_codec.cpp) encode before and
+// decode after, sum in f32 (comm/compressed_allreduce.h), and keep their error feedback per rank
+// (so per island), in checkpoints. Chosen by [lowcomm] exchange, with error_feedback,
+// codec_rounding, codec_seed and codec_gather (exchange_spec below).
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "comm/codec.h"
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/registry.h"
@@ -19,16 +24,34 @@ class PseudoGradientExchange {
  public:
   virtual ~PseudoGradientExchange() = default;
   virtual std::string name() const = 0;
+  // Once, on every rank, before any start(), with the communicator start() will get.
+  virtual void setup(comm::Communicator* across) {}
   // Starts averaging t (contiguous f32) in place over `across` (null or one rank: nothing to do).
   // t must stay untouched until the returned function has run; it blocks until t holds the mean.
-  virtual std::function<void()> start(const Tensor& t, comm::Communicator* across) = 0;
+  // key names the tensor (one per Streaming fragment) for a codec's error feedback.
+  virtual std::function<void()> start(const Tensor& t, comm::Communicator* across, const std::string& key) = 0;
   // Bytes this rank sends for one exchange of `numel` elements over `ranks` ranks (atoll's count,
   // compared with the veth counters by the WAN test bed).
   virtual int64_t wire_bytes(int64_t numel, int ranks) const = 0;
+  // This rank's state for a bit-exact resume (error-feedback residuals, rounding counters), and
+  // its inverse (all exchanges in flight have completed).
+  virtual std::vector<std::pair<std::string, Tensor>> state() const { return {}; }
+  virtual void load(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what) {}
 };
 
-using ExchangeMaker = std::function<std::unique_ptr<PseudoGradientExchange>(Config& cfg)>;
+using ExchangeMaker = std::function<std::unique_ptr<PseudoGradientExchange>(const comm::CodecSpec& spec)>;
 Registry<ExchangeMaker>& exchange_registry();
+// exchange_codec.cpp: registers int8, fp8_e4m3, fp8_e5m2, nvfp4.
+void register_codec_exchanges(Registry<ExchangeMaker>& r);
+
+// [lowcomm] exchange and the codec keys, as a spec ("fp32" is codec "none"). The name is not
+// checked here: ranks compare specs first (comm::exchange_codec_spec), so a name one rank does
+// not know is refused by all of them. Defaults for a codec: error_feedback = true, and
+// codec_rounding = "stochastic" for nvfp4 ("nearest" otherwise).
+comm::CodecSpec exchange_spec(Config& cfg);
+
+// "fp32", or e.g. "int8 (error feedback, nearest rounding)": for the methods' describe().
+std::string describe_exchange(const comm::CodecSpec& spec);
 
 // Ring all-reduce's traffic per rank: 2 (p - 1) / p of the buffer.
 int64_t ring_all_reduce_bytes(int64_t bytes, int ranks);

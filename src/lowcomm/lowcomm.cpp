@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/compressed_allreduce.h"
 #include "core/log.h"
 #include "lowcomm/diloco.h"
 
@@ -23,7 +24,8 @@ std::unique_ptr<LowCommConfig> LowCommConfig::from_config(Config& cfg, int64_t i
   c->outer_lr = cfg.get_float("lowcomm.outer_lr", c->outer_lr, 0.0, 100.0);
   c->outer_momentum = cfg.get_float("lowcomm.outer_momentum", c->outer_momentum, 0.0, 0.999999);
   c->nesterov = cfg.get_bool("lowcomm.nesterov", c->nesterov);
-  c->exchange = cfg.get_string("lowcomm.exchange", c->exchange, exchange_registry().names());
+  c->codec = exchange_spec(cfg);
+  c->exchange = c->codec.none() ? "fp32" : c->codec.codec;
   if (c->method == "streaming") {
     c->fragments = cfg.get_int("lowcomm.fragments", c->fragments, 1, 1 << 20);
     c->overlap_steps = cfg.get_int("lowcomm.overlap_steps", c->overlap_steps, 0, 1 << 30);
@@ -71,7 +73,12 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
     island_comm_ = world_->split(island_, world_->rank());
     across_ = mesh.axis("island");
   }
-  exchange_ = exchange_registry().get(c_.exchange, "lowcomm.exchange")(cfg);
+  // Every rank's exchange settings compared first, so a codec one island lacks (or sets
+  // differently) is refused on every rank before step 1, each rank's setting named.
+  if (world_ && world_->size() > 1) comm::exchange_codec_spec(*world_, c_.codec, "lowcomm.exchange");
+  std::string w = c_.codec.where.empty() ? "lowcomm.exchange" : "lowcomm.exchange (" + c_.codec.where + ")";
+  exchange_ = exchange_registry().get(c_.exchange, w)(c_.codec);
+  exchange_->setup(across_);
   sched_ = make_sync_controller(c_.sync);
 }
 
@@ -113,7 +120,7 @@ double LowComm::world_average(double x) {
   return (double(t.f32()[0]) + double(t.f32()[1])) / double(world_->size());
 }
 
-std::function<void()> LowComm::start_average(const Tensor& buf) {
+std::function<void()> LowComm::start_average(const Tensor& buf, const std::string& key) {
   const int64_t n = buf.numel();
   const int k = island_comm_ ? island_comm_->size() : 1;
   if (!across_ || across_->size() == 1) return [] {};
@@ -124,13 +131,13 @@ std::function<void()> LowComm::start_average(const Tensor& buf) {
     std::this_thread::sleep_for(across_->timeout() * 2);
     std::_Exit(3);
   }
-  if (k == 1) return exchange_->start(buf, across_);
+  if (k == 1) return exchange_->start(buf, across_, key);
   // This rank's share: chunk l of the buffer padded to k equal chunks.
   const int64_t chunk = (n + k - 1) / k, l = island_comm_->rank();
   const int64_t lo = std::min(n, l * chunk), hi = std::min(n, lo + chunk);
   Tensor mine = Tensor::zeros({chunk});
   if (hi > lo) std::memcpy(mine.f32(), buf.f32() + lo, size_t(hi - lo) * sizeof(float));
-  auto fin = exchange_->start(mine, across_);
+  auto fin = exchange_->start(mine, across_, key);
   comm::Communicator* ic = island_comm_.get();
   return [fin, mine, buf, ic, chunk, n, k] {
     fin();
@@ -171,34 +178,33 @@ bool is_ours(const std::string& n) { return n.rfind(kPrefix, 0) == 0; }
 void LowComm::save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                          std::vector<std::pair<std::string, Tensor>>& opt_sd, nlohmann::json& state) {
   std::vector<std::pair<std::string, Tensor>> extra;
-  // The other islands' parameters and inner optimizer state, sent to world rank 0 (it writes the
-  // checkpoint; it is island 0's first rank) by each island's first rank, over the island axis.
-  // Every island holds the same names and shapes (one model, one optimizer).
+  // The other islands' parameters and inner optimizer state, gathered for world rank 0 (it
+  // writes the checkpoint; it is island 0's first rank) from each island's first rank, over the
+  // island axis. Every island holds the same names and shapes (one model, one optimizer). An
+  // all_gather, not sends to island 0: a communicator's collectives are tagged by its operation
+  // count, which uneven point-to-point traffic (M - 1 receives against one send) would set apart
+  // for M > 2 islands, hanging the next exchange after a mid-run checkpoint.
   if (islands_ > 1 && island_comm_ && island_comm_->rank() == 0) {
-    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind, int& tag) {
+    auto move = [&](const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& kind) {
       for (const auto& [name, t0] : sd) {
-        Tensor t = t0.contiguous();
-        if (island_ > 0) {
-          across_->send(t, 0, tag++);
-          continue;
-        }
-        for (int i = 1; i < islands_; ++i) {
-          Tensor r = Tensor::empty(t.shape(), t.dtype());
-          across_->recv(r, i, tag);
-          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name), r);
-        }
-        ++tag;
+        Tensor t = t0.contiguous(), all = Tensor::empty({int64_t(islands_) * t.numel()}, t.dtype());
+        across_->all_gather(t.reshape({t.numel()}), all);
+        if (island_ > 0) continue;
+        for (int i = 1; i < islands_; ++i)
+          extra.emplace_back(fmt::format("{}island{}.{}.{}", kPrefix, i, kind, name),
+                             all.slice(0, i * t.numel(), (i + 1) * t.numel()).reshape(t.shape()).clone());
       }
     };
-    int tag = 0;
-    move(model_sd, "model", tag);
-    move(opt_sd, "optim", tag);
+    move(model_sd, "model");
+    move(opt_sd, "optim");
   }
   extra.emplace_back(std::string(kPrefix) + "global", global_.clone());
   extra.emplace_back(std::string(kPrefix) + "momentum", mom_.clone());
   nlohmann::json st = {{"method", c_.method},           {"islands", islands_}, {"inner_steps", c_.inner_steps},
-                       {"outer_steps", outer_steps_}, {"job_wan_bytes", job_wan_bytes_}};
-  save_method(extra, st);
+                       {"outer_steps", outer_steps_}, {"job_wan_bytes", job_wan_bytes_},
+                       {"exchange", c_.codec.describe()}, {"ranks", world_ ? world_->size() : 1}};
+  save_method(extra, st);  // completes the exchanges in flight
+  save_exchange(extra);
   for (auto& e : extra) opt_sd.push_back(std::move(e));
   state["lowcomm"] = st;
 }
@@ -237,9 +243,58 @@ void LowComm::load_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
               global_.numel());
   global_.copy_from(g.reshape(global_.shape()));
   mom_.copy_from(ours.get(std::string(kPrefix) + "momentum").reshape(mom_.shape()));
+  load_exchange(ours, st, what);
   outer_steps_ = st.at("outer_steps").get<int64_t>();
   job_wan_bytes_ = st.at("job_wan_bytes").get<int64_t>();
   load_method(ours, st, what);
+}
+
+// Every rank's exchange state goes to world rank 0 (the writer) as lowcomm.exchange.rank<r>.*;
+// the ranks hold the same names and shapes (one key per exchanged tensor, equal shares), so
+// each tensor travels by one all_gather (collectives keep every rank's operation count equal).
+void LowComm::save_exchange(std::vector<std::pair<std::string, Tensor>>& extra) {
+  std::vector<std::pair<std::string, Tensor>> mine = exchange_->state();
+  const int W = world_ ? world_->size() : 1, me = world_ ? world_->rank() : 0;
+  auto name = [&](int r, const std::string& n) { return fmt::format("{}exchange.rank{}.{}", kPrefix, r, n); };
+  if (W == 1) {
+    for (auto& [n, t] : mine) extra.emplace_back(name(0, n), t);
+    return;
+  }
+  Tensor count = Tensor::zeros({2}, DType::i64), counts = Tensor::zeros({2 * int64_t(W)}, DType::i64);
+  count.data<int64_t>()[0] = int64_t(mine.size());
+  for (auto& [n, t] : mine) count.data<int64_t>()[1] += t.numel();
+  world_->all_gather(count, counts);
+  const int64_t* c = counts.data<int64_t>();
+  for (int r = 1; r < W; ++r)
+    ATOLL_CHECK(c[2 * r] == c[0] && c[2 * r + 1] == c[1],
+                "lowcomm: rank {}'s exchange state ({} tensors, {} values) does not match rank 0's ({}, {})", r,
+                c[2 * r], c[2 * r + 1], c[0], c[1]);
+  for (auto& [n, t] : mine) {
+    Tensor all = Tensor::empty({int64_t(W) * t.numel()}, t.dtype());
+    world_->all_gather(t.contiguous(), all);
+    if (me != 0) continue;
+    for (int r = 0; r < W; ++r) extra.emplace_back(name(r, n), all.slice(0, r * t.numel(), (r + 1) * t.numel()).clone());
+  }
+}
+
+void LowComm::load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what) {
+  const int W = world_ ? world_->size() : 1, me = world_ ? world_->rank() : 0;
+  const std::string saved = st.value("exchange", comm::CodecSpec{}.describe());  // older: fp32
+  if (saved != c_.codec.describe()) {
+    // A different codec (or setting) from here on: its error feedback starts from zero.
+    log::warn("lowcomm: {} was saved with exchange '{}', this job runs '{}': the exchange state starts afresh", what,
+              saved, c_.codec.describe());
+    exchange_->load({}, what);
+    return;
+  }
+  ATOLL_CHECK(c_.codec.none() || st.value("ranks", W) == W,
+              "{} holds the exchange state of {} ranks, this job has {}: resume with the same ranks (or another "
+              "lowcomm.exchange setting, whose error feedback then starts from zero)", what, st.value("ranks", W), W);
+  const std::string prefix = fmt::format("{}exchange.rank{}.", kPrefix, me);
+  std::vector<std::pair<std::string, Tensor>> sd;
+  for (const auto& [n, t] : ours.tensors)
+    if (n.rfind(prefix, 0) == 0) sd.emplace_back(n.substr(prefix.size()), t);
+  exchange_->load(sd, what);
 }
 
 void LowComm::finish_load() {

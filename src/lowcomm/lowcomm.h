@@ -14,8 +14,9 @@
 // averaged shares over its fast links: the WAN carries one model's worth per island and sync.
 //
 // Checkpoints (save_state/load_state): the outer state (global parameters, momentum, exchanges
-// in flight) and every island's own parameters and inner optimizer state, so a run stopped
-// between outer steps resumes bit-exact.
+// in flight), every island's own parameters and inner optimizer state, and every rank's
+// exchange state (a codec's error-feedback residuals), so a run stopped between outer steps
+// resumes bit-exact.
 #pragma once
 #include <chrono>
 #include <functional>
@@ -41,6 +42,7 @@ struct LowCommConfig {
   double outer_lr = 0.7, outer_momentum = 0.9;
   bool nesterov = true;
   std::string exchange = "fp32";
+  comm::CodecSpec codec;  // the exchange's codec settings (exchange.h: exchange_spec)
   // Streaming DiLoCo: fragments P, overlap tau (inner steps between starting an exchange and
   // applying it), mixing alpha (the weight of the local parameters when merging).
   int64_t fragments = 4, overlap_steps = 1;
@@ -109,7 +111,8 @@ class LowComm {
 
   // Averages buf (contiguous f32) in place over the islands, each rank sending its 1/k share;
   // returns what completes it (then buf holds the mean on every rank).
-  std::function<void()> start_average(const Tensor& buf);
+  // key names buf for the exchange's error feedback (the same tensor each round).
+  std::function<void()> start_average(const Tensor& buf, const std::string& key);
   int64_t wan_bytes(int64_t numel) const;  // what start_average(numel) sends from this rank
   // One sync's record; blocked_s is the time the inner steps waited for it.
   nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
@@ -129,6 +132,8 @@ class LowComm {
   int64_t due_step_ = -1;
 
  private:
+  void save_exchange(std::vector<std::pair<std::string, Tensor>>& extra);
+  void load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   // For compute utilization: wall time between records and the time blocked in syncs within it.
   std::chrono::steady_clock::time_point window_start_;
   double window_blocked_s_ = 0;

@@ -33,7 +33,7 @@ class StreamingDiLoCo final : public LowComm {
                        "{}SGD lr {} momentum {}, exchange {}",
                        islands_, c_.inner_steps, frags_.size(), c_.overlap_steps, c_.mixing,
                        c_.nesterov && c_.outer_momentum > 0 ? "Nesterov " : "", c_.outer_lr, c_.outer_momentum,
-                       c_.exchange);
+                       describe_exchange(c_.codec));
   }
 
  protected:
@@ -106,7 +106,7 @@ class StreamingDiLoCo final : public LowComm {
       const float *x = flat_.f32(), *g = global_.f32();
       for (auto& r : frags_[size_t(p)])
         for (int64_t i = r.lo; i < r.hi; ++i) *d++ = g[i] - x[i];
-      pd.finish = start_average(pd.buf);
+      pd.finish = start_average(pd.buf, fmt::format("fragment{}", p));
       if (c_.overlap_steps == 0) {
         pd.finish();
         apply(pd);

@@ -114,7 +114,7 @@ namespace {
 std::unique_ptr<DataParallel> make_zero(int stage, nn::Model& model, comm::Communicator* comm, const ParallelConfig& pc,
                                         const AdamWConfig& ac, const ShardedOptimizerFactory& sharded) {
   int64_t cap = std::max<int64_t>(1, int64_t(pc.bucket_mb * 1024.0 * 1024.0 / 4.0));
-  return std::make_unique<Zero>(model, comm, stage, cap, 0, ac, sharded);
+  return std::make_unique<Zero>(model, comm, stage, cap, 0, ac, sharded, nullptr, pc.codec);
 }
 }  // namespace
 
@@ -157,8 +157,9 @@ std::unique_ptr<DataParallel> make_data_parallel(nn::Model& model, comm::Communi
               "built for the whole model; use parallel.strategy = 'ddp', or [optim] type = 'muon' or 'prmuon' "
               "with AdamW on embeddings, head and vectors (sharded by ZeRO)",
               pc.strategy, opt ? opt->name() : "");
-  ATOLL_CHECK(pc.codec.none() || pc.strategy == "ddp", "parallel.codec = '{}'{}: gradient codecs run under "
-              "parallel.strategy = 'ddp' only in this build, not '{}'", pc.codec.codec,
+  ATOLL_CHECK(pc.codec.none() || pc.strategy == "ddp" || pc.strategy == "zero1" || pc.strategy == "zero2",
+              "parallel.codec = '{}'{}: gradient codecs run under parallel.strategy = 'ddp', 'zero1' or 'zero2', "
+              "not '{}'", pc.codec.codec,
               pc.codec.where.empty() ? "" : " (" + pc.codec.where + ")", pc.strategy);
   return e.make(model, comm, pc, ac, std::move(opt), sharded, mesh);
 }

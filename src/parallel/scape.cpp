@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/log.h"
 #include "optim/clip.h"
 #include "optim/optim_util.h"
@@ -230,16 +232,84 @@ void Scape::make_next_mask() {
   }
 }
 
+// Besides the model and AdamS: what a bit-exact resume needs. The next step's mask (its gather
+// completed now, which changes no value: the next step would wait for it first) with whether the
+// next exchange is still the dense first one, and every rank's unsent gradient (the error
+// feedback), all-gathered for the writer as scape.residual.rank<r>.
 void Scape::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                        std::vector<std::pair<std::string, Tensor>>& opt_state) {
   model_sd = model_.state_dict();
   opt_->save_state(opt_state, "");
+  take_gathered_mask();
+  const int W = world();
+  Tensor meta = Tensor::empty({3}, DType::i64);
+  int64_t* mt = meta.data<int64_t>();
+  mt[0] = dense_ ? 1 : 0;
+  mt[1] = W;
+  mt[2] = int64_t(mask_.size());
+  opt_state.emplace_back("scape.state", meta);
+  std::vector<int32_t> mask = mask_;
+  if (mask.empty()) mask.push_back(-1);  // no zero-size tensors in a checkpoint
+  opt_state.emplace_back("scape.mask", Tensor::from_vector_i32(mask, {int64_t(mask.size())}));
+  Tensor mine = Tensor::from_vector(residual_, {n_});
+  if (!comm_ || W == 1) {
+    opt_state.emplace_back("scape.residual.rank0", mine);
+    return;
+  }
+  Tensor all = Tensor::empty({int64_t(W) * n_});
+  comm_->all_gather(mine, all);
+  for (int r = 0; r < W; ++r)
+    opt_state.emplace_back(fmt::format("scape.residual.rank{}", r), all.slice(0, r * n_, (r + 1) * n_).clone());
 }
 
 void Scape::load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd, const TensorFile& opt_state,
                             const std::string& what) {
   model_.load_state_dict(model_sd, what);
   opt_->load_state(opt_state, "");
+  if (pending_) pending_->wait();
+  pending_.reset();
+  std::fill(residual_.begin(), residual_.end(), 0.f);
+  mask_.clear();
+  dense_ = true;
+  const Tensor* meta = opt_state.find("scape.state");
+  if (!meta) {  // saved by another strategy: nothing unsent, the first exchange dense
+    log::info("scape: {} holds no SCAPE state; the first exchange is dense and the error feedback starts at zero",
+              what);
+    return;
+  }
+  ATOLL_CHECK(meta->dtype() == DType::i64 && meta->numel() == 3, "{}: scape.state is not an i64 [3]", what);
+  const int64_t* mt = meta->contiguous().data<int64_t>();
+  const int64_t saved_w = mt[1], k = mt[2];
+  dense_ = mt[0] != 0;
+  const Tensor& m = opt_state.get("scape.mask");
+  ATOLL_CHECK(m.dtype() == DType::i32 && m.numel() >= k, "{}: scape.mask holds {} indices, scape.state says {}", what,
+              m.numel(), k);
+  const int32_t* mi = m.contiguous().i32();
+  for (int64_t t = 0; t < k; ++t) {
+    ATOLL_CHECK(mi[t] >= 0 && mi[t] < n_ && (t == 0 || mi[t] > mi[t - 1]),
+                "{}: scape.mask[{}] = {} is not a sorted index below {}", what, t, mi[t], n_);
+    mask_.push_back(mi[t]);
+  }
+  auto residual_of = [&](int64_t r) {
+    const Tensor& e = opt_state.get(fmt::format("scape.residual.rank{}", r));
+    ATOLL_CHECK(e.numel() == n_, "{}: scape.residual.rank{} has {} values, the model {}", what, r, e.numel(), n_);
+    return e.contiguous().to_vector();
+  };
+  if (saved_w == world()) {
+    residual_ = residual_of(rank());
+    return;
+  }
+  // Another world size: the exchange sums the ranks' residuals, so rank 0 carries their sum
+  // and the others none (the total unsent gradient is kept; its split over ranks is not).
+  log::info("scape: {} was saved by {} ranks, this job has {}: rank 0 takes the summed error feedback", what, saved_w,
+            world());
+  if (rank() != 0) return;
+  std::vector<double> sum(size_t(n_), 0.0);
+  for (int64_t r = 0; r < saved_w; ++r) {
+    std::vector<float> e = residual_of(r);
+    for (int64_t j = 0; j < n_; ++j) sum[size_t(j)] += e[size_t(j)];
+  }
+  for (int64_t j = 0; j < n_; ++j) residual_[size_t(j)] = float(sum[size_t(j)]);
 }
 
 namespace {

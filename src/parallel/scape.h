@@ -13,6 +13,8 @@
 //  - each mask is used one step late: made after step t's update, gathered asynchronously during
 //    step t+1's forward and backward, used by step t+1's exchange. The first step, with no mask
 //    yet, is dense.
+// Checkpoints hold, besides AdamS's state, the next mask and every rank's unsent gradient, so a
+// stopped run resumes bit-exact (on another world size rank 0 takes the summed residuals).
 // Coordinates outside the mask keep their first moment and weights (lazy, like SparseAdam) apart
 // from weight decay, which applies every step; or (scape_update = "dense") AdamS steps them all
 // on the sparse buffer. At sparsity 0 every coordinate is sent every step

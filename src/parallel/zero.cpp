@@ -12,7 +12,7 @@
 namespace atl::parallel {
 
 Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt, Mesh* mesh)
+           const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt, Mesh* mesh, const comm::CodecSpec& codec)
     : DataParallel(model, comm), stage_(stage), hsdp_(hsdp_shard_size > 0) {
   ATOLL_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} does not exist (1, 2 or 3)", stage);
   ATOLL_CHECK(hsdp_shard_size == 0 || stage == 3, "HSDP shards parameters: it needs stage 3");
@@ -39,6 +39,7 @@ Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket
       shard_ = comm_;
     }
   }
+  setup_codec(codec);
   int S = shards(), sr = shard_ ? shard_->rank() : 0;
   // MPI's reduce-scatter and all-gather need separate buffers (MPI_IN_PLACE aside); Gloo's do not.
   in_place_rs_ = shard_ && shard_->backend() == "gloo";
@@ -157,7 +158,7 @@ void Zero::launch_reduce(size_t b) {
   s.launched = true;
   Tensor g = model_.flat_grads().slice(0, L.range.lo, L.range.hi);
   if (stage_ == 1) {
-    s.reduce = shard_->all_reduce_async(g, comm::ReduceOp::sum);
+    if (!reduce_compressed(b, g)) s.reduce = shard_->all_reduce_async(g, comm::ReduceOp::sum);
     return;
   }
   if (shards() == 1) return;  // HSDP with one-rank groups: the own range is the bucket, already summed
@@ -174,8 +175,9 @@ void Zero::launch_reduce(size_t b) {
     s.rs_buf = take_scratch(L.chunk);
     s.rs_out = s.rs_buf;
   }
-  s.reduce = shard_->reduce_scatter_async(in, s.rs_out, comm::ReduceOp::sum);
   inflight_.push_back(b);
+  if (reduce_compressed(b, in)) return complete_reduce(b);
+  s.reduce = shard_->reduce_scatter_async(in, s.rs_out, comm::ReduceOp::sum);
 }
 
 void Zero::finish_backward() {

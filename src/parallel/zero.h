@@ -21,10 +21,16 @@
 //  HSDP:    stage 3 within groups of hsdp_shard_size ranks, each group a replica; gradient shards
 //           are all-reduced across the replicas after the reduce-scatter.
 //
+// A gradient codec ([parallel] codec, stages 1 and 2; zero_codec.cpp): stage 1's all-reduce and
+// stage 2's reduce-scatter go through comm::CompressedAllReducer, decoded and summed in f32, each
+// bucket as soon as it is final but synchronously (not overlapped with the rest of backward).
+//
 // Every bucket is a range of the flat buffers cut into equal per-rank chunks; a reduction starts
 // from gradient hooks as soon as its bucket is final, overlapped with the rest of backward.
 #pragma once
 #include <deque>
+
+#include "comm/compressed_allreduce.h"
 
 #include "parallel/data_parallel.h"
 #include "parallel/flat_layout.h"
@@ -42,7 +48,8 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // mesh (optional): under HSDP the shard and replica groups are its dp_shard and dp_replicate
   // axes (else split from comm here, the same groups: consecutive ranks shard).
   Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket_elems, int hsdp_shard_size,
-       const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {}, Mesh* mesh = nullptr);
+       const AdamWConfig& ac, const ShardedOptimizerFactory& make_opt = {}, Mesh* mesh = nullptr,
+       const comm::CodecSpec& codec = {});
   ~Zero() override;
   std::string name() const override;
   void zero_grad() override;
@@ -96,6 +103,11 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   void after_forward(int64_t block) override;
   void before_backward(int64_t block) override;
   void after_backward(int64_t block) override;
+
+  // zero_codec.cpp: the compressed reduction of bucket b (true), or false without a codec.
+  bool reduce_compressed(size_t b, const Tensor& in);
+  void setup_codec(const comm::CodecSpec& codec);
+  std::unique_ptr<comm::CompressedAllReducer> compressor_;
 
   int stage_;
   std::unique_ptr<comm::Communicator> shard_owned_, replica_owned_;

@@ -135,15 +135,21 @@ TEST(Islands, StreamingWithOneFragmentAndNoOverlapEqualsDiLoCo) {
 // 4 ranks = 2 islands of 2 (DDP inside, each rank sending half the pseudo-gradient across): the
 // checkpoint after each outer step holds island 1's parameters bitwise equal to island 0's; one
 // taken mid-round shows them apart (so the comparison can fail).
+// With an int8 exchange (error feedback per rank) too: the islands decode the same bits, and the
+// pseudo-gradient costs under a third of fp32's bytes.
 TEST(Islands, AfterEveryOuterStepAllIslandsHoldTheSameParameters) {
-  for (const char* method : {"diloco", "isoloco"}) {
+  int64_t fp32_bytes = 0;
+  // And 4 islands of one rank (their states gathered for the checkpoint while the exchanges go on).
+  for (std::string method : {"diloco", "isoloco", "diloco_int8", "diloco_m4"}) {
     Islands f;
-    ASSERT_EQ(f.train(method, 4, {"--parallel.islands=2", std::string("--lowcomm.method=") + method,
-                                  "--lowcomm.inner_steps=2", "--checkpoint.every=1"}),
-              0);
+    const int M = method == "diloco_m4" ? 4 : 2;
+    std::vector<std::string> args = {"--parallel.islands=" + std::to_string(M), "--lowcomm.inner_steps=2",
+                                     "--checkpoint.every=1", "--lowcomm.method=" + method.substr(0, method.find('_'))};
+    if (method == "diloco_int8") args.push_back("--lowcomm.exchange=int8");
+    ASSERT_EQ(f.train(method, 4, args), 0);
     for (int s = 1; s <= 6; ++s) {
       TensorFile opt = load_safetensors((f.ckpt(method, s) / "optimizer.safetensors").string());
-      std::vector<float> i1 = all_of(opt, "lowcomm.island1.model.");
+      std::vector<float> i1 = all_of(opt, "lowcomm.island" + std::to_string(M - 1) + ".model.");
       std::vector<float> i0 = model_of(f.ckpt(method, s));
       ASSERT_EQ(i1.size(), i0.size()) << method << " step " << s;
       if (s % 2 == 0) EXPECT_EQ(rel_diff(i1, i0), 0.0) << method << ": islands differ after outer step at " << s;
@@ -153,23 +159,45 @@ TEST(Islands, AfterEveryOuterStepAllIslandsHoldTheSameParameters) {
     ASSERT_EQ(m.size(), 6u);
     const auto& sync = m[1].at("sync");
     EXPECT_GT(sync.at("wan_bytes").get<int64_t>(), 0);
+    if (method == "diloco") fp32_bytes = sync.at("wan_bytes").get<int64_t>();
+    if (method == "diloco_int8") {
+      EXPECT_NE(f.log(method).find("exchange int8"), std::string::npos) << f.log(method);
+      EXPECT_LT(3 * sync.at("wan_bytes").get<int64_t>(), fp32_bytes);
+    }
     EXPECT_GT(sync.at("compute_util").get<double>(), 0.0);
     EXPECT_LE(sync.at("compute_util").get<double>(), 1.0);
   }
 }
 
 // Stopped mid-round (step 4 of rounds of 3; Streaming with an exchange in flight), resumed:
-// the same parameters and the same losses, bit for bit, as the run that never stopped.
+// the same parameters and the same losses, bit for bit, as the run that never stopped. With a
+// codec too (nvfp4: error feedback and stochastic rounding, whose residuals and counters every
+// rank saves — 2 islands of 2 ranks; int8 per Streaming fragment): without them in the
+// checkpoint, the outer step after the resume would differ.
 TEST(Islands, StoppedAndResumedIsBitExact) {
   Islands f;
   for (auto method : std::vector<std::vector<std::string>>{
            {"--lowcomm.method=diloco"},
-           {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1"}}) {
+           {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1"},
+           {"--lowcomm.method=diloco", "--lowcomm.exchange=nvfp4"},
+           {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1",
+            "--lowcomm.exchange=int8"}}) {
     std::string tag = method[0].substr(method[0].find('=') + 1);
+    if (method.back().rfind("--lowcomm.exchange=", 0) == 0) tag += "_" + method.back().substr(19);
+    const int ranks = tag == "diloco_nvfp4" ? 4 : 2;
     auto args = with({"--parallel.islands=2", "--lowcomm.inner_steps=3", "--train.steps=8"}, method);
-    ASSERT_EQ(f.train(tag + "_full", 2, args), 0);
-    ASSERT_EQ(f.train(tag + "_cut", 2, with(args, {"--train.stop_after=4"})), 0);
-    ASSERT_EQ(f.train(tag + "_cut", 2, with(args, {"--resume"})), 0);
+    ASSERT_EQ(f.train(tag + "_full", ranks, args), 0);
+    ASSERT_EQ(f.train(tag + "_cut", ranks, with(args, {"--train.stop_after=4"})), 0);
+    if (tag != "diloco" && tag != "streaming") {
+      TensorFile opt = load_safetensors((f.ckpt(tag + "_cut", 4) / "optimizer.safetensors").string());
+      int64_t residuals = 0;
+      for (auto& [n, t] : opt.tensors)
+        if (n.rfind("lowcomm.exchange.rank" + std::to_string(ranks - 1) + ".", 0) == 0 &&
+            n.find(".residual") != std::string::npos)
+          residuals += t.numel();
+      EXPECT_GT(residuals, 0) << tag << ": the last rank's error feedback is not in the checkpoint";
+    }
+    ASSERT_EQ(f.train(tag + "_cut", ranks, with(args, {"--resume"})), 0);
     EXPECT_NE(f.log(tag + "_cut").find("resumed from"), std::string::npos) << f.log(tag + "_cut");
     EXPECT_EQ(rel_diff(model_of(f.ckpt(tag + "_cut", 8)), model_of(f.ckpt(tag + "_full", 8))), 0.0) << tag;
     auto a = f.metrics(tag + "_full"), b = f.metrics(tag + "_cut");
@@ -193,6 +221,39 @@ TEST(Islands, BadLayoutsAreRefusedBeforeTheFirstStep) {
   // A method's key under another method is unknown, not silently ignored.
   EXPECT_NE(f.train("key", 2, {"--parallel.islands=2", "--lowcomm.fragments=2"}, true), 0);
   EXPECT_NE(f.log("key").find("lowcomm.fragments"), std::string::npos) << f.log("key");
+}
+
+// Islands whose exchange codecs differ (or one names a codec this build lacks) are refused on
+// every rank before step 1, each rank's setting named. The ranks are started directly, each
+// with its own command line (the launcher gives every rank the same one).
+TEST(Islands, ACodecMismatchAcrossIslandsIsRefusedOnEveryRank) {
+  Islands f;
+  for (auto [other, why] : {std::pair<std::string, std::string>{"nvfp4", "rank 1: codec=nvfp4"},
+                            {"int9", "'int9' (command line"}}) {
+    int port = comm::pick_free_port();
+    std::vector<int> codes(2, -2);
+    std::vector<std::thread> th;
+    for (int r = 0; r < 2; ++r)
+      th.emplace_back([&, r] {
+        codes[size_t(r)] = run_command(
+            {atoll_exe(), "train", f.cfg.string(), "--run.dir=" + (f.root / ("mm" + std::to_string(r))).string(),
+             "--parallel.islands=2", "--lowcomm.exchange=" + (r == 0 ? std::string("int8") : other)},
+            {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=2",
+             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "ATOLL_COMM_TIMEOUT=20",
+             "OMP_NUM_THREADS=1"},
+            (f.root / ("mm.log" + std::to_string(r))).string(), 60);
+      });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < 2; ++r) {
+      std::string log = read_file((f.root / ("mm.log" + std::to_string(r))).string());
+      EXPECT_NE(codes[size_t(r)], 0) << log;
+      EXPECT_NE(codes[size_t(r)], -1) << "rank " << r << " hung:\n" << log;
+      EXPECT_NE(log.find("ranks disagree on the gradient codec (lowcomm.exchange"), std::string::npos) << log;
+      EXPECT_NE(log.find("rank 0: codec=int8"), std::string::npos) << log;
+      if (other == "nvfp4" || r == 1) EXPECT_NE(log.find(why), std::string::npos) << log;
+      EXPECT_EQ(log.find("step     1"), std::string::npos) << log;
+    }
+  }
 }
 
 // Island 1 goes silent in its second exchange (no closed socket: a dropped link). Island 0 must
