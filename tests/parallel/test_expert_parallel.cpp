@@ -75,11 +75,15 @@ struct Trace {
   std::vector<float> loss, gnorm, params;
 };
 
-std::vector<float> full_params(DataParallel& dp) {
+// The whole model's parameters by name (sharded experts gathered, appended after the dense ones,
+// so the order is the names').
+std::vector<float> full_params(DataParallel& dp, ExpertShards* ep = nullptr) {
   std::vector<std::pair<std::string, Tensor>> sd, opt;
   dp.full_state(sd, opt);
+  if (ep) ep->full_state(sd, opt);
+  std::map<std::string, Tensor> by(sd.begin(), sd.end());
   std::vector<float> v;
-  for (auto& [n, t] : sd) {
+  for (auto& [n, t] : by) {
     auto x = t.to_vector();
     v.insert(v.end(), x.begin(), x.end());
   }
@@ -131,35 +135,49 @@ void job_rank(const std::string& spec) {
   shape.dp_shard = W / rep;
   shape.ep = ep;
   Mesh mesh(comm.get(), shape);
-  nn::MoEModel model(ep_model(drop != 0));
+  std::unique_ptr<nn::Model> owned = std::make_unique<nn::MoEModel>(ep_model(drop != 0));
+  const int64_t full_numel = owned->num_params();
+  Config cfg = Config::parse("[parallel]\nep_dispatcher = \"" + kind + "\"\n", "ep job");
+  auto shards = apply_expert_parallel(cfg, owned, mesh, comm.get());  // this rank's experts only
+  nn::Model& model = *owned;
   model.init_weights(5);
-  check_expert_layout(shape, model);
-  auto disp = make_expert_dispatcher(kind, mesh.axis("ep"));
-  model.set_expert_dispatcher(disp.get());
   ParallelConfig pc;
   pc.strategy = shape.strategy(3);
   pc.mesh = shape;
   pc.bucket_mb = 0.004;
   if (pc.strategy == "hsdp") pc.hsdp_shard_size = int(shape.dp_shard);
   auto dp = make_data_parallel(model, comm.get(), pc, kAdam, nullptr, {}, &mesh);
+  shards->attach(kAdam, dp->world());
   Trace tr;
   const int r = comm->rank();
   for (int s = 0; s < kSteps; ++s) {
     dp->zero_grad();
+    shards->zero_grad();
     Tensor l = model.loss(rows(s, r * kBatch, kBatch, false), rows(s, r * kBatch, kBatch, true));
     const double lv = l.item();
     backward(l);
     dp->finish_backward();
+    shards->finish_backward();
     tr.loss.push_back(float(dp->average(lv)));
-    tr.gnorm.push_back(float(dp->grad_norm()));
+    tr.gnorm.push_back(float(shards->grad_norm(dp->grad_norm())));
     dp->step({1.f, 1.f});
+    shards->step({1.f, 1.f});
   }
-  tr.params = full_params(*dp);
+  tr.params = full_params(*dp, shards.get());
+  // Storage: the experts' values, gradients and AdamW state on this rank are 1/ep of the whole
+  // model's, and the flat buffers data parallelism works on hold none of them.
+  int64_t expert_numel = 0;
+  for (nn::Parameter* q : dynamic_cast<nn::ExpertModel&>(model).sharded_expert_parameters())
+    expert_numel += shape_numel(q->shape);
+  write_floats(tag + ".storage." + std::to_string(r),
+               {float(shards->bytes()), float(shards->full_bytes()), float(model.num_params()), float(expert_numel),
+                float(full_numel)});
   write_floats(tag + ".loss." + std::to_string(r), tr.loss);
   write_floats(tag + ".gnorm." + std::to_string(r), tr.gnorm);
   write_floats(tag + ".params." + std::to_string(r), tr.params);
-  std::printf("rank %d: %s, dispatcher %s, strategy %s\n", r, shape.describe().c_str(), disp->name().c_str(),
-              dp->name().c_str());
+  std::printf("rank %d: %s, dispatcher %s, strategy %s, expert bytes %lld of %lld\n", r, shape.describe().c_str(),
+              shards->dispatcher().name().c_str(), dp->name().c_str(), (long long)shards->bytes(),
+              (long long)shards->full_bytes());
 }
 
 struct Root : nn::Module {
@@ -316,8 +334,8 @@ void job_equals_reference(int world, int64_t rep, const std::string& kind) {
   const std::string tag = (s.root / "job").string();
   auto codes = run_rank_programs(world, "ExpertParallel.RankProgram",
                                  {"ATOLL_EP_JOB=" + std::to_string(rep) + " 2 " + kind + " 0 " + tag}, tag, 120);
-  auto got = collect_kinds(tag, codes, {"loss", "gnorm", "params"}, kind);
-  ASSERT_EQ(got.size(), 3u);
+  auto got = collect_kinds(tag, codes, {"loss", "gnorm", "params", "storage"}, kind);
+  ASSERT_EQ(got.size(), 4u);
   Trace ref = reference(world, false);
   ASSERT_EQ(got["loss"].size(), size_t(kSteps));
   EXPECT_LT(ref.loss.back(), ref.loss.front()) << "the reference did not train";
@@ -329,6 +347,13 @@ void job_equals_reference(int world, int64_t rep, const std::string& kind) {
   expect_rel(got["loss"], ref.loss, 1e-6, what + ": losses");
   expect_rel(got["gnorm"], ref.gnorm, 1e-6, what + ": gradient norms");
   expect_rel(got["params"], ref.params, 1e-6, what + ": final parameters");
+  // Per-rank expert storage (values, gradients, AdamW moments) is the whole model's / ep, and the
+  // dense part plus this rank's experts plus the other ranks' experts is the whole model.
+  const auto& st = got["storage"];
+  ASSERT_GE(st.size(), 5u);
+  EXPECT_GT(st[0], 0.f);
+  EXPECT_EQ(st[0] * 2, st[1]) << what << ": expert bytes on a rank vs the whole model's";
+  EXPECT_EQ(st[2] + 2 * st[3], st[4]) << what << ": dense + 2 ranks' experts != the whole model";
 }
 
 }  // namespace
