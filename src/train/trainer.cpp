@@ -25,6 +25,7 @@
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/fault_hooks.h"
+#include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
@@ -123,6 +124,7 @@ struct Trainer::Impl {
   std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   parallel::PipelineParallel* pipe = nullptr;  // dp, when [parallel] pp > 1 (parallel/pipeline.h)
   std::unique_ptr<parallel::ExpertShards> experts;  // ep > 1: this rank's experts and their dispatcher
+  MemoryBudget budget;  // issue 12: train.memory_budget_gb, and where the optimizer state lives
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   std::string backend;
@@ -173,6 +175,8 @@ struct Trainer::Impl {
 Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.o = TrainOptions::from_config(cfg);
+  // issue 12: train.memory_budget_gb chooses the layouts the config leaves open (train/memory_budget.h).
+  I.budget = apply_memory_budget(cfg, I.o.batch_size, I.o.seq_len, comm::DistEnv::from_environment().world_size);
   I.task = task_registry().lookup(cfg, "train.task", "lm")(cfg, I.o);
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
@@ -211,6 +215,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;
   const bool placement_adamw_only = !placement.full && !placement.sharded;
+  if (I.budget.offload) {
+    ATOLL_CHECK(placement_adamw_only, "train.optimizer_state = \"mmap\" offloads AdamW's moments only; remove the "
+                "[optim] type / group keys");
+    placement.adamw.offload_dir = I.budget.offload_dir;
+  }
   I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
   // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
   log::info("{}", cpu::select_isa(cfg.get_string("hardware.isa", "auto", cpu::isa_choices()),
@@ -325,7 +334,9 @@ TrainResult Trainer::run(bool resume) {
   if (I.world > 1)
     log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());
-  log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
+  log::info("optimizer: {}{}{}", I.dp->optimizer().name(), I.placement_note,
+            I.budget.offload ? ", moments in a memory-mapped file under " + I.budget.offload_dir : "");
+  if (!I.budget.report.empty()) log::info("{}", I.budget.report);
   if (I.lowcomm) log::info("islands: {}", I.lowcomm->describe());
 
   // issue 14: every rank agrees on what must agree before step 1, or the launch is refused.
@@ -426,6 +437,7 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
+    if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_resident_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,
