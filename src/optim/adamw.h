@@ -14,7 +14,7 @@ struct AdamWConfig {
   // Non-empty: the moments live in a memory-mapped file under this directory and the step
   // streams over them, stream_chunk elements at a time (optim/state_file.h); the results are
   // bit-identical to resident state (the update is elementwise, chunks are multiples of 64).
-  std::string offload_dir;
+  std::string offload_dir = "";
   int64_t stream_chunk = int64_t(1) << 18;
 };
 

@@ -76,7 +76,7 @@ int64_t mapping_resident_bytes(const void* p) {
   return -1;
 }
 
-int64_t peak_resident_bytes() {
+int64_t peak_rss_bytes() {
   std::ifstream f("/proc/self/status");
   std::string key;
   while (f >> key) {
@@ -88,6 +88,13 @@ int64_t peak_resident_bytes() {
     std::getline(f, key);
   }
   return -1;
+}
+
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return bool(f);
 }
 
 }  // namespace atl

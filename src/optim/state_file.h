@@ -38,6 +38,9 @@ class StateFile {
 // Rss); -1 when no mapping starts there.
 int64_t mapping_resident_bytes(const void* p);
 // This process's peak resident set (VmHWM), bytes; -1 when unknown.
-int64_t peak_resident_bytes();
+int64_t peak_rss_bytes();
+// Restarts the peak from the current resident set (/proc/self/clear_refs, Linux 4.0+); false
+// when the kernel does not allow it.
+bool reset_peak_rss();
 
 }  // namespace atl

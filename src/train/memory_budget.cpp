@@ -87,7 +87,18 @@ MemoryBudget apply_memory_budget(Config& cfg, int64_t batch, int64_t seq, int64_
   BudgetModel m;
   m.ranks = std::max<int64_t>(1, world);
   {
-    std::unique_ptr<nn::Model> model = nn::make_model(cfg, "model");  // counted, then dropped
+    // Counted, then dropped. An MoE is built as a shard holding one expert per layer, not at full
+    // size: the full model is what may not fit.
+    std::unique_ptr<nn::Model> model;
+    if (cfg.get_string("model.family", "gpt") == "moe") {
+      nn::MoEModelConfig c = nn::MoEModelConfig::from_config(cfg, "model");
+      c.moe.expert_ranks = c.moe.n_experts;
+      model = std::make_unique<nn::MoEModel>(c);
+      for (nn::Parameter* q : dynamic_cast<nn::MoEModel&>(*model).sharded_expert_parameters())
+        m.expert_params += double(shape_numel(q->shape)) * double(c.moe.n_experts);
+    } else {
+      model = nn::make_model(cfg, "model");
+    }
     for (nn::Parameter* p : model->parameters())
       (p->role == ParamRole::expert ? m.expert_params : m.dense_params) += double(shape_numel(p->shape));
     TrainShape ts;

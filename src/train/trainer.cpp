@@ -364,6 +364,9 @@ TrainResult Trainer::run(bool resume) {
   }
   if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
 
+  // issue 12: peak_rss_mb is training's peak, not the model build's (a full model may be built
+  // once before an expert shard replaces it).
+  if (I.budget.budget_gb > 0) reset_peak_rss();
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
@@ -437,7 +440,7 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
-    if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_resident_bytes()) / (1024.0 * 1024.0);
+    if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_rss_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,
