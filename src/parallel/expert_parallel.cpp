@@ -5,6 +5,7 @@
 
 #include "autograd/graph.h"
 #include "kernels/dispatch.h"
+#include "tensor/allocator.h"
 #include "core/log.h"
 
 namespace atl::parallel {
@@ -400,6 +401,7 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   // The ranks holding the same experts: equal ep coordinates (tp = pp = 1, so the whole world).
   std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(coord), world->rank()) : nullptr;
   model = dynamic_cast<nn::ExpertModel&>(*model).expert_shard(m.ep, coord);
+  allocator_for(Device::cpu()).release_cache();  // the whole model's buffers go back, not to the cache
   auto d = make_expert_dispatcher(kind, ep, overlap);
   dynamic_cast<nn::ExpertModel&>(*model).set_expert_dispatcher(d.get());
   log::info("expert parallel: {} experts per layer over ep = {} ({} stored on each rank, replicated over {} ranks), "

@@ -9,6 +9,7 @@
 #include "models/moe/moe_model.h"
 #include "nn/model.h"
 #include "plan/memory_model.h"
+#include "tensor/allocator.h"
 #include "train/preflight.h"
 
 namespace atl {
@@ -118,6 +119,7 @@ MemoryBudget apply_memory_budget(Config& cfg, int64_t batch, int64_t seq, int64_
                       12.0 * tok * double(c.attn.vocab_size);
     }
   }
+  allocator_for(Device::cpu()).release_cache();  // the counted model's buffers go back to the system
   const bool strategy_fixed = cfg.has("parallel.strategy") || cfg.has("parallel.zero") || cfg.has("parallel.hsdp") ||
                               cfg.has("parallel.dp_shard") || cfg.has("parallel.dp_replicate");
   std::string strategy;
