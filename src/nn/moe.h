@@ -173,6 +173,9 @@ class ExpertModel {
   // Every MoE layer's sharded expert parameters, in the order the unsharded model lists them
   // (empty when the experts are ordinary parameters).
   virtual std::vector<Parameter*> sharded_expert_parameters() const = 0;
+  // Bytes one micro-batch of [batch, seq] tokens keeps for backward, roughly (0: unknown), for
+  // the memory budget (train/memory_budget.h).
+  virtual double activation_bytes(int64_t batch, int64_t seq) const { return 0; }
 };
 
 }  // namespace atl::nn

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/log.h"
-#include "models/moe/moe_model.h"
+#include "nn/moe.h"
 #include "nn/model.h"
 #include "plan/memory_model.h"
 #include "tensor/allocator.h"
@@ -88,35 +88,18 @@ MemoryBudget apply_memory_budget(Config& cfg, int64_t batch, int64_t seq, int64_
   BudgetModel m;
   m.ranks = std::max<int64_t>(1, world);
   {
-    // Counted, then dropped. An MoE is built as a shard holding one expert per layer, not at full
-    // size: the full model is what may not fit.
-    std::unique_ptr<nn::Model> model;
-    if (cfg.get_string("model.family", "gpt") == "moe") {
-      nn::MoEModelConfig c = nn::MoEModelConfig::from_config(cfg, "model");
-      c.moe.expert_ranks = c.moe.n_experts;
-      model = std::make_unique<nn::MoEModel>(c);
-      for (nn::Parameter* q : dynamic_cast<nn::MoEModel&>(*model).sharded_expert_parameters())
-        m.expert_params += double(shape_numel(q->shape)) * double(c.moe.n_experts);
-    } else {
-      model = nn::make_model(cfg, "model");
-    }
+    // Counted, then dropped (built at full size once: a transient peak before training starts).
+    std::unique_ptr<nn::Model> model = nn::make_model(cfg, "model");
     for (nn::Parameter* p : model->parameters())
       (p->role == ParamRole::expert ? m.expert_params : m.dense_params) += double(shape_numel(p->shape));
     TrainShape ts;
     ts.batch_size = batch, ts.seq_len = seq;
     MemoryEstimate e = estimate_training_memory(*model, ts);
     m.activations = e.activations + e.logits;
-    if (auto* moe = dynamic_cast<nn::MoEModel*>(model.get())) {
-      // No transformer shape for the preflight: Korthikanti et al.'s per-layer count, roughly (fp32:
-      // ~16 C per token for attention and norms, the routed rows' 3F + 2C per chosen expert),
-      // and the logits with their softmax and gradient.
-      const auto& c = moe->config();
-      m.n_experts = c.moe.n_experts;
-      const double tok = double(batch * seq);
-      m.activations = 4.0 * tok * double(c.attn.n_layer) *
-                          (16.0 * double(c.attn.n_embd) + double(c.moe.top_k) * (3.0 * double(c.moe.expert_ffn) +
-                                                                               2.0 * double(c.attn.n_embd))) +
-                      12.0 * tok * double(c.attn.vocab_size);
+    if (auto* em = dynamic_cast<nn::ExpertModel*>(model.get())) {
+      m.n_experts = em->num_experts();
+      const double a = em->activation_bytes(batch, seq);  // the preflight has no shape for it
+      if (a > 0) m.activations = a;
     }
   }
   allocator_for(Device::cpu()).release_cache();  // the counted model's buffers go back to the system

@@ -69,6 +69,14 @@ std::unique_ptr<Model> MoEModel::expert_shard(int64_t ranks, int64_t rank) const
   return std::make_unique<MoEModel>(c);
 }
 
+double MoEModel::activation_bytes(int64_t batch, int64_t seq) const {
+  // Korthikanti et al.'s per-layer count, roughly, in fp32: ~16 C per token for attention and
+  // norms, the routed rows' 3F + 2C per chosen expert; and the logits with softmax and gradient.
+  const double tok = double(batch * seq), C = double(c_.attn.n_embd), F = double(c_.moe.expert_ffn);
+  return 4.0 * tok * double(c_.attn.n_layer) * (16.0 * C + double(c_.moe.top_k) * (3.0 * F + 2.0 * C)) +
+         12.0 * tok * double(c_.attn.vocab_size);
+}
+
 std::vector<Parameter*> MoEModel::sharded_expert_parameters() const {
   std::vector<Parameter*> v;
   for (MoELayer* m : moe_layers())
