@@ -16,6 +16,9 @@ void MoEConfig::validate(const std::string& s) const {
   ATOLL_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0,
               "{}.capacity_factor = {} must be above 0 (set drop_tokens = false for no dropping)", s, capacity_factor);
   ATOLL_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, "{}: aux_loss_coef and z_loss_coef must not be negative", s);
+  ATOLL_CHECK(expert_ranks >= 1 && n_experts % expert_ranks == 0 && expert_rank >= 0 && expert_rank < expert_ranks,
+              "{}.n_experts = {} cannot be sharded as rank {} of {} expert-parallel ranks (parallel.ep)", s, n_experts,
+              expert_rank, expert_ranks);
 }
 
 ExpertBatch LocalDispatcher::dispatch(const Tensor& rows, const std::vector<int64_t>& counts, int64_t n_experts) {
@@ -41,10 +44,34 @@ MoELayer::MoELayer(std::string prefix, const MoEConfig& c) : Module(std::move(pr
   c_.validate();
   const int64_t E = c_.n_experts, C = c_.dim, F = c_.expert_ffn;
   gate = declare("gate.weight", {E, C}, ParamRole::matrix);
-  w_gate_up = declare("experts.gate_up_proj", {E, C, c_.swiglu ? 2 * F : F}, ParamRole::expert);
-  w_down = declare("experts.down_proj", {E, F, C}, ParamRole::expert);
+  const Shape up{E, C, c_.swiglu ? 2 * F : F}, down{E, F, C};
+  if (c_.expert_ranks == 1) {
+    w_gate_up = declare("experts.gate_up_proj", up, ParamRole::expert);
+    w_down = declare("experts.down_proj", down, ParamRole::expert);
+  } else {  // this rank's experts only, outside the tree (and so outside the flat buffers)
+    auto own = [&](const std::string& local, Shape s) {
+      auto p = std::make_unique<Parameter>();
+      p->name = child_prefix(local);
+      s[0] = local_experts();
+      p->shape = s;
+      p->role = ParamRole::expert;
+      p->value = Tensor::zeros(s);
+      p->grad = Tensor::zeros(s);
+      set_requires_grad(p->value, true, p->name, p->grad);
+      return p;
+    };
+    own_gate_up_ = own("experts.gate_up_proj", up);
+    own_down_ = own("experts.down_proj", down);
+    w_gate_up = own_gate_up_.get();
+    w_down = own_down_.get();
+  }
   if (c_.n_shared > 0)
     shared = child<FeedForward>("shared_experts", C, c_.n_shared * (c_.shared_ffn > 0 ? c_.shared_ffn : F), c_.swiglu);
+}
+
+std::vector<Parameter*> MoELayer::sharded_experts() const {
+  if (!own_gate_up_) return {};
+  return {own_gate_up_.get(), own_down_.get()};
 }
 
 Routing MoELayer::route(const Tensor& x2) const {
@@ -83,6 +110,10 @@ Routing MoELayer::route(const Tensor& x2) const {
 }
 
 Tensor MoELayer::experts(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const {
+  ATOLL_CHECK(first >= first_local_expert() && first + int64_t(offsets.size()) - 1 <= first_local_expert() + local_experts(),
+              "{}: experts [{}, {}) asked of a layer holding [{}, {})", name(), first, first + int64_t(offsets.size()) - 1,
+              first_local_expert(), first_local_expert() + local_experts());
+  first -= first_local_expert();  // index into this rank's stacked weights
   Tensor h = ops::grouped_linear(rows, w_gate_up->value, offsets, first);
   h = c_.swiglu ? ops::swiglu(h) : ops::gelu(h);
   return ops::grouped_linear(h, w_down->value, offsets, first);
@@ -104,7 +135,14 @@ Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
   Tensor gate_w = ops::index_select(ops::reshape(r.weights, {N * k, 1}), 0, r.order);  // [M, 1]
   static LocalDispatcher local;
   ExpertDispatcher& d = dispatcher_ ? *dispatcher_ : local;
+  ATOLL_CHECK(dispatcher_ || c_.expert_ranks == 1, "{}: holds experts [{}, {}) of {} only and needs an "
+              "expert-parallel dispatcher (parallel.ep = {})", name(), first_local_expert(),
+              first_local_expert() + local_experts(), E, c_.expert_ranks);
   ExpertBatch b = d.dispatch(rows, r.kept, E);
+  ATOLL_CHECK(c_.expert_ranks == 1 || (b.first_expert == first_local_expert() &&
+                                       int64_t(b.offsets.size()) - 1 == local_experts()),
+              "{}: the dispatcher hands experts from {} ({} of them) to a layer holding [{}, {})", name(),
+              b.first_expert, int64_t(b.offsets.size()) - 1, first_local_expert(), first_local_expert() + local_experts());
   Tensor y;  // [M, C]
   if (!expert && d.overlaps_experts()) y = d.experts_and_combine(b, w_gate_up->value, w_down->value, c_.swiglu);
   else y = d.combine(expert ? (*expert)(b.rows, b.offsets, b.first_expert) : experts(b.rows, b.offsets, b.first_expert), b);

@@ -27,6 +27,7 @@
 
 #include "autograd/ops.h"
 #include "nn/layers.h"
+#include "nn/model.h"
 #include "nn/module.h"
 
 namespace atl::nn {
@@ -45,6 +46,11 @@ struct MoEConfig {
   bool swiglu = true;        // else GELU experts
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.001;
+  // Sharded expert storage (expert parallelism, src/parallel/expert_parallel.h): the layer holds
+  // only experts [expert_rank * E / expert_ranks, (expert_rank + 1) * E / expert_ranks), as its
+  // own parameters outside the module tree (MoELayer::sharded_experts), so that data parallelism
+  // neither stores nor reduces the other ranks' experts. 1: every expert, in the tree.
+  int64_t expert_ranks = 1, expert_rank = 0;
 
   // Refuses a bad layout (top_k above E, capacity factor <= 0, ...) naming the key under `section`.
   void validate(const std::string& section = "model") const;
@@ -132,14 +138,22 @@ class MoELayer : public Module {
   void set_dispatcher(ExpertDispatcher* d) { dispatcher_ = d; }
   const MoEConfig& config() const { return c_; }
 
+  // Experts held here: [first_local_expert(), + local_experts()) (all of them unless sharded).
+  int64_t local_experts() const { return c_.n_experts / c_.expert_ranks; }
+  int64_t first_local_expert() const { return c_.expert_rank * local_experts(); }
+  // Sharded storage: {w_gate_up, w_down}, this rank's experts only, not in parameters(); empty
+  // when the layer holds every expert (then they are ordinary parameters).
+  std::vector<Parameter*> sharded_experts() const;
+
   Parameter* gate;                  // router [E, C] (nn.Linear layout, as in HF files)
-  Parameter* w_gate_up;             // [E, C, 2F] (SwiGLU) or [E, C, F]
-  Parameter* w_down;                // [E, F, C]
+  Parameter* w_gate_up;             // [E, C, 2F] (SwiGLU) or [E, C, F]; sharded: [E / ranks, ...]
+  Parameter* w_down;                // [E, F, C]; sharded: [E / ranks, F, C]
   FeedForward* shared = nullptr;    // n_shared > 0
 
  private:
   Tensor forward_impl(const Tensor& x, const ExpertFn* expert) const;  // expert null: the routed FFN
   MoEConfig c_;
+  std::unique_ptr<Parameter> own_gate_up_, own_down_;  // sharded storage
   ExpertDispatcher* dispatcher_ = nullptr;
   mutable Tensor aux_total_;
   mutable double balance_value_ = 0, z_value_ = 0, dropped_fraction_ = 0;
@@ -152,6 +166,16 @@ class ExpertModel {
   virtual ~ExpertModel() = default;
   virtual int64_t num_experts() const = 0;
   virtual void set_expert_dispatcher(ExpertDispatcher* d) = 0;
+  // The same architecture with sharded expert storage: its MoE layers hold only the experts of
+  // ep rank `rank` of `ranks` (MoEConfig::expert_ranks); init_weights gives them the values the
+  // unsharded model gives those experts.
+  virtual std::unique_ptr<Model> expert_shard(int64_t ranks, int64_t rank) const = 0;
+  // Every MoE layer's sharded expert parameters, in the order the unsharded model lists them
+  // (empty when the experts are ordinary parameters).
+  virtual std::vector<Parameter*> sharded_expert_parameters() const = 0;
+  // Bytes one micro-batch of [batch, seq] tokens keeps for backward, roughly (0: unknown), for
+  // the memory budget (train/memory_budget.h).
+  virtual double activation_bytes(int64_t batch, int64_t seq) const { return 0; }
 };
 
 }  // namespace atl::nn

@@ -5,6 +5,7 @@
 
 #include "autograd/graph.h"
 #include "kernels/dispatch.h"
+#include "tensor/allocator.h"
 #include "core/log.h"
 
 namespace atl::parallel {
@@ -194,8 +195,9 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
   Tensor experts_and_combine(const nn::ExpertBatch& b, const Tensor& w1, const Tensor& w2, bool swiglu) override {
     auto st = std::static_pointer_cast<A2AState>(b.state);
     const CountMatrix& m = st->m;
+    // Weights of every expert (first: the global index) or of this rank's only (sharded storage).
     const int64_t L = m.local(), R = b.rows.size(0), C = b.rows.size(1), G1 = w1.size(2), F = w2.size(1),
-                  first = b.first_expert;
+                  first = w1.size(0) == L ? 0 : b.first_expert;
     const kernels::KernelTable& K = kernels::table(b.rows.device(), DType::f32);
     Tensor h = Tensor::empty({R, G1}), act = Tensor::empty({R, F}), y = Tensor::empty({R, C}),
            out = Tensor::empty({st->M, C});
@@ -381,18 +383,31 @@ int64_t dispatcher_buffer_growths(const nn::ExpertDispatcher& d) {
   return a ? a->growths() : 0;
 }
 
-std::unique_ptr<nn::ExpertDispatcher> apply_expert_parallel(Config& cfg, nn::Model& model, Mesh& mesh) {
+std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
+                                                    comm::Communicator* world) {
   const std::string kind = cfg.get_string("parallel.ep_dispatcher", "all_to_all", {"all_to_all", "all_gather"});
   const bool overlap = cfg.get_bool("parallel.ep_overlap", false);
-  if (mesh.shape().ep == 1) return nullptr;
-  check_expert_layout(mesh.shape(), model);
-  auto d = make_expert_dispatcher(kind, mesh.axis("ep"), overlap);
-  dynamic_cast<nn::ExpertModel&>(model).set_expert_dispatcher(d.get());
-  log::info("expert parallel: {} experts per layer over ep = {} ({} each), {} dispatcher{}",
-            dynamic_cast<nn::ExpertModel&>(model).num_experts(), mesh.shape().ep,
-            dynamic_cast<nn::ExpertModel&>(model).num_experts() / mesh.shape().ep, kind,
+  const MeshShape& m = mesh.shape();
+  if (m.ep == 1) return nullptr;
+  check_expert_layout(m, *model);
+  ATOLL_CHECK(m.tp == 1 && m.pp == 1 && m.island == 1, "parallel.ep = {} with parallel.tp = {}, parallel.pp = {} and "
+              "parallel.islands = {}: sharded experts compose with data and context parallelism only (tp, pp and "
+              "islands must be 1)", m.ep, m.tp, m.pp, m.island);
+  const int64_t E = dynamic_cast<nn::ExpertModel&>(*model).num_experts();
+  const int64_t coord = mesh.coord("ep");
+  comm::Communicator* ep = mesh.axis("ep");
+  ATOLL_CHECK(!ep || (ep->size() == m.ep && ep->rank() == coord), "expert parallel: the ep group ({} ranks, rank {}) "
+              "does not match the mesh (ep = {}, coordinate {})", ep ? ep->size() : 1, ep ? ep->rank() : 0, m.ep, coord);
+  // The ranks holding the same experts: equal ep coordinates (tp = pp = 1, so the whole world).
+  std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(coord), world->rank()) : nullptr;
+  model = dynamic_cast<nn::ExpertModel&>(*model).expert_shard(m.ep, coord);
+  allocator_for(Device::cpu()).release_cache();  // the whole model's buffers go back, not to the cache
+  auto d = make_expert_dispatcher(kind, ep, overlap);
+  dynamic_cast<nn::ExpertModel&>(*model).set_expert_dispatcher(d.get());
+  log::info("expert parallel: {} experts per layer over ep = {} ({} stored on each rank, replicated over {} ranks), "
+            "{} dispatcher{}", E, m.ep, E / m.ep, replicas ? replicas->size() : 1, kind,
             overlap ? ", experts tiled and overlapped with the return exchange" : "");
-  return d;
+  return std::make_unique<ExpertShards>(*model, std::move(d), ep, std::move(replicas));
 }
 
 }  // namespace atl::parallel

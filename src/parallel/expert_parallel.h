@@ -19,11 +19,10 @@
 // and Scheduling for Mixture-of-Experts", issue 12's seed): see experts_and_combine in
 // expert_parallel.cpp (parallel.ep_overlap).
 //
-// Gradients: each rank keeps every expert's weights (the model is replicated as DDP/ZeRO expect)
-// but computes and accumulates gradient only for its own experts; the others stay exactly zero,
-// so the data-parallel reduction over all ranks, divided by the world size, gives each expert the
-// sum over the ranks that hold it (the ep group's tokens reach it through the exchange), i.e. the
-// gradient of the job's mean loss, exactly as one rank would compute it.
+// Storage: with the trainer (apply_expert_parallel) each rank holds only its own experts, their
+// gradients and optimizer state, reduced over the ranks replicating them (expert_shards.h). The
+// dispatchers also run a model holding every expert on each rank (the weights' first dimension
+// says which), as the layer-level tests do.
 #pragma once
 #include <memory>
 #include <string>
@@ -31,6 +30,7 @@
 #include "core/config.h"
 #include "nn/model.h"
 #include "nn/moe.h"
+#include "parallel/expert_shards.h"
 #include "parallel/mesh.h"
 
 namespace atl::parallel {
@@ -44,9 +44,13 @@ std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& 
                                                              bool overlap = false);
 
 // [parallel] ep > 1: checks the layout, reads parallel.ep_dispatcher (all_to_all | all_gather)
-// and parallel.ep_overlap, and injects the dispatcher into the model; returns it (the caller keeps
-// it alive as long as the model runs). ep = 1: nullptr, nothing changes.
-std::unique_ptr<nn::ExpertDispatcher> apply_expert_parallel(Config& cfg, nn::Model& model, Mesh& mesh);
+// and parallel.ep_overlap, replaces `model` by this rank's expert shard (only its experts
+// allocated; call before anything else holds the model) with the dispatcher injected, and returns
+// the shards' state (the caller keeps it as long as the model runs; attach() it once the
+// data-parallel strategy exists). world: the job's communicator (the replica groups are split
+// from it; a collective). ep = 1: nullptr, nothing changes.
+std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
+                                                    comm::Communicator* world);
 
 // Buffer growths of an all_to_all dispatcher so far (tests; 0 for other kinds).
 int64_t dispatcher_buffer_growths(const nn::ExpertDispatcher& d);

@@ -25,6 +25,7 @@
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/fault_hooks.h"
+#include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
 #include "train/run_dir.h"
@@ -122,7 +123,8 @@ struct Trainer::Impl {
   std::unique_ptr<lowcomm::LowComm> lowcomm;  // training across islands (lowcomm/lowcomm.h); null without
   std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   parallel::PipelineParallel* pipe = nullptr;  // dp, when [parallel] pp > 1 (parallel/pipeline.h)
-  std::unique_ptr<nn::ExpertDispatcher> experts;  // expert parallelism's token dispatcher (ep > 1)
+  std::unique_ptr<parallel::ExpertShards> experts;  // ep > 1: this rank's experts and their dispatcher
+  MemoryBudget budget;  // issue 12: train.memory_budget_gb, and where the optimizer state lives
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
   bool serving = false;  // a rank the task runs itself (Task::reserved_ranks)
@@ -138,6 +140,7 @@ struct Trainer::Impl {
     Checkpoint ck;
     dp->full_state(ck.model, ck.optimizer);  // collective: gathers shards
     if (tp && !pipe) tp->full_state(ck.model, ck.optimizer);  // the whole model (a pipeline gathers tp itself)
+    if (experts) experts->full_state(ck.model, ck.optimizer);  // every rank's experts
     ck.model_metadata = model->config_metadata();
     auto rs = sample_rng.state();
     ck.state = {{"step", step},
@@ -175,6 +178,8 @@ struct Trainer::Impl {
 Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.o = TrainOptions::from_config(cfg);
+  // issue 12: train.memory_budget_gb chooses the layouts the config leaves open (train/memory_budget.h).
+  I.budget = apply_memory_budget(cfg, I.o.batch_size, I.o.seq_len, comm::DistEnv::from_environment().world_size);
   I.task = task_registry().lookup(cfg, "train.task", "lm")(cfg, I.o);
   I.pc = parallel::ParallelConfig::from_config(cfg);
   I.backend = cfg.get_string("parallel.backend", "auto", {"auto", "gloo", "mpi"});
@@ -206,11 +211,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.lowcomm = lowcomm::make_lowcomm(cfg, *I.mesh, I.comm.get());
   comm::Communicator* dp_comm = I.lowcomm ? I.lowcomm->island_comm() : I.comm.get();
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
+  I.experts = parallel::apply_expert_parallel(cfg, I.model, *I.mesh, I.comm.get());  // ep > 1: this rank's experts
   nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
-  I.experts = parallel::apply_expert_parallel(cfg, *I.model, *I.mesh);  // [parallel] ep > 1
   const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
   parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
@@ -225,6 +230,12 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
   parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;
+  const bool placement_adamw_only = !placement.full && !placement.sharded;
+  if (I.budget.offload) {
+    ATOLL_CHECK(placement_adamw_only, "train.optimizer_state = \"mmap\" offloads AdamW's moments only; remove the "
+                "[optim] type / group keys");
+    placement.adamw.offload_dir = I.budget.offload_dir;
+  }
   I.run_dir_opts = RunDirOptions::from_config(cfg);  // issue 10
   // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
   log::info("{}", cpu::select_isa(cfg.get_string("hardware.isa", "auto", cpu::isa_choices()),
@@ -268,6 +279,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                                         placement.sharded, I.mesh.get());
   }
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
+  if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
@@ -302,6 +314,7 @@ TrainResult Trainer::run(bool resume) {
       if (I.lowcomm) I.lowcomm->load_state(ck.model, of.tensors, ck.state, *p);  // this island's entries
       try {
         if (I.tp) I.tp->local_state(ck.model, of);
+        if (I.experts) I.experts->local_state(ck.model, of, *p);
         I.dp->load_full_state(ck.model, of, *p);
       } catch (const Error& e) {  // issue 10: another optimizer's checkpoint is named as such
         std::vector<std::string> names;
@@ -343,7 +356,9 @@ TrainResult Trainer::run(bool resume) {
   if (I.world > 1)
     log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());
-  log::info("optimizer: {}{}", I.dp->optimizer().name(), I.placement_note);
+  log::info("optimizer: {}{}{}", I.dp->optimizer().name(), I.placement_note,
+            I.budget.offload ? ", moments in a memory-mapped file under " + I.budget.offload_dir : "");
+  if (!I.budget.report.empty()) log::info("{}", I.budget.report);
   if (I.lowcomm) log::info("islands: {}", I.lowcomm->describe());
 
   // issue 14: every rank agrees on what must agree before step 1, or the launch is refused.
@@ -371,6 +386,9 @@ TrainResult Trainer::run(bool resume) {
   }
   if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
 
+  // issue 12: peak_rss_mb is training's peak, not the model build's (a full model may be built
+  // once before an expert shard replaces it).
+  if (I.budget.budget_gb > 0) reset_peak_rss();
   double ema_step_s = 0;
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
@@ -379,6 +397,7 @@ TrainResult Trainer::run(bool resume) {
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
       I.dp->zero_grad();
+      if (I.experts) I.experts->zero_grad();
       if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
       double loss_sum = 0;
       if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
@@ -401,6 +420,7 @@ TrainResult Trainer::run(bool resume) {
       if (I.sig) I.sig->backward_done();
       if (tp_first) I.tp->finish_backward();
       I.dp->finish_backward();
+      if (I.experts) I.experts->finish_backward();
       if (I.tp && !tp_first) I.tp->finish_backward();  // sums the partial gradients of replicated parameters over tp
       return loss_sum / double(o.grad_accum);
     };
@@ -409,13 +429,16 @@ TrainResult Trainer::run(bool resume) {
     double opt_s = 0;
     auto apply = [&] {
       norm = I.tp ? I.tp->grad_norm(*I.dp) : I.dp->grad_norm();
+      if (I.experts) norm = I.experts->grad_norm(norm);
       if (!std::isfinite(loss) || !std::isfinite(norm)) {
         fail("training diverged at step {}: loss {}, gradient norm {}; stopping without saving (last good checkpoint: {})",
              step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
       }
       lr_scale = o.schedule.at(step) * I.task->lr_multiplier();
       auto t_opt = Clock::now();
-      I.dp->step({lr_scale, clip_coefficient(norm, o.grad_clip)});
+      const StepContext sc{lr_scale, clip_coefficient(norm, o.grad_clip)};
+      I.dp->step(sc);
+      if (I.experts) I.experts->step(sc);
       opt_s = std::chrono::duration<double>(Clock::now() - t_opt).count();  // for optimizer comparisons
     };
     if (I.ft) {
@@ -441,6 +464,7 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
+    if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_rss_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       log::info("{}", format_progress({step + 1, o.steps, loss, double(lr_scale), norm, tps, mfu, dt * 1e3,

@@ -75,26 +75,47 @@ struct Trace {
   std::vector<float> loss, gnorm, params;
 };
 
-std::vector<float> full_params(DataParallel& dp) {
+// The whole model's parameters by name (sharded experts gathered, appended after the dense ones,
+// so the order is the names').
+std::vector<float> full_params(DataParallel& dp, ExpertShards* ep = nullptr) {
   std::vector<std::pair<std::string, Tensor>> sd, opt;
   dp.full_state(sd, opt);
+  if (ep) ep->full_state(sd, opt);
+  std::map<std::string, Tensor> by(sd.begin(), sd.end());
   std::vector<float> v;
-  for (auto& [n, t] : sd) {
+  for (auto& [n, t] : by) {
     auto x = t.to_vector();
     v.insert(v.end(), x.begin(), x.end());
   }
   return v;
 }
 
+// Steps [start, end) of a run; it loads the whole model's state (weights and AdamW) first when
+// `load` is set and saves it after when `save` is (files <path>.model and <path>.optim).
+struct Segment {
+  int start = 0, end = kSteps;
+  std::string load, save;
+};
+
+void save_state(const std::string& path, std::vector<std::pair<std::string, Tensor>> sd,
+                std::vector<std::pair<std::string, Tensor>> opt) {
+  save_safetensors(path + ".model", sd);
+  save_safetensors(path + ".optim", opt);
+}
+
 // One process: each of `world` ranks' rows as a micro-batch with backward seed 1/world.
-Trace reference(int world, bool drop) {
+Trace reference(int world, bool drop, const Segment& seg = {}) {
   set_num_threads(1);
   nn::MoEModel model(ep_model(drop));
   model.init_weights(5);
   ParallelConfig pc;
   auto dp = make_data_parallel(model, nullptr, pc, kAdam);
+  if (!seg.load.empty()) {
+    TensorFile m = load_safetensors(seg.load + ".model"), o = load_safetensors(seg.load + ".optim");
+    dp->load_full_state(m.tensors, o, seg.load);
+  }
   Trace tr;
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = seg.start; s < seg.end; ++s) {
     dp->zero_grad();
     double loss = 0;
     for (int r = 0; r < world; ++r) {
@@ -108,6 +129,11 @@ Trace reference(int world, bool drop) {
     dp->step({1.f, 1.f});
   }
   tr.params = full_params(*dp);
+  if (!seg.save.empty()) {
+    std::vector<std::pair<std::string, Tensor>> sd, opt;
+    dp->full_state(sd, opt);
+    save_state(seg.save, sd, opt);
+  }
   return tr;
 }
 
@@ -116,13 +142,14 @@ std::string env_or(const char* k, const std::string& d) {
   return v ? v : d;
 }
 
-// A rank of the training job: ATOLL_EP_JOB = "<dp_replicate> <ep> <dispatcher> <drop> <tag>".
+// A rank of the training job: ATOLL_EP_JOB = "<dp_replicate> <ep> <dispatcher> <drop> <tag>
+// [<start> <end> <load|-> <save|->]" (a Segment).
 void job_rank(const std::string& spec) {
   std::istringstream in(spec);
   int64_t rep = 1, ep = 1;
-  std::string kind, tag;
-  int drop = 0;
-  in >> rep >> ep >> kind >> drop >> tag;
+  std::string kind, tag, load = "-", save = "-";
+  int drop = 0, start = 0, end = kSteps;
+  in >> rep >> ep >> kind >> drop >> tag >> start >> end >> load >> save;
   set_num_threads(1);
   auto comm = comm::make_communicator("gloo");
   const int64_t W = comm->size();
@@ -131,35 +158,60 @@ void job_rank(const std::string& spec) {
   shape.dp_shard = W / rep;
   shape.ep = ep;
   Mesh mesh(comm.get(), shape);
-  nn::MoEModel model(ep_model(drop != 0));
+  std::unique_ptr<nn::Model> owned = std::make_unique<nn::MoEModel>(ep_model(drop != 0));
+  const int64_t full_numel = owned->num_params();
+  Config cfg = Config::parse("[parallel]\nep_dispatcher = \"" + kind + "\"\n", "ep job");
+  auto shards = apply_expert_parallel(cfg, owned, mesh, comm.get());  // this rank's experts only
+  nn::Model& model = *owned;
   model.init_weights(5);
-  check_expert_layout(shape, model);
-  auto disp = make_expert_dispatcher(kind, mesh.axis("ep"));
-  model.set_expert_dispatcher(disp.get());
   ParallelConfig pc;
   pc.strategy = shape.strategy(3);
   pc.mesh = shape;
   pc.bucket_mb = 0.004;
   if (pc.strategy == "hsdp") pc.hsdp_shard_size = int(shape.dp_shard);
   auto dp = make_data_parallel(model, comm.get(), pc, kAdam, nullptr, {}, &mesh);
+  shards->attach(kAdam, dp->world());
+  if (load != "-") {  // this rank's experts out of the whole model's state, then the dense rest
+    TensorFile m = load_safetensors(load + ".model"), o = load_safetensors(load + ".optim");
+    shards->local_state(m.tensors, o, load);
+    dp->load_full_state(m.tensors, o, load);
+  }
   Trace tr;
   const int r = comm->rank();
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = start; s < end; ++s) {
     dp->zero_grad();
+    shards->zero_grad();
     Tensor l = model.loss(rows(s, r * kBatch, kBatch, false), rows(s, r * kBatch, kBatch, true));
     const double lv = l.item();
     backward(l);
     dp->finish_backward();
+    shards->finish_backward();
     tr.loss.push_back(float(dp->average(lv)));
-    tr.gnorm.push_back(float(dp->grad_norm()));
+    tr.gnorm.push_back(float(shards->grad_norm(dp->grad_norm())));
     dp->step({1.f, 1.f});
+    shards->step({1.f, 1.f});
   }
-  tr.params = full_params(*dp);
+  tr.params = full_params(*dp, shards.get());
+  if (save != "-") {
+    std::vector<std::pair<std::string, Tensor>> sd, opt;
+    dp->full_state(sd, opt);
+    shards->full_state(sd, opt);  // collective: every rank gathers
+    if (r == 0) save_state(save, sd, opt);
+  }
+  // Storage: the experts' values, gradients and AdamW state on this rank are 1/ep of the whole
+  // model's, and the flat buffers data parallelism works on hold none of them.
+  int64_t expert_numel = 0;
+  for (nn::Parameter* q : dynamic_cast<nn::ExpertModel&>(model).sharded_expert_parameters())
+    expert_numel += shape_numel(q->shape);
+  write_floats(tag + ".storage." + std::to_string(r),
+               {float(shards->bytes()), float(shards->full_bytes()), float(model.num_params()), float(expert_numel),
+                float(full_numel)});
   write_floats(tag + ".loss." + std::to_string(r), tr.loss);
   write_floats(tag + ".gnorm." + std::to_string(r), tr.gnorm);
   write_floats(tag + ".params." + std::to_string(r), tr.params);
-  std::printf("rank %d: %s, dispatcher %s, strategy %s\n", r, shape.describe().c_str(), disp->name().c_str(),
-              dp->name().c_str());
+  std::printf("rank %d: %s, dispatcher %s, strategy %s, expert bytes %lld of %lld\n", r, shape.describe().c_str(),
+              shards->dispatcher().name().c_str(), dp->name().c_str(), (long long)shards->bytes(),
+              (long long)shards->full_bytes());
 }
 
 struct Root : nn::Module {
@@ -316,8 +368,8 @@ void job_equals_reference(int world, int64_t rep, const std::string& kind) {
   const std::string tag = (s.root / "job").string();
   auto codes = run_rank_programs(world, "ExpertParallel.RankProgram",
                                  {"ATOLL_EP_JOB=" + std::to_string(rep) + " 2 " + kind + " 0 " + tag}, tag, 120);
-  auto got = collect_kinds(tag, codes, {"loss", "gnorm", "params"}, kind);
-  ASSERT_EQ(got.size(), 3u);
+  auto got = collect_kinds(tag, codes, {"loss", "gnorm", "params", "storage"}, kind);
+  ASSERT_EQ(got.size(), 4u);
   Trace ref = reference(world, false);
   ASSERT_EQ(got["loss"].size(), size_t(kSteps));
   EXPECT_LT(ref.loss.back(), ref.loss.front()) << "the reference did not train";
@@ -329,6 +381,13 @@ void job_equals_reference(int world, int64_t rep, const std::string& kind) {
   expect_rel(got["loss"], ref.loss, 1e-6, what + ": losses");
   expect_rel(got["gnorm"], ref.gnorm, 1e-6, what + ": gradient norms");
   expect_rel(got["params"], ref.params, 1e-6, what + ": final parameters");
+  // Per-rank expert storage (values, gradients, AdamW moments) is the whole model's / ep, and the
+  // dense part plus this rank's experts plus the other ranks' experts is the whole model.
+  const auto& st = got["storage"];
+  ASSERT_GE(st.size(), 5u);
+  EXPECT_GT(st[0], 0.f);
+  EXPECT_EQ(st[0] * 2, st[1]) << what << ": expert bytes on a rank vs the whole model's";
+  EXPECT_EQ(st[2] + 2 * st[3], st[4]) << what << ": dense + 2 ranks' experts != the whole model";
 }
 
 }  // namespace
@@ -337,7 +396,7 @@ void job_equals_reference(int world, int64_t rep, const std::string& kind) {
 TEST(ExpertParallel, RankProgram) {
   if (const char* c = std::getenv("ATOLL_EP_TRAIN_CFG")) {
     Config cfg = Config::load(c);
-    Trainer(cfg).run(false);
+    Trainer(cfg).run(std::getenv("ATOLL_EP_TRAIN_RESUME") != nullptr);
     return;
   }
   if (const char* j = std::getenv("ATOLL_EP_JOB")) return job_rank(j);
@@ -374,6 +433,47 @@ TEST(ExpertParallel, AllToAllEqualsAllGatherTileOverlapIsIdenticalAndIdentityExp
 
 TEST(ExpertParallel, Ep2OnTwoRanksFollowsOneProcess) { job_equals_reference(2, 1, "all_to_all"); }
 
+// The whole model's state saved by an ep2 job (experts gathered) resumes in one process holding
+// every expert, and one process's resumes under ep2 (each rank taking its experts' slices): both
+// continue exactly as the uninterrupted one-process run (the parity bound above).
+TEST(ExpertParallel, StateResumesAcrossEpLayouts) {
+  Scratch s;
+  const Trace whole = reference(2, false);
+  const std::string half = (s.root / "half").string();
+  {  // ep2 for steps 0-4, saved; one process for 5-9
+    const std::string tag = (s.root / "a").string();
+    auto codes = run_rank_programs(2, "ExpertParallel.RankProgram",
+                                   {"ATOLL_EP_JOB=1 2 all_to_all 0 " + tag + " 0 5 - " + half}, tag, 120);
+    auto got = collect_kinds(tag, codes, {"loss"}, "ep2 -> 1, first half");
+    ASSERT_EQ(got["loss"].size(), 5u);
+    TensorFile m = load_safetensors(half + ".model");
+    const nn::MoEModelConfig c = ep_model();
+    const Tensor* up = m.find("model.layers.1.mlp.experts.gate_up_proj");
+    ASSERT_NE(up, nullptr) << "the saved state lacks the stacked experts under their name";
+    EXPECT_EQ(up->shape(), (Shape{c.moe.n_experts, c.attn.n_embd, 2 * c.moe.expert_ffn}));
+    Segment seg;
+    seg.start = 5;
+    seg.load = half;
+    Trace rest = reference(2, false, seg);
+    std::vector<float> tail(whole.loss.begin() + 5, whole.loss.end());
+    expect_rel(rest.loss, tail, 1e-6, "ep2 -> 1: losses of steps 6-10");
+    expect_rel(rest.params, whole.params, 1e-6, "ep2 -> 1: final parameters");
+  }
+  {  // one process for 0-4, saved; ep2 for 5-9
+    Segment seg;
+    seg.end = 5;
+    seg.save = half + "1";
+    reference(2, false, seg);
+    const std::string tag = (s.root / "b").string();
+    auto codes = run_rank_programs(2, "ExpertParallel.RankProgram",
+                                   {"ATOLL_EP_JOB=1 2 all_to_all 0 " + tag + " 5 10 " + half + "1 -"}, tag, 120);
+    auto got = collect_kinds(tag, codes, {"loss", "params"}, "1 -> ep2, second half");
+    std::vector<float> tail(whole.loss.begin() + 5, whole.loss.end());
+    expect_rel(got["loss"], tail, 1e-6, "1 -> ep2: losses of steps 6-10");
+    expect_rel(got["params"], whole.params, 1e-6, "1 -> ep2: final parameters");
+  }
+}
+
 TEST(ExpertParallel, Dp2TimesEp2OnFourRanksFollowsOneProcess) { job_equals_reference(4, 2, "all_to_all"); }
 
 TEST(ExpertParallel, BadLayoutsAreRefusedBeforeAnyStep) {
@@ -404,11 +504,11 @@ TEST(ExpertParallel, BadLayoutsAreRefusedBeforeAnyStep) {
 TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
   Scratch s;
   ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
-  auto config = [&](const std::string& run, int batch, const std::string& parallel) {
+  auto config = [&](const std::string& run, int batch, const std::string& parallel, int steps = 4) {
     std::ostringstream c;
     c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
       << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\npreset = \"moe-tiny\"\nn_experts = 4\n"
-      << "aux_loss_coef = 0.0\n[train]\nsteps = 4\nbatch_size = " << batch
+      << "aux_loss_coef = 0.0\n[train]\nsteps = " << steps << "\nbatch_size = " << batch
       << "\nseq_len = 16\nwarmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 3e-3\neps = 1e-5\n[eval]\nevery = 0\n"
       << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
       << (parallel.empty() ? "" : "[parallel]\n" + parallel);
@@ -440,6 +540,51 @@ TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 4u);
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(got["all_to_all"][i], one[i], 1e-4) << "step " << i + 1;
+
+  // The ep2 checkpoint holds the whole model under the stated names (the experts stacked
+  // [E, C, 2F] and [E, F, C], gathered from both ranks): the same names and shapes as one
+  // process's, weights and AdamW state alike.
+  auto names_shapes = [&](const std::string& run, const char* file) {
+    std::map<std::string, Shape> m;
+    for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
+      m[n] = t.shape();
+    return m;
+  };
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(names_shapes("all_to_all", f), names_shapes("one", f)) << f;
+  EXPECT_EQ(names_shapes("all_to_all", "model.safetensors")["model.layers.1.mlp.experts.down_proj"],
+            (Shape{4, 16, 32}))
+      << "moe-tiny's stacked experts (4 of them at n_experts = 4)";
+  // Resumed across layouts: ep2's checkpoint in one process, one process's under ep2; steps 5-6
+  // follow the one-process run continued (the bound above: 1 rank at 2b vs 2 at b).
+  auto seed_from = [&](const std::string& from, const std::string& run) {
+    fs::create_directories(s.root / run / "checkpoints");
+    fs::copy(s.root / from / "checkpoints/step_00000004", s.root / run / "checkpoints/step_00000004",
+             fs::copy_options::recursive);
+  };
+  seed_from("one", "one6");
+  seed_from("all_to_all", "one_from_ep");
+  seed_from("one", "ep_from_one");
+  for (const char* run : {"one6", "one_from_ep"}) {
+    Config c = Config::load(config(run, 8, "", 6).string());
+    Trainer(c).run(true);
+  }
+  {
+    fs::path cfg = config("ep_from_one", 4, "dp_shard = 2\nep = 2\n", 6);
+    const std::string tag = (s.root / "ep_from_one").string() + "_log";
+    auto codes = run_rank_programs(2, "ExpertParallel.RankProgram",
+                                   {"ATOLL_EP_TRAIN_CFG=" + cfg.string(), "ATOLL_EP_TRAIN_RESUME=1"}, tag, 120);
+    for (size_t r = 0; r < codes.size(); ++r)
+      ASSERT_EQ(codes[r], 0) << "ep_from_one rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+    EXPECT_NE(read_file(tag + ".log0").find("resumed from"), std::string::npos) << read_file(tag + ".log0");
+  }
+  const auto cont = losses("one6");
+  ASSERT_EQ(cont.size(), 2u) << "the one-process run continued for steps 5-6";
+  for (const char* run : {"one_from_ep", "ep_from_one"}) {
+    const auto l = losses(run);
+    ASSERT_EQ(l.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(l[i], cont[i], 1e-4) << run << " step " << i + 5;
+  }
 }
 
 // Found on the way (models/gpt): an untied lm_head is a root parameter, first in the flat buffer,

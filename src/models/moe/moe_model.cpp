@@ -1,6 +1,8 @@
 #include "models/moe/moe_model.h"
 
 #include <cmath>
+#include <cstring>
+#include <map>
 
 namespace atl::nn {
 
@@ -33,13 +35,53 @@ void MoEModel::init_weights(uint64_t seed) {
   // GPT-2's scheme: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layer), norms 1.
   Rng rng(seed, 0);
   const float proj_std = 0.02f / std::sqrt(2.f * float(c_.attn.n_layer));
+  auto std_of = [&](const std::string& n) {
+    return n.find("c_proj") != std::string::npos || n.find("down_proj") != std::string::npos ? proj_std : 0.02f;
+  };
+  // Sharded experts come right after their layer's router in the unsharded order; the stream is
+  // drawn one expert at a time (the same values, at most one expert's scratch) and this rank's kept.
+  std::map<const Parameter*, const MoELayer*> after_gate;
+  for (MoELayer* m : moe_layers())
+    if (!m->sharded_experts().empty()) after_gate[m->gate] = m;
   for (Parameter* p : parameters()) {
-    const std::string& n = p->name;
     if (p->shape.size() == 1) p->value.fill(1.f);
-    else if (n.find("c_proj") != std::string::npos || n.find("down_proj") != std::string::npos)
-      rng.fill_normal(p->value, 0.f, proj_std);
-    else rng.fill_normal(p->value, 0.f, 0.02f);
+    else rng.fill_normal(p->value, 0.f, std_of(p->name));
+    auto it = after_gate.find(p);
+    if (it == after_gate.end()) continue;
+    const MoELayer* m = it->second;
+    for (Parameter* q : m->sharded_experts()) {
+      const int64_t per = shape_numel(q->shape) / q->shape[0];
+      Tensor scratch = Tensor::empty({per});
+      for (int64_t e = 0; e < c_.moe.n_experts; ++e) {
+        rng.fill_normal(scratch, 0.f, std_of(q->name));
+        const int64_t l = e - m->first_local_expert();
+        if (l >= 0 && l < m->local_experts())
+          std::memcpy(q->value.f32() + l * per, scratch.f32(), size_t(per) * sizeof(float));
+      }
+    }
   }
+}
+
+std::unique_ptr<Model> MoEModel::expert_shard(int64_t ranks, int64_t rank) const {
+  MoEModelConfig c = c_;
+  c.moe.expert_ranks = ranks;
+  c.moe.expert_rank = rank;
+  return std::make_unique<MoEModel>(c);
+}
+
+double MoEModel::activation_bytes(int64_t batch, int64_t seq) const {
+  // Korthikanti et al.'s per-layer count, roughly, in fp32: ~16 C per token for attention and
+  // norms, the routed rows' 3F + 2C per chosen expert; and the logits with softmax and gradient.
+  const double tok = double(batch * seq), C = double(c_.attn.n_embd), F = double(c_.moe.expert_ffn);
+  return 4.0 * tok * double(c_.attn.n_layer) * (16.0 * C + double(c_.moe.top_k) * (3.0 * F + 2.0 * C)) +
+         12.0 * tok * double(c_.attn.vocab_size);
+}
+
+std::vector<Parameter*> MoEModel::sharded_expert_parameters() const {
+  std::vector<Parameter*> v;
+  for (MoELayer* m : moe_layers())
+    for (Parameter* q : m->sharded_experts()) v.push_back(q);
+  return v;
 }
 
 Tensor MoEModel::hidden(const Tensor& tokens) const {
@@ -103,6 +145,8 @@ double MoEModel::flops_per_token(int64_t T) const {
     if (p->shape.size() < 2 || p == embed_tokens->weight) continue;
     n += double(shape_numel(p->shape)) * (p->role == ParamRole::expert ? active : 1.0);
   }
+  for (Parameter* q : sharded_expert_parameters())  // this rank's share of the sharded experts
+    n += double(shape_numel(q->shape)) * double(c_.moe.expert_ranks) * active;
   if (!lm_head) n += double(shape_numel(embed_tokens->weight->shape));  // the tied head's matmul
   const GPTConfig& a = c_.attn;
   return 6.0 * n + 12.0 * double(a.n_layer) * double(a.n_head * a.head_dim()) * double(T);

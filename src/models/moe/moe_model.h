@@ -47,6 +47,9 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
 
   int64_t num_experts() const override { return c_.moe.n_experts; }
   void set_expert_dispatcher(ExpertDispatcher* d) override;
+  std::unique_ptr<Model> expert_shard(int64_t ranks, int64_t rank) const override;
+  std::vector<Parameter*> sharded_expert_parameters() const override;
+  double activation_bytes(int64_t batch, int64_t seq) const override;
   std::vector<MoELayer*> moe_layers() const;
 
   Embedding* embed_tokens;

@@ -1,0 +1,75 @@
+// Expert parallelism's storage (GShard, Lepikhin et al. 2020; DeepSeek-MoE): each rank allocates
+// only the routed experts of its ep coordinate (nn::MoEConfig::expert_ranks), their gradients and
+// their AdamW state, outside the model's flat buffers, so that data parallelism (DDP, ZeRO, HSDP)
+// handles the dense parameters only. Each expert's gradient is then summed over the ranks that
+// replicate it — the ranks of the same ep coordinate, "dp within ep" — and divided, like the dense
+// gradients, by the number of data-parallel ranks: the gradient of the job's mean loss, as one
+// process holding every expert computes it (the ep group's tokens reach an expert through the
+// dispatcher, so its owner's gradient already sums over its ep group).
+//
+// The gradient norm is the whole model's: the dense part's (the strategy's) and the experts'
+// squares summed over the ep group (replicas counted once). Checkpoints hold the whole model and a
+// single-rank AdamW's state under their usual names (the experts gathered over the ep group), so a
+// run resumes under any ep, or none.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/model.h"
+#include "nn/moe.h"
+#include "optim/adamw.h"
+#include "tensor/safetensors.h"
+
+namespace atl::parallel {
+
+class ExpertShards {
+ public:
+  // model: an expert shard (nn::ExpertModel::expert_shard) with the dispatcher injected; ep: its
+  // ep group (group rank = ep coordinate); replicas: the ranks holding the same experts (null or
+  // size 1: none).
+  ExpertShards(nn::Model& model, std::unique_ptr<nn::ExpertDispatcher> dispatcher, comm::Communicator* ep,
+               std::unique_ptr<comm::Communicator> replicas);
+  ~ExpertShards();
+  nn::ExpertDispatcher& dispatcher() { return *dispatcher_; }
+
+  // Once the data-parallel strategy is built: the experts' AdamW, and the divisor of the
+  // gradients (the strategy's data-parallel ranks). other_optimizer: the job's [optim] places
+  // another optimizer (Muon, groups), which sharded experts do not take yet: refused.
+  void attach(const AdamWConfig& ac, int data_ranks, bool other_optimizer = false);
+
+  void zero_grad();
+  // After the strategy's finish_backward: experts' gradients summed over their replicas / ranks.
+  void finish_backward();
+  // The whole model's gradient norm from the dense part's (collective over the ep group).
+  double grad_norm(double dense_norm);
+  void step(const StepContext& ctx);
+
+  // Appends the experts, gathered over the ep group, to the whole model's state (collective).
+  void full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
+                  std::vector<std::pair<std::string, Tensor>>& opt_state);
+  // Takes this rank's slices of the experts out of the whole model's state (loading them), so
+  // that what is left is the dense model's. `what` names the checkpoint in errors.
+  void local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state,
+                   const std::string& what);
+
+  // Bytes this rank holds for the experts: values, gradients and optimizer state.
+  int64_t bytes() const;
+  // The same for the whole model's experts (every rank's share).
+  int64_t full_bytes() const;
+  int ep_size() const { return ep_ ? ep_->size() : 1; }
+
+ private:
+  Tensor gather(const Tensor& local) const;  // [L, ...] on each ep rank -> [E, ...]
+
+  nn::Model& model_;
+  std::unique_ptr<nn::ExpertDispatcher> dispatcher_;
+  comm::Communicator* ep_;
+  std::unique_ptr<comm::Communicator> replicas_;
+  std::vector<nn::Parameter*> params_;
+  std::unique_ptr<AdamW> opt_;
+  float divisor_ = 1.f;
+};
+
+}  // namespace atl::parallel
