@@ -73,7 +73,11 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
   Node n;
   n.op = op;
   n.inputs = std::move(inputs);
-  n.output = out;
+  // The node keeps only a handle to its output (shape and autograd record, no data): backward
+  // needs the output's gradient, never its values (an op that does captures them itself), and
+  // holding the data would keep every activation alive until backward, saved by a consumer or not.
+  n.output = Tensor::wrap(nullptr, out.shape(), out.dtype(), out.device());
+  n.output.set_autograd(m);
   n.backward = std::move(backward);
   g_tape->nodes.push_back(std::move(n));
 }

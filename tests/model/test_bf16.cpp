@@ -3,6 +3,7 @@
 
 #include "autograd/graph.h"
 #include "autograd/precision.h"
+#include "autograd/weight_cast_cache.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "models/gpt/gpt.h"
@@ -12,6 +13,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 using namespace atl;
 
@@ -108,4 +110,112 @@ TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
   EXPECT_GE(paths, 1);
   cpu::set_isa(saved);
   set_num_threads(saved_threads);
+}
+
+namespace {
+// Steps of the tiny GPT in bf16 with `accum` micro-steps each, the weights' bf16 copies either
+// cached for the step (the trainer's way) or converted on every use. Returns every micro-step's
+// loss and the final weights.
+struct CastRun {
+  std::vector<float> losses;
+  Tensor weights;
+  WeightCastStats stats;
+};
+CastRun train_bf16(bool cached, int steps, int accum) {
+  set_matmul_dtype(DType::bf16);
+  nn::GPT model(nn::GPTConfig::preset("gpt2-tiny"));
+  model.init_weights(21);
+  AdamW opt(model.param_refs(), AdamWConfig{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
+  Rng rng(8, 0);
+  std::vector<int32_t> tok(2 * 32), tgt(2 * 32);
+  for (auto& t : tok) t = int32_t(rng.below(257));
+  for (auto& t : tgt) t = int32_t(rng.below(257));
+  Tensor x = Tensor::from_vector_i32(tok, {2, 32}), y = Tensor::from_vector_i32(tgt, {2, 32});
+  CastRun r;
+  const WeightCastStats before = weight_cast_stats();
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    {
+      std::optional<WeightCastScope> scope;
+      if (cached) scope.emplace();
+      for (int m = 0; m < accum; ++m) {
+        Tensor l = model.loss(x, y);
+        backward(l, 1.f / float(accum));
+        r.losses.push_back(l.item());
+      }
+    }
+    opt.step({1.f, 1.f});
+  }
+  r.weights = model.flat_values().clone();
+  r.stats = weight_cast_stats();
+  r.stats.conversions -= before.conversions;
+  r.stats.reuses -= before.reuses;
+  return r;
+}
+}  // namespace
+
+// The step's cache of bf16 weight copies changes no bit: every micro-step's loss and the weights
+// after 3 AdamW steps of 2 micro-steps are identical with and without it. The steps update the
+// weights between scopes, so a cache that outlived its step (a stale copy) would change the
+// second step's loss and fail the comparison. The counts check that the cache is used: each
+// linear weight is converted once per step instead of once per use.
+TEST(WeightCastCache, CachedStepsAreBitwiseTheUncachedOnes) {
+  PrecisionGuard guard;
+  const int saved_threads = num_threads();
+  set_num_threads(1);
+  const CastRun plain = train_bf16(false, 3, 2), cached = train_bf16(true, 3, 2);
+  set_num_threads(saved_threads);
+  ASSERT_EQ(plain.losses.size(), cached.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(plain.losses[i], cached.losses[i]) << "micro-step " << i;
+  EXPECT_NE(plain.losses[0], plain.losses[2]) << "the weights did not change between steps: staleness untested";
+  EXPECT_EQ(max_abs_diff(plain.weights, cached.weights), 0.0);
+  EXPECT_EQ(plain.stats.reuses, 0);
+  EXPECT_GT(cached.stats.reuses, 0);
+  // Uncached: one conversion per weight per micro-step (the forward's copy serves its dX product);
+  // cached: one per weight per step, half of that with 2 micro-steps.
+  EXPECT_EQ(cached.stats.conversions * 2, plain.stats.conversions);
+  EXPECT_EQ(weight_cast_stats().cached_bytes, 0) << "the scope's copies outlived it";
+}
+
+// Inside a scope the cache serves the copy made at first use (the documented rule: weights do not
+// change inside a scope), so changing a weight there without invalidate_weight_casts() gives the
+// stale result: this is what the test above would see if scopes did not end with the step. After
+// invalidate_weight_casts(), or in a new scope, the result is the uncached one's for the new weights.
+TEST(WeightCastCache, WeightUpdateInvalidatesTheCopies) {
+  PrecisionGuard guard;
+  set_matmul_dtype(DType::bf16);
+  nn::GPT model(nn::GPTConfig::preset("gpt2-tiny"));
+  model.init_weights(4);
+  Tensor x = Tensor::from_vector_i32(std::vector<int32_t>(32, 7), {1, 32});
+  Tensor y = Tensor::from_vector_i32(std::vector<int32_t>(32, 9), {1, 32});
+  NoGradGuard ng;
+  Tensor w;  // a weight read only through its bf16 copy (linear layers; not the tied embedding)
+  for (auto& p : model.param_refs())
+    if (p.name.find("mlp.c_fc.weight") != std::string::npos) w = p.value;
+  ASSERT_TRUE(w.defined());
+  auto perturb = [&] {
+    float* v = w.f32();
+    for (int64_t i = 0; i < w.numel(); ++i) v[i] *= 1.5f;
+  };
+  float old_loss, stale, fresh, rescoped;
+  {
+    WeightCastScope scope;
+    old_loss = model.loss(x, y).item();
+    perturb();
+    stale = model.loss(x, y).item();
+    invalidate_weight_casts();
+    fresh = model.loss(x, y).item();
+  }
+  const float uncached = model.loss(x, y).item();  // no scope: converted on use
+  perturb();
+  {
+    WeightCastScope scope;
+    rescoped = model.loss(x, y).item();
+  }
+  const float uncached2 = model.loss(x, y).item();
+  EXPECT_EQ(stale, old_loss) << "inside a scope the copies should not follow the weights";
+  EXPECT_NE(fresh, old_loss);
+  EXPECT_EQ(fresh, uncached);
+  EXPECT_EQ(rescoped, uncached2);
+  EXPECT_NE(rescoped, fresh);
 }
