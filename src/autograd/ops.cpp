@@ -135,7 +135,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = empty_like_dev(a.shape(), a);
   K(a).elem.add_forward(out.f32(), a.f32(), b.f32(), a.numel());
   if (should_record({&a, &b})) {
-    record("add", out, {a, b}, [](Node& n) {
+    record("add", out, {grad_handle(a), grad_handle(b)}, [](Node& n) {
       const Tensor& g = grad_of(n.output);
       for (auto& in : n.inputs)
         if (requires_grad(in)) K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
