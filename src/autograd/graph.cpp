@@ -65,6 +65,13 @@ bool should_record(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 
+Tensor grad_handle(const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor h = Tensor::wrap(nullptr, t.shape(), t.dtype(), t.device());
+  h.set_autograd(t.autograd());
+  return h;
+}
+
 void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::function<void(Node&)> backward) {
   auto m = std::make_shared<AutogradMeta>();
   m->requires_grad = true;
@@ -73,7 +80,10 @@ void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::functi
   Node n;
   n.op = op;
   n.inputs = std::move(inputs);
-  n.output = out;
+  // The node keeps only a handle to its output (shape and autograd record, no data): backward
+  // needs the output's gradient, never its values (an op that does captures them itself), and
+  // holding the data would keep every activation alive until backward, saved by a consumer or not.
+  n.output = grad_handle(out);
   n.backward = std::move(backward);
   g_tape->nodes.push_back(std::move(n));
 }

@@ -59,6 +59,11 @@ bool should_record(std::initializer_list<const Tensor*> ts);
 // Records a node whose output is `out` (which becomes a non-leaf requiring grad).
 void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::function<void(Node&)> backward);
 
+// A data-less stand-in for t (its shape and autograd record, no storage): what a node keeps of an
+// input whose gradient it routes but whose values its backward never reads (add's operands), so
+// that recording does not keep the input's data alive.
+Tensor grad_handle(const Tensor& t);
+
 // Runs backward from a scalar (one-element) tensor, seeding its gradient with `seed`, then clears
 // the tape (freeing saved activations). Gradients of non-leaf tensors are freed as they are used.
 void backward(const Tensor& loss, float seed = 1.f);

@@ -2,8 +2,12 @@
 // copies, so backward reads half the bytes and converts nothing but the incoming gradient. The
 // node does not keep the fp32 input alive: it holds a stand-in that carries the input's autograd
 // record (all backward needs of it: where its gradient accumulates) over the bf16 copy's storage,
-// so an activation that only feeds a linear layer is kept once, in bf16, until backward.
+// so an activation that only feeds a linear layer is kept once, in bf16, until backward. The
+// weight's bf16 copy comes from the step's cache (weight_cast_cache.h): converted once per step,
+// shared by forward and the dX product of every micro-step.
 #include "autograd/linear_bf16.h"
+
+#include "autograd/weight_cast_cache.h"
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
@@ -41,7 +45,7 @@ DType matmul_dtype() { return g_matmul; }
 namespace ops_bf16 {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int64_t C, int64_t OC, Shape out_shape) {
-  Tensor xb = to_bf16(x), wb = to_bf16(w);
+  Tensor xb = to_bf16(x), wb = bf16_weight(w);
   Tensor out = Tensor::empty(out_shape);
   float* o = out.f32();
   if (b.defined()) {
@@ -66,7 +70,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int6
 }
 
 Tensor linear_t(const Tensor& x, const Tensor& w, int64_t N, int64_t C, int64_t OC, Shape out_shape) {
-  Tensor xb = to_bf16(x), wb = to_bf16(w);
+  Tensor xb = to_bf16(x), wb = bf16_weight(w);
   Tensor out = Tensor::empty(out_shape);
   cpu::gemm_bf16(false, true, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.f, out.f32(), OC);
   if (should_record({&x, &w})) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/activations_bf16.h"
 #include "autograd/linear_bf16.h"
 #include "autograd/ops_util.h"
 
@@ -99,6 +100,7 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
 
 Tensor gelu(const Tensor& x) {
   check_f32(x, "gelu", "input");
+  if (matmul_dtype() == DType::bf16 && x.device().is_cpu()) return ops_bf16::gelu(x);  // saves bf16
   Tensor out = empty_like_dev(x.shape(), x);
   K(x).act.gelu_forward(out.f32(), x.f32(), x.numel());
   if (should_record({&x})) {
@@ -113,6 +115,7 @@ Tensor gelu(const Tensor& x) {
 Tensor swiglu(const Tensor& x) {
   check_f32(x, "swiglu", "input");
   ATOLL_CHECK(x.size(-1) % 2 == 0, "swiglu: last dim {} must be even ([gate | up])", x.size(-1));
+  if (matmul_dtype() == DType::bf16 && x.device().is_cpu()) return ops_bf16::swiglu(x);  // saves bf16
   int64_t F = x.size(-1) / 2, N = rows(x);
   Tensor out = empty_like_dev(with_last(x.shape(), F), x);
   K(x).act.swiglu_forward(out.f32(), x.f32(), N, F);
@@ -132,7 +135,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = empty_like_dev(a.shape(), a);
   K(a).elem.add_forward(out.f32(), a.f32(), b.f32(), a.numel());
   if (should_record({&a, &b})) {
-    record("add", out, {a, b}, [](Node& n) {
+    record("add", out, {grad_handle(a), grad_handle(b)}, [](Node& n) {
       const Tensor& g = grad_of(n.output);
       for (auto& in : n.inputs)
         if (requires_grad(in)) K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());

@@ -37,6 +37,9 @@ Tensor dot_const(const Tensor& x, const Tensor& c);
 namespace atl::ops {
 // x [..., C] · w^T with w [OC, C] (nn.Linear layout: the tied or untied LM head) -> [..., OC]
 Tensor linear_t(const Tensor& x, const Tensor& w);
+// cross_entropy(linear_t(x, w), targets, reuse_logits = true) as one op: in bf16 mode the logits
+// are made and consumed in row blocks and only their bf16 gradient is kept (head_loss.cpp).
+Tensor head_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets);
 }  // namespace atl::ops
 
 // ---- the op set for models beyond GPT (encoders, diffusion transformers, graph networks, MoE) ----

@@ -43,9 +43,9 @@ Tensor sigmoid(const Tensor& x) {
   Tensor y = empty_like_dev(x.shape(), x);
   K(x).moe.sigmoid_forward(y.f32(), x.f32(), x.numel());
   if (should_record({&x})) {
-    record("sigmoid", y, {x}, [](Node& n) {
+    record("sigmoid", y, {x}, [yv = Tensor(y)](Node& n) {  // the node keeps only a handle of y (graph.cpp)
       const Tensor& xi = n.inputs[0];
-      K(xi).moe.sigmoid_backward(grad_ptr(xi), grad_of(n.output).f32(), n.output.f32(), xi.numel());
+      K(xi).moe.sigmoid_backward(grad_ptr(xi), grad_of(n.output).f32(), yv.f32(), xi.numel());
     });
   }
   return y;

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "autograd/graph.h"
 #include "autograd/precision.h"
+#include "autograd/weight_cast_cache.h"
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "core/threads.h"
@@ -399,6 +401,10 @@ TrainResult Trainer::run(bool resume) {
       I.dp->zero_grad();
       if (I.experts) I.experts->zero_grad();
       if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
+      // bf16 weight copies made once for all micro-steps (autograd/weight_cast_cache.h); not under
+      // sharded parameters (zero3, hsdp), where holding every layer's copy would undo the sharding.
+      std::optional<WeightCastScope> casts;
+      if (I.pc.strategy != "zero3" && I.pc.strategy != "hsdp") casts.emplace();
       double loss_sum = 0;
       if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
         std::vector<Tensor> ins, tgts;

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include "autograd/graph.h"
+#include "autograd/ops.h"
 #include "autograd/precision.h"
+#include "autograd/weight_cast_cache.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "models/gpt/gpt.h"
@@ -12,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 using namespace atl;
 
@@ -108,4 +111,210 @@ TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
   EXPECT_GE(paths, 1);
   cpu::set_isa(saved);
   set_num_threads(saved_threads);
+}
+
+namespace {
+// Steps of the tiny GPT in bf16 with `accum` micro-steps each, the weights' bf16 copies either
+// cached for the step (the trainer's way) or converted on every use. Returns every micro-step's
+// loss and the final weights.
+struct CastRun {
+  std::vector<float> losses;
+  Tensor weights;
+  WeightCastStats stats;
+};
+CastRun train_bf16(bool cached, int steps, int accum) {
+  set_matmul_dtype(DType::bf16);
+  nn::GPT model(nn::GPTConfig::preset("gpt2-tiny"));
+  model.init_weights(21);
+  AdamW opt(model.param_refs(), AdamWConfig{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
+  Rng rng(8, 0);
+  std::vector<int32_t> tok(2 * 32), tgt(2 * 32);
+  for (auto& t : tok) t = int32_t(rng.below(257));
+  for (auto& t : tgt) t = int32_t(rng.below(257));
+  Tensor x = Tensor::from_vector_i32(tok, {2, 32}), y = Tensor::from_vector_i32(tgt, {2, 32});
+  CastRun r;
+  const WeightCastStats before = weight_cast_stats();
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    {
+      std::optional<WeightCastScope> scope;
+      if (cached) scope.emplace();
+      for (int m = 0; m < accum; ++m) {
+        Tensor l = model.loss(x, y);
+        backward(l, 1.f / float(accum));
+        r.losses.push_back(l.item());
+      }
+    }
+    opt.step({1.f, 1.f});
+  }
+  r.weights = model.flat_values().clone();
+  r.stats = weight_cast_stats();
+  r.stats.conversions -= before.conversions;
+  r.stats.reuses -= before.reuses;
+  return r;
+}
+}  // namespace
+
+// The step's cache of bf16 weight copies changes no bit: every micro-step's loss and the weights
+// after 3 AdamW steps of 2 micro-steps are identical with and without it. The steps update the
+// weights between scopes, so a cache that outlived its step (a stale copy) would change the
+// second step's loss and fail the comparison. The counts check that the cache is used: each
+// linear weight is converted once per step instead of once per use.
+TEST(WeightCastCache, CachedStepsAreBitwiseTheUncachedOnes) {
+  PrecisionGuard guard;
+  const int saved_threads = num_threads();
+  set_num_threads(1);
+  const CastRun plain = train_bf16(false, 3, 2), cached = train_bf16(true, 3, 2);
+  set_num_threads(saved_threads);
+  ASSERT_EQ(plain.losses.size(), cached.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(plain.losses[i], cached.losses[i]) << "micro-step " << i;
+  EXPECT_NE(plain.losses[0], plain.losses[2]) << "the weights did not change between steps: staleness untested";
+  EXPECT_EQ(max_abs_diff(plain.weights, cached.weights), 0.0);
+  EXPECT_EQ(plain.stats.reuses, 0);
+  EXPECT_GT(cached.stats.reuses, 0);
+  // Uncached: one conversion per weight per micro-step (the forward's copy serves its dX product);
+  // cached: one per weight per step, half of that with 2 micro-steps.
+  EXPECT_EQ(cached.stats.conversions * 2, plain.stats.conversions);
+  EXPECT_EQ(weight_cast_stats().cached_bytes, 0) << "the scope's copies outlived it";
+}
+
+// Inside a scope the cache serves the copy made at first use (the documented rule: weights do not
+// change inside a scope), so changing a weight there without invalidate_weight_casts() gives the
+// stale result: this is what the test above would see if scopes did not end with the step. After
+// invalidate_weight_casts(), or in a new scope, the result is the uncached one's for the new weights.
+TEST(WeightCastCache, WeightUpdateInvalidatesTheCopies) {
+  PrecisionGuard guard;
+  set_matmul_dtype(DType::bf16);
+  nn::GPT model(nn::GPTConfig::preset("gpt2-tiny"));
+  model.init_weights(4);
+  Tensor x = Tensor::from_vector_i32(std::vector<int32_t>(32, 7), {1, 32});
+  Tensor y = Tensor::from_vector_i32(std::vector<int32_t>(32, 9), {1, 32});
+  NoGradGuard ng;
+  Tensor w;  // a weight read only through its bf16 copy (linear layers; not the tied embedding)
+  for (auto& p : model.param_refs())
+    if (p.name.find("mlp.c_fc.weight") != std::string::npos) w = p.value;
+  ASSERT_TRUE(w.defined());
+  auto perturb = [&] {
+    float* v = w.f32();
+    for (int64_t i = 0; i < w.numel(); ++i) v[i] *= 1.5f;
+  };
+  float old_loss, stale, fresh, rescoped;
+  {
+    WeightCastScope scope;
+    old_loss = model.loss(x, y).item();
+    perturb();
+    stale = model.loss(x, y).item();
+    invalidate_weight_casts();
+    fresh = model.loss(x, y).item();
+  }
+  const float uncached = model.loss(x, y).item();  // no scope: converted on use
+  perturb();
+  {
+    WeightCastScope scope;
+    rescoped = model.loss(x, y).item();
+  }
+  const float uncached2 = model.loss(x, y).item();
+  EXPECT_EQ(stale, old_loss) << "inside a scope the copies should not follow the weights";
+  EXPECT_NE(fresh, old_loss);
+  EXPECT_EQ(fresh, uncached);
+  EXPECT_EQ(rescoped, uncached2);
+  EXPECT_NE(rescoped, fresh);
+}
+
+// bf16 mode saves GELU's and SwiGLU's input for backward as a bf16 copy. Memory: the input here is
+// a temporary (an add's output, as the MLP's first product is), so after forward the graph holds
+// S bytes of it in fp32 mode and S/2 in bf16 mode (S = the input's fp32 bytes; the caller holds
+// the output). Gradients: the derivative is evaluated at the input rounded to 8 significant bits
+// (relative error <= 2^-9), so the input gradient's relative L2 error against fp32 is of order
+// 2^-9 ≈ 2e-3 times the derivative's sensitivity (|GELU''| <= 0.8, |x| ~ 1 here); bound 1e-2.
+TEST(MixedPrecision, ActivationsSaveTheirInputInBf16) {
+  PrecisionGuard guard;
+  Rng rng(12, 0);
+  const int64_t N = 64, F = 256;
+  std::vector<float> v(size_t(N * 2 * F)), r(size_t(N * F));
+  for (auto& e : v) e = 2.f * rng.uniform() - 1.f;
+  for (auto& e : r) e = 2.f * rng.uniform() - 1.f;
+  for (bool swiglu : {false, true}) {
+    const Shape xs = swiglu ? Shape{N, 2 * F} : Shape{N, F};
+    auto run = [&](DType dt, size_t* held) {
+      set_matmul_dtype(dt);
+      Tensor x0 = Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + shape_numel(xs)), xs);
+      set_requires_grad(x0);
+      Tensor half = Tensor::full(xs, 0.5f);
+      allocator_for(Device::cpu()).release_cache();  // no request is served from a bigger cached block
+      const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
+      Tensor y = swiglu ? ops::swiglu(ops::add(x0, half)) : ops::gelu(ops::add(x0, half));
+      *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes();
+      Tensor loss = ops::dot_const(y, Tensor::from_vector(r, {N, F}));
+      backward(loss);
+      return grad_of(x0).clone();
+    };
+    size_t held32 = 0, held16 = 0;
+    const Tensor g32 = run(DType::f32, &held32), g16 = run(DType::bf16, &held16);
+    const size_t S = size_t(shape_numel(xs)) * 4;
+    EXPECT_EQ(held32, S) << (swiglu ? "swiglu" : "gelu");
+    EXPECT_EQ(held16, S / 2) << (swiglu ? "swiglu" : "gelu");
+    const double err = rel_error(g16, g32);
+    std::printf("%s: saved %zu of %zu bytes, gradient relative error %.2e\n", swiglu ? "swiglu" : "gelu", held16, S, err);
+    EXPECT_GT(err, 0.0);
+    EXPECT_LT(err, 1e-2);
+  }
+}
+
+// In bf16 mode the LM head and its cross-entropy run as one op that keeps only the bf16 logit
+// gradient (head_loss.cpp), in row blocks (here 2: N·V = 4M logits, 2M per block), with some
+// targets ignored (-1). Against the unfused bf16 path, which rounds the same gradient values to bf16
+// before the same products, only the blocked forward product's summation order differs: the loss
+// agrees to 1e-5 relative and the gradients to 2e-3 (a logit 1 ulp apart can round to the
+// neighbouring bf16 value, 2^-8 relative, in a few elements). Memory: the graph holds the bf16
+// gradient, N·V·2 bytes (plus the bf16 copies of x and w), where the unfused op holds the fp32
+// logits, N·V·4. (On the Intel Xeon dev machine the two paths even agree bitwise.)
+TEST(MixedPrecision, FusedHeadLossKeepsOnlyTheBf16LogitGradient) {
+  PrecisionGuard guard;
+  set_matmul_dtype(DType::bf16);
+  const int64_t N = 1024, C = 64, V = 4096;
+  Rng rng(31, 0);
+  std::vector<float> xv(size_t(N * C)), wv(size_t(V * C));
+  for (auto& e : xv) e = 2.f * rng.uniform() - 1.f;
+  for (auto& e : wv) e = 0.2f * (2.f * rng.uniform() - 1.f);
+  std::vector<int32_t> tg(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) tg[size_t(i)] = i % 17 == 0 ? -1 : int32_t(rng.below(uint64_t(V)));
+  const Tensor targets = Tensor::from_vector_i32(tg, {N});
+  struct Out {
+    float loss;
+    Tensor gx, gw;
+    size_t held;
+  };
+  auto run = [&](bool fused) {
+    Tensor x0 = Tensor::from_vector(xv, {N, C}), w = Tensor::from_vector(wv, {V, C});
+    set_requires_grad(x0);
+    set_requires_grad(w);
+    Tensor zero = Tensor::zeros({N, C});
+    allocator_for(Device::cpu()).release_cache();
+    const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
+    Tensor x = ops::add(x0, zero);  // a temporary, as the final norm's output is
+    Tensor loss = fused ? ops::head_cross_entropy(x, w, targets) : ops::cross_entropy(ops::linear_t(x, w), targets, true);
+    x = Tensor();
+    Out o{loss.item(), {}, {}, allocator_for(Device::cpu()).stats().current_bytes - before};
+    backward(loss);
+    o.gx = grad_of(x0).clone();
+    o.gw = grad_of(w).clone();
+    return o;
+  };
+  const Out plain = run(false), fused = run(true);
+  EXPECT_NEAR(fused.loss, plain.loss, 1e-5 * plain.loss);
+  const double ex = rel_error(fused.gx, plain.gx), ew = rel_error(fused.gw, plain.gw);
+  std::printf("fused head: loss %.6f vs %.6f, dX error %.2e, dW error %.2e, held %zu vs %zu bytes\n", fused.loss,
+              plain.loss, ex, ew, fused.held, plain.held);
+  EXPECT_LT(ex, 2e-3);
+  EXPECT_LT(ew, 2e-3);
+  const size_t logits = size_t(N * V) * 4;
+  EXPECT_GE(plain.held, logits);
+  EXPECT_LE(fused.held, logits / 2 + size_t(N * C + V * C) * 2 + 4096);  // + the bf16 copies of x and w
+  // fp32 mode: the same op is the unfused one.
+  set_matmul_dtype(DType::f32);
+  const Out f32a = run(false), f32b = run(true);
+  EXPECT_EQ(f32a.loss, f32b.loss);
+  EXPECT_EQ(max_abs_diff(f32a.gw, f32b.gw), 0.0);
+  EXPECT_NEAR(fused.loss, f32a.loss, 1e-2 * f32a.loss);
 }

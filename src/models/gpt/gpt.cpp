@@ -112,8 +112,7 @@ Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
               shape_str(tokens.shape()));
   if (context_) return loss_context_parallel(tokens, targets);
   if (tp_) return tp_->vocab_cross_entropy(tp_logits(tokens), targets, vocab_lo_);
-  Tensor logits = ops::linear_t(hidden(tokens), head_weight()->value);
-  return ops::cross_entropy(logits, targets, /*reuse_logits=*/true);
+  return ops::head_cross_entropy(hidden(tokens), head_weight()->value, targets);
 }
 
 Tensor GPT::tp_logits(const Tensor& tokens) const { return tp_->vocab_logits(hidden(tokens), head_weight()->value); }
@@ -160,7 +159,7 @@ Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
 
 Tensor GPT::stage_loss(const Tensor& x, const Tensor& targets) const {
   if (tp_) return tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), targets, vocab_lo_);
-  return ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), targets, /*reuse_logits=*/true);
+  return ops::head_cross_entropy((*ln_f)(x), head_weight()->value, targets);
 }
 
 namespace {

@@ -1,0 +1,59 @@
+// The activation between a block's two MLP products is its largest saved tensor ([N, 4C] for
+// GELU, [N, 2F] for SwiGLU). In bf16 mode it is kept for backward as a bf16 copy (half the bytes)
+// and widened again when backward runs; forward and the output stay fp32. The derivative is then
+// evaluated at the input rounded to bf16 (relative error <= 2^-9): an error of the size bf16 mode
+// already makes in the matmuls that consume these gradients, which
+// MixedPrecision.Bf16TrainingTracksFp32For100StepsOnEveryPath bounds over 100 steps.
+#include "autograd/activations_bf16.h"
+
+#include "autograd/ops_util.h"
+#include "kernels/cpu/gemm.h"
+
+namespace atl::ops_bf16 {
+namespace {
+using ops::detail::K;
+
+Tensor to_bf16(const Tensor& t) {
+  Tensor b = Tensor::empty(t.shape(), DType::bf16);
+  cpu::f32_to_bf16(t.f32(), b.data<bf16>(), t.numel());
+  b.set_autograd(t.autograd());  // the saved input stands in for t: its gradient accumulates in t's
+  return b;
+}
+
+Tensor widen(const Tensor& b) {
+  Tensor f = Tensor::empty(b.shape());
+  cpu::bf16_to_f32(b.data<bf16>(), f.f32(), b.numel());
+  return f;
+}
+}  // namespace
+
+Tensor gelu(const Tensor& x) {
+  Tensor out = Tensor::empty(x.shape());
+  K(x).act.gelu_forward(out.f32(), x.f32(), x.numel());
+  if (should_record({&x})) {
+    record("gelu_bf16", out, {to_bf16(x)}, [](Node& n) {
+      const Tensor& xi = n.inputs[0];
+      const Tensor xf = widen(xi);
+      K(xf).act.gelu_backward(grad_buffer(xi).f32(), grad_of(n.output).f32(), xf.f32(), xf.numel());
+    });
+  }
+  return out;
+}
+
+Tensor swiglu(const Tensor& x) {
+  const int64_t F = x.size(-1) / 2, N = x.numel() / x.size(-1);
+  Shape s = x.shape();
+  s.back() = F;
+  Tensor out = Tensor::empty(s);
+  K(x).act.swiglu_forward(out.f32(), x.f32(), N, F);
+  if (should_record({&x})) {
+    record("swiglu_bf16", out, {to_bf16(x)}, [N, F](Node& n) {
+      const Tensor& xi = n.inputs[0];
+      const Tensor xf = widen(xi);
+      K(xf).act.swiglu_backward(grad_buffer(xi).f32(), grad_of(n.output).f32(), xf.f32(), N, F);
+    });
+  }
+  return out;
+}
+
+}  // namespace atl::ops_bf16
