@@ -9,7 +9,7 @@
 // sizes. The bounds (1e-5; 1e-6 for the lse, a log of a sum of positive terms) are the ones
 // tests/kernels/test_attention.cpp states for the causal kernel, and they do not depend on the CPU:
 // the AVX2 and AVX-512 variants perform the same fp32 operations and differ only in how an
-// `omp simd` reduction splits a dot product into 8 or 16 partial sums, which moves results by a few
+// dot product (or a vectorised softmax sum) splits into 8 or 16 partial sums, which moves results by a few
 // ulps, far inside them (the cross-variant check below bounds that at 1e-6; which code each
 // variant runs is fixed when the binary is built, so that difference does not depend on the CPU).
 #include <gtest/gtest.h>

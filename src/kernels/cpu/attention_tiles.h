@@ -127,3 +127,17 @@ inline const float* rows_operand(const float* first, int64_t ld, int64_t n, int6
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// a·b over n floats in a fixed order: kLanes partial sums over whole vectors from element 0, added
+// lane 0 first, then the tail in order. Unlike an `omp simd reduction`, which GCC may peel to align
+// a pointer, the order never depends on where the rows sit in memory, so the same inputs in
+// another buffer (a tensor-parallel copy, a ring block) give the same bits.
+inline float dot_row(const float* a, const float* b, int64_t n) {
+  vec acc = {};
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) acc += loadv(a + e) * loadv(b + e);
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; e < n; ++e) s += a[e] * b[e];
+  return s;
+}

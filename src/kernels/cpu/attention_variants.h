@@ -9,9 +9,10 @@
 // generic callers); the shared helpers they call (kernel_util.h, the standard library) are
 // declared before the pragma and so keep the generic target where they are not inlined.
 //
-// Rounding: tile products and element-wise loops give the same bits in both variants; sums that
-// `#pragma omp simd reduction` vectorises (dotp, D = dO·O) split into 8 or 16 lane partial sums,
-// so the variants may differ there in the last bits (tests/kernels/test_attention_paths.cpp).
+// Rounding: tile products and element-wise loops give the same bits in both variants; dot_row's
+// (the row kernels' q·k, dO·v and D = dO·O) splits into 8 or 16 lane partial sums, and the softmax
+// sums that `#pragma omp simd reduction` vectorises may split differently too, so the variants may
+// differ there in the last bits (tests/kernels/test_attention_paths.cpp).
 //
 // No include guard: included once per kernel file.
 #ifndef ATOLL_ATTN_BODY

@@ -2,7 +2,6 @@
 // only vectorises under -ffast-math, which atoll does not use), and per-thread scratch buffers
 // that grow once so that the hot path never allocates.
 #pragma once
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,34 +13,12 @@ namespace atl::cpu::detail {
 // microseconds (far more when cores are oversubscribed) and tiny calls cannot amortise it.
 constexpr int64_t kMinParallelWork = int64_t(1) << 15;
 
-// A float's bits as an int32 key that orders like the float (non-NaN), and back: negative floats
-// are sign-magnitude, so their magnitude bits are flipped. Clamping a key is integer min/max.
-inline int32_t float_order_key(float x) {
-  int32_t i;
-  std::memcpy(&i, &x, 4);
-  return i >= 0 ? i : i ^ 0x7fffffff;
-}
-inline float from_order_key(int32_t k) {
-  const int32_t i = k >= 0 ? k : k ^ 0x7fffffff;
-  float x;
-  std::memcpy(&x, &i, 4);
-  return x;
-}
-
 // exp(x) by Cody-Waite range reduction, x = n*ln2 + r with |r| <= ln2/2, and Cephes' degree-5
 // polynomial for exp(r); about 1 ulp over the normal range. x below -87.3 (including -inf)
 // gives 0, x above 88 saturates at exp(88); NaN is not propagated (callers never pass one).
-//
-// The clamp to [-87.3, 88] is integer min/max on order keys, not float ternaries: without
-// -ffinite-math-only GCC keeps `x < lo ? lo : x` a branch, folds the polynomial to a constant on
-// the clamped paths, and leaves the real computation conditional, which it may not speculate (it
-// could raise an FP exception) without AVX-512's masked arithmetic, so under AVX2 every loop
-// calling this stayed scalar (GELU, softmax, cross-entropy and attention's softmax 3-4x slower
-// than a native build's). The clamped value is the same float.
 inline float exp_approx(float x) {
-  const int32_t lo = std::bit_cast<int32_t>(-87.3f) ^ 0x7fffffff, hi = std::bit_cast<int32_t>(88.0f);
-  const int32_t k = float_order_key(x);
-  const float xc = from_order_key(k < lo ? lo : k > hi ? hi : k);
+  float xc = x < -87.3f ? -87.3f : x;  // ternaries, not fmin/fmax: they map to vmaxps/vminps
+  xc = xc > 88.0f ? 88.0f : xc;
   // Rounds x*log2(e) to the nearest integer with the 1.5*2^23 trick (no call, so it vectorises).
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;  // ln2 split in two so that n*ln2 is exact enough
@@ -56,10 +33,7 @@ inline float exp_approx(float x) {
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  // x < -87.3 gives +0 by masking the bits, not by a ternary, which GCC would turn into a branch
-  // around the whole computation above (the same vectorisation problem as the clamp's).
-  const int32_t keep = -int32_t(k >= lo);
-  return std::bit_cast<float>(std::bit_cast<int32_t>(p * scale) & keep);
+  return x < -87.3f ? 0.0f : p * scale;
 }
 
 // tanh from exp; the absolute error stays near 1e-7, which is what GELU's 1 + tanh needs.
@@ -74,15 +48,8 @@ inline T* scratch(size_t n) {
   return buf.data();
 }
 
-// Row dot product and y += a·x for the row-wise attention kernels (ranged and block): one
-// definition, so both kernels sum in the same order and agree bit for bit.
-inline float dotp(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
-  return s;
-}
-
+// y += a·x for the row-wise attention kernels (ranged and block). Their dot product is dot_row
+// (attention_tiles.h), compiled per ISA variant with a fixed summation order.
 inline void axpy_row(float* y, float a, const float* x, int64_t n) {
 #pragma omp simd
   for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
