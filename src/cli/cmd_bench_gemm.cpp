@@ -18,6 +18,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "train/gemm_peak_cache.h"
 
 namespace atl::cli {
 
@@ -78,8 +79,13 @@ int run_bench_gemm(int argc, char** argv) {
       ->check(CLI::IsMember({"d384", "gpt2"}))
       ->capture_default_str();
   app.add_flag("--quick", quick, "small sizes only (seconds; for tests)");
+  bool save = false;
+  app.add_flag("--save", save,
+               "cache the peaks for this CPU, ISA path and thread count; `atoll train` reads them instead of "
+               "measuring at start-up (file: ATOLL_PEAK_CACHE, else ~/.cache/atoll/gemm_peaks.json)");
   CLI11_PARSE(app, argc, argv);
   ATOLL_CHECK(reps >= 1, "--repeats must be at least 1, got {}", reps);
+  ATOLL_CHECK(!(save && quick), "--save with --quick: the quick sizes are too small to give the peak; drop --quick");
   ATOLL_CHECK(threads >= 0, "--threads must be 0 (all cores) or positive, got {}", threads);
   set_num_threads(threads);
   std::printf("%s\n", cpu::select_isa("auto", "atoll bench gemm").c_str());
@@ -205,6 +211,12 @@ int run_bench_gemm(int argc, char** argv) {
     f << j.dump(2) << "\n";
     ATOLL_CHECK(f.good(), "failed writing '{}'", json_path);
     std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (save) {
+    const std::string cache = gemm_peak_cache_path();
+    save_gemm_peak(cache, current_gemm_peak_key(num_threads()), peak32, peak16, bf16_path);
+    std::printf("saved the peaks for %s, %s, %d threads in %s\n", cpu::cpu_features().model.c_str(),
+                cpu::isa_name(cpu::active_isa()), num_threads(), cache.c_str());
   }
   return 0;
 }

@@ -27,6 +27,7 @@
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/fault_hooks.h"
+#include "train/gemm_peak_cache.h"
 #include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
@@ -349,12 +350,28 @@ TrainResult Trainer::run(bool resume) {
   // issue 10: appended, never truncated; the segment line marks what this invocation supersedes.
   MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), true);
   metrics.begin_segment(start, o.steps, resumed_from);
-  double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops();
+  // issue 18: the peak of the path in use, cached by `atoll bench gemm --save` (gemm_peak_cache.h).
+  std::string peak_dtype = "fp32", peak_from = "hardware.peak_gflops";
+  double peak = o.peak_gflops;
+  if (peak <= 0) {
+    std::string note;
+    const std::string cache = gemm_peak_cache_path();
+    const GemmPeakKey key = current_gemm_peak_key(num_threads());
+    if (auto c = cached_gemm_peak(cache, key, o.matmul_dtype, &note)) {
+      peak = *c;
+      peak_dtype = o.matmul_dtype == "bf16" ? "bf16" : "fp32";
+      peak_from = fmt::format("cached for {}, {} threads in {}", key.isa, key.threads, cache);
+    } else {
+      peak = measure_gemm_peak_gflops();
+      peak_from = note.empty() ? "measured now; `atoll bench gemm --save` caches it" : "measured now; " + note;
+    }
+  }
   double flops_tok = I.model->flops_per_token(I.task->sequence_length());
   int64_t tokens_per_step = I.task->tokens_per_batch() * o.grad_accum *
                             (I.world / (I.pc.mesh.cp * I.pc.mesh.tp * I.pc.mesh.pp));  // the whole job's
-  log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, fp32 GEMM peak {:.1f} GFLOP/s",
-            I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak);
+  log::info("model: {} ({:.2f}M parameters), {} threads, {} tokens/step, {} GEMM peak {:.1f} GFLOP/s ({})",
+            I.model->describe(), double(I.model->num_params()) / 1e6, num_threads(), tokens_per_step, peak_dtype,
+            peak, peak_from);
   if (I.world > 1)
     log::info("data parallel: {} over {} ranks ({}; mesh {})", I.dp->name(), I.dp->world(), I.comm->backend(),
               I.pc.mesh.describe());

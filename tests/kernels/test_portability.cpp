@@ -39,12 +39,26 @@ TEST(Portability, Avx512AndAmxOnlyInsideDispatchedKernels) {
   }
   pclose(p);
   ASSERT_GT(lines, 10000u) << "objdump produced almost nothing; the scan would be vacuous";
-  // The kernels behind run-time dispatch (target attributes): AVX-512 BF16 and AMX tiles.
+  // The kernels behind run-time dispatch: AVX-512 BF16 and AMX tiles (target attributes), and the
+  // AVX-512 variant of every attention kernel (attention_variants.h: `#pragma GCC target` over the
+  // namespace attn_avx512, entered only when active_isa() >= avx512).
   const std::regex allowed(R"(atl::cpu::\(anonymous namespace\)::(micro_kernel|block_32x32|load_config|release_tiles)\(.*)");
+  const std::regex attention_variant(R"(atl::cpu::attn_avx512::.*)");
   bool saw_kernel = false;
+  std::set<std::string> attention_seen;
   for (const std::string& u : users) {
-    if (std::regex_match(u, allowed)) saw_kernel = true;
-    else ADD_FAILURE() << "AVX-512/AMX instructions in a function not behind run-time dispatch: " << u;
+    if (std::regex_match(u, allowed)) {
+      saw_kernel = true;
+    } else if (std::regex_match(u, attention_variant)) {
+      for (const char* k : {"causal_forward", "backward_dq", "backward_dkv", "ranged_forward", "ranged_backward",
+                            "block_forward", "block_backward", "cached_forward"})
+        if (u.find(std::string(k) + "(") != std::string::npos) attention_seen.insert(k);
+    } else {
+      ADD_FAILURE() << "AVX-512/AMX instructions in a function not behind run-time dispatch: " << u;
+    }
   }
   EXPECT_TRUE(saw_kernel) << "the scan did not even find the AVX-512 BF16 kernel";
+  // Each attention kernel's AVX-512 variant really is AVX-512 code (the pragma took effect); its
+  // AVX2 variant (attn_avx2) is generic code and so is covered by the check above.
+  EXPECT_EQ(attention_seen.size(), 8u) << "attention kernels with AVX-512 code: " << attention_seen.size();
 }

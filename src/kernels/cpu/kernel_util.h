@@ -48,15 +48,8 @@ inline T* scratch(size_t n) {
   return buf.data();
 }
 
-// Row dot product and y += a·x for the row-wise attention kernels (ranged and block): one
-// definition, so both kernels sum in the same order and agree bit for bit.
-inline float dotp(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
-  return s;
-}
-
+// y += a·x for the row-wise attention kernels (ranged and block). Their dot product is dot_row
+// (attention_tiles.h), compiled per ISA variant with a fixed summation order.
 inline void axpy_row(float* y, float a, const float* x, int64_t n) {
 #pragma omp simd
   for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
