@@ -55,12 +55,16 @@ TEST(MixedPrecision, Bf16LossAndGradientsTrackFp32) {
 // every bf16 GEMM path this CPU has (the portable widening path everywhere, AVX-512 BF16 and AMX
 // where present). bf16 rounds each matmul operand to 8 significant bits (relative error up to
 // 2^-9 ≈ 0.2%); with fp32 master weights and fp32 gradient accumulation those errors do not
-// compound through the weights, so the loss curve must stay close (relative) to fp32's at every
-// step (bound below) and training must make the same progress: both fall by over a third (memorising the batch).
-// Measured on the Intel Xeon (AMX) dev machine: worst gaps 1.5% (portable), 0.9% (AVX-512 BF16),
-// 0.7% (AMX); the bound 3% leaves room for other CPUs' summation orders, which the chaotic
-// dynamics of 100 steps amplify. One thread: the tiny matmuls do not need more, and a loaded
-// machine would otherwise spend the test spinning in OpenMP barriers.
+// compound through the weights, so the loss curve must stay close to fp32's at every step and
+// training must make the same progress: both fall by over a third (memorising the batch).
+// The gap is measured against the starting loss, not the current one: rounding perturbs the
+// trajectory by an amount that accumulates in absolute terms, so relative to a loss that
+// memorisation drives towards 0 it grows without meaning (that ratio went from 0.4% to 3.2% on
+// this machine when an unrelated kernel changed its rounding by a few ulps).
+// Measured on the Intel Xeon (AMX) dev machine: worst gaps 0.16% (portable), 0.13% (AVX-512
+// BF16), 0.29% (AMX) of the starting loss; the bound 1% leaves room for other CPUs' summation
+// orders, which the chaotic dynamics of 100 steps amplify. One thread: the tiny matmuls do not
+// need more, and a loaded machine would otherwise spend the test spinning in OpenMP barriers.
 TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
   PrecisionGuard guard;
   const cpu::Isa saved = cpu::active_isa();
@@ -87,9 +91,6 @@ TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
     }
     return losses;
   };
-  cpu::set_isa(cpu::Isa::avx2);  // the fp32 run's kernels do not depend on the path; fix it anyway
-  const std::vector<float> ref = train(DType::f32);
-  ASSERT_LT(ref.back(), ref.front() * 0.66f) << "fp32 did not learn: the comparison would be vacuous";
   int paths = 0;
   for (cpu::Isa i : {cpu::Isa::avx2, cpu::Isa::avx512_bf16, cpu::Isa::amx}) {
     std::string why;
@@ -99,12 +100,18 @@ TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
     }
     cpu::set_isa(i);
     ++paths;
+    // The fp32 reference runs on the same path: the path also picks the fp32 attention variant
+    // (AVX2 or AVX-512 tiles, whose dot products round differently), and over 100 chaotic steps
+    // that difference alone moves the curve by about a percent. Against its own path's fp32 run
+    // the gap is bf16's alone.
+    const std::vector<float> ref = train(DType::f32);
+    ASSERT_LT(ref.back(), ref.front() * 0.66f) << "fp32 did not learn: the comparison would be vacuous";
     const std::vector<float> l16 = train(DType::bf16);
     float worst = 0;
-    for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(l16[s] - ref[s]) / ref[s]);
-    std::printf("bf16 on %s (%s): loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst relative gap %.4f\n",
+    for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(l16[s] - ref[s]) / ref.front());
+    std::printf("bf16 on %s (%s): loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst gap %.4f of the starting loss\n",
                 cpu::isa_name(i), cpu::gemm_bf16_path(), l16.front(), l16.back(), ref.front(), ref.back(), worst);
-    EXPECT_LT(worst, 0.03f) << cpu::isa_name(i);
+    EXPECT_LT(worst, 0.01f) << cpu::isa_name(i);
     EXPECT_GT(worst, 0.0f) << cpu::isa_name(i) << ": bf16 changed nothing";
     EXPECT_LT(l16.back(), l16.front() * 0.66f) << cpu::isa_name(i);
   }
