@@ -22,29 +22,16 @@
 #include "parallel/harness.h"
 #include "rl/disaggregated.h"
 #include "rl/rl_engine.h"
+#include "tiny_model.h"
 
 namespace atl::rl {
 namespace {
 
-const char* kModel = R"(
-[model]
-preset = "gpt2"
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-)";
+using rltest::kTinyModel;
 
-std::unique_ptr<nn::Model> model_with(uint64_t seed) {
-  Config c = Config::parse(kModel, "model");
-  auto m = nn::make_model(c, "model");
-  m->init_weights(seed);
-  return m;
-}
 
 RlConfig disagg_config(int staleness) {
-  Config c = Config::parse(std::string(kModel) + "\n[rl]\nplacement = \"disaggregated\"\nrollout_ranks = 1\n" +
+  Config c = Config::parse(std::string(kTinyModel) + "\n[rl]\nplacement = \"disaggregated\"\nrollout_ranks = 1\n" +
                                "max_staleness = " + std::to_string(staleness) + "\nprompts = 3\ngroup_size = 2\n" +
                                "temperature = 1.0\n",
                            "test");
@@ -61,7 +48,7 @@ TEST(RlDisaggregated, RankProgram) {
   const char* st = std::getenv("ATOLL_RL_DISAGG_STALENESS");
   if (!st) {
     RlEngine eng(disagg_config(0));
-    auto m = model_with(1);
+    auto m = rltest::tiny_model(1);
     try {
       eng.setup(*m, nullptr, 0, 1);
       FAIL() << "a one-process disaggregated run was accepted";
@@ -77,7 +64,7 @@ TEST(RlDisaggregated, RankProgram) {
   auto part = world->split(rollout ? 1 : 0, world->rank());  // as the trainer splits the job
   RlEngine eng(disagg_config(S));
   // Different initial weights on the rollout rank: only the push can make its rollouts match.
-  auto m = model_with(rollout ? 99 : 11);
+  auto m = rltest::tiny_model(rollout ? 99 : 11);
   eng.attach_job(std::move(world), rollout);
   eng.setup(*m, part.get(), rollout ? 1 : 0, 1);
   if (rollout) {
@@ -135,9 +122,9 @@ TEST(RlDisaggregated, RolloutRankGeneratesWithTheTrainersWeightsOnPolicy) { run_
 TEST(RlDisaggregated, RolloutRankGeneratesWithTheTrainersWeightsOneStepOff) { run_two_ranks(1); }
 
 TEST(RlDisaggregated, PayloadRoundTripsAndTheHashSeesOneBit) {
-  Config c = Config::parse(std::string(kModel) + "\n[rl]\nprompts = 3\ngroup_size = 2\n", "test");
+  Config c = Config::parse(std::string(kTinyModel) + "\n[rl]\nprompts = 3\ngroup_size = 2\n", "test");
   RlEngine eng(RlConfig::from_config(c, 3));
-  auto m = model_with(5);
+  auto m = rltest::tiny_model(5);
   eng.setup(*m, nullptr, 0, 1);
   RolloutBatch b = eng.rollouts(*m, 2);
   b.policy_version = 17;

@@ -14,19 +14,12 @@
 #include "autograd/graph.h"
 #include "nn/model.h"
 #include "rl/rl_engine.h"
+#include "tiny_model.h"
 
 namespace atl::rl {
 namespace {
 
-const char* kModel = R"(
-[model]
-preset = "gpt2"
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-)";
+using rltest::kTinyModel;
 
 std::unique_ptr<nn::Model> copy_of(const nn::Model& m) {
   auto c = nn::model_from_metadata(m.config_metadata());
@@ -36,11 +29,11 @@ std::unique_ptr<nn::Model> copy_of(const nn::Model& m) {
 }
 
 TEST(RlPartialRollouts, CarriedAcrossUpdatesWithTheirVersionsLogProbs) {
-  Config cfg = Config::parse(std::string(kModel) + "\n[rl]\nprompts = 2\ngroup_size = 2\nmax_new_tokens = 6\n"
+  Config cfg = Config::parse(std::string(kTinyModel) + "\n[rl]\nprompts = 2\ngroup_size = 2\nmax_new_tokens = 6\n"
                                                    "partial_tokens = 2\nkl_coef = 0.1\n",
                              "test");
   RlEngine eng(RlConfig::from_config(cfg, 7));
-  Config mc = Config::parse(kModel, "model");
+  Config mc = Config::parse(kTinyModel, "model");
   auto m = nn::make_model(mc, "model");
   m->init_weights(11);
   eng.setup(*m, nullptr, 0, 1);
@@ -105,7 +98,7 @@ TEST(RlPartialRollouts, CarriedAcrossUpdatesWithTheirVersionsLogProbs) {
 }
 
 TEST(RlPartialRollouts, AsyncIsRefusedNamingTheKey) {
-  Config cfg = Config::parse(std::string(kModel) + "\n[rl]\nplacement = \"async\"\npartial_tokens = 2\n", "test");
+  Config cfg = Config::parse(std::string(kTinyModel) + "\n[rl]\nplacement = \"async\"\npartial_tokens = 2\n", "test");
   try {
     RlConfig::from_config(cfg, 1);
     FAIL() << "accepted";

@@ -12,29 +12,16 @@
 #include "core/error.h"
 #include "nn/model.h"
 #include "rl/rl_engine.h"
+#include "tiny_model.h"
 #include "train/trainer.h"
 
 namespace atl::rl {
 namespace {
 
-const char* kModel = R"(
-[model]
-preset = "gpt2"
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-)";
+using rltest::kTinyModel;
 
-Config rl_config(const std::string& extra) { return Config::parse(std::string(kModel) + "\n[rl]\n" + extra, "test"); }
+using rltest::rl_config;
 
-std::unique_ptr<nn::Model> tiny_model(uint64_t seed) {
-  Config c = Config::parse(kModel, "model");
-  auto m = nn::make_model(c, "model");
-  m->init_weights(seed);
-  return m;
-}
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.f32(), b.f32(), size_t(a.numel()) * 4) == 0;
@@ -46,7 +33,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 void expect_exact_first_step(const std::string& placement) {
   Config cfg = rl_config("prompts = 4\ngroup_size = 4\nkl_coef = 0.1\nplacement = \"" + placement + "\"\n");
   RlEngine eng(RlConfig::from_config(cfg, 7));
-  auto m = tiny_model(11);
+  auto m = rltest::tiny_model(11);
   eng.setup(*m, nullptr, 0, 1);
   const RolloutBatch& b = eng.next_batch();
   ASSERT_GT(b.tokens(), 0);
@@ -82,7 +69,7 @@ TEST(RlEngine, KlAtStepZeroIsExactlyZeroAsync) { expect_exact_first_step("async"
 TEST(RlEngine, LogProbsMoveWhenTheWeightsDo) {
   Config cfg = rl_config("prompts = 2\ngroup_size = 2\n");
   RlEngine eng(RlConfig::from_config(cfg, 7));
-  auto m = tiny_model(11);
+  auto m = rltest::tiny_model(11);
   eng.setup(*m, nullptr, 0, 1);
   const RolloutBatch& b = eng.next_batch();
   Tensor before = RlEngine::score_logprobs(*m, b);
@@ -95,7 +82,7 @@ TEST(RlEngine, LogProbsMoveWhenTheWeightsDo) {
 TEST(RlEngine, RolloutsArePackedWithCompletionTargetsOnly) {
   Config cfg = rl_config("prompts = 3\ngroup_size = 2\ntemperature = 1.0\n");
   RlEngine eng(RlConfig::from_config(cfg, 3));
-  auto m = tiny_model(5);
+  auto m = rltest::tiny_model(5);
   eng.setup(*m, nullptr, 0, 1);
   RolloutBatch b = eng.rollouts(*m, 0);
   ASSERT_EQ(b.B, 6);
@@ -142,7 +129,7 @@ TEST(RlEngine, ConfigKeysAreRangeChecked) {
 TEST(RlEngine, PpoValueHeadLearns) {
   Config cfg = rl_config("algorithm = \"ppo\"\nprompts = 2\ngroup_size = 2\nvalue_lr = 0.05\nepochs = 4\nvalue_clip = 0\n");
   RlEngine eng(RlConfig::from_config(cfg, 2));
-  auto m = tiny_model(3);
+  auto m = rltest::tiny_model(3);
   eng.setup(*m, nullptr, 0, 1);
   std::vector<double> vl;
   for (int i = 0; i < 4; ++i) {  // one rollout batch, reused for 4 updates (rl.epochs)
