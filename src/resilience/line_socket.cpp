@@ -17,6 +17,20 @@
 
 namespace atl::resilience {
 
+// poll() for input on fd until `until` (or for ever when !bounded): > 0 readable, 0 timed out or
+// closed (fd < 0), < 0 an error (EINTR included, for the caller to retry).
+static int wait_readable(int fd, bool bounded, std::chrono::steady_clock::time_point until) {
+  if (fd < 0) return 0;
+  int wait_ms = -1;
+  if (bounded) {
+    auto left = std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return 0;
+    wait_ms = int(left);
+  }
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, wait_ms);
+}
+
 static bool resolve(const std::string& host, int port, sockaddr_in& a) {
   a = {};
   a.sin_family = AF_INET;
@@ -115,15 +129,7 @@ bool LineConn::read_bytes(std::string& out, size_t n, Millis within) {
   out.resize(base + n);
   size_t got = 0;
   while (got < n) {
-    if (fd_ < 0) return false;
-    int wait_ms = -1;
-    if (within.count() >= 0) {
-      auto left = std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return false;
-      wait_ms = int(left);
-    }
-    pollfd p{fd_, POLLIN, 0};
-    int r = ::poll(&p, 1, wait_ms);
+    const int r = wait_readable(fd_, within.count() >= 0, until);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     ssize_t k = ::recv(fd_, out.data() + base + got, n - got, 0);
@@ -143,18 +149,9 @@ bool LineConn::read_line(std::string& line, Millis within) {
       buf_.erase(0, nl + 1);
       return true;
     }
-    if (fd_ < 0) return false;
-    int wait_ms = -1;
-    if (within.count() >= 0) {
-      auto left = std::chrono::duration_cast<Millis>(until - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return false;
-      wait_ms = int(left);
-    }
-    pollfd p{fd_, POLLIN, 0};
-    int r = ::poll(&p, 1, wait_ms);
+    const int r = wait_readable(fd_, within.count() >= 0, until);
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return false;
-    if (r < 0) return false;
+    if (r <= 0) return false;
     char tmp[4096];
     ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
     if (n < 0 && errno == EINTR) continue;
