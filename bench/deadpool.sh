@@ -28,41 +28,8 @@ if part 1; then
   "$T" --dp-bench "$STATE_MB" 80 3 10
 fi
 
-python3 - "$W/corpus.txt" <<'PY'
-import random, sys
-random.seed(777)
-words = "the island trains a model across many ranks and hosts".split()
-with open(sys.argv[1], "w") as f:
-    for d in range(400):
-        f.write(" ".join(random.choice(words) for _ in range(60)) + "\n%\n")
-PY
-"$A" data prepare --input "$W/corpus.txt" --out "$W/data" --val-fraction 0.1 > "$W/prep.log"
-cat > "$W/cfg.toml" <<CFG
-[data]
-dir = "$W/data"
-auto_prepare = false
-[model]
-preset = "gpt2-tiny"
-n_layer = 2
-[train]
-steps = $STEPS
-batch_size = 8
-seq_len = 64
-warmup_steps = 2
-threads = 1
-[optim.adamw]
-lr = 1e-3
-[eval]
-every = 0
-[sample]
-every = 0
-[checkpoint]
-every = 0
-[log]
-every = 50
-[hardware]
-peak_gflops = 100.0
-CFG
+. "$(dirname "$0")/ft_job.sh"
+ft_job_write 0
 
 median_ms() {  # median step_ms of a metrics.jsonl, the first 10 steps left out (warm-up)
   python3 -c '
