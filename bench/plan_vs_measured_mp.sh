@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # atoll plan's step time vs atoll's measured step time for model-parallel layouts on this machine
-# (issue 11, item 8): one rank, tp2, pp2 (1f1b, m=4), cp2 and dp2, each trained for STEPS steps
+# (issue 11, item 8): one rank, tp2, pp2 (1f1b, m=4), cp2, dp2 and DiLoCo over 2 islands, each trained for STEPS steps
 # with `atoll launch` (one thread per rank) on the bundled corpus; measured = median step_ms of
 # metrics.jsonl without the first step, and CPU ms per step and rank (see below); predicted = `atoll plan --from-atoll` with the same model,
 # batch and layout on `cpu-local`. No PyTorch peer: the planner is compared with the engine.
 # cpu-local comes from `atoll plan calibrate --quick` (one thread, CPU time; the loopback
 # all-reduce bandwidth and latency fitted from `atoll bench comm` over Gloo/TCP on 127.0.0.1), or
 # from $ATOLL_PLAN_CALIBRATION when it exists. The 2-rank device doubles the per-core rates of the
-# 1-thread calibration (each rank has its own core) and keeps its memory bandwidths (the two ranks
-# share L3 and DRAM), as tools/plan_self_check.sh does.
+# 1-thread calibration (each rank has its own core) and keeps its memory bandwidth (the two ranks
+# share L3 and DRAM). The element-wise kernels' rate is doubled too, as tools/plan_self_check.sh
+# does: at ~5 GB/s against the triad's ~15-23 GB/s on one core they are bound by the core's
+# arithmetic (exp, rsqrt, GELU's tanh), not by the DRAM the ranks share.
+# DiLoCo (2 islands of 1 rank, H = 4): the plan's islands are 1-core devices (the 1-thread
+# calibration) joined by the loopback link that calibration measured (its intra-node all-reduce
+# fit), given as the inter-island link.
 # usage: bench/plan_vs_measured_mp.sh [N_LAYER N_EMBD N_HEAD BATCH SEQ STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +29,14 @@ CAL1=${ATOLL_PLAN_CALIBRATION:-$WORK/calibration.json}
 [ -f "$CAL1" ] || "$BIN" plan calibrate --quick --out "$CAL1" >"$WORK/calibrate.log" 2>&1
 CAL2=$WORK/calibration_2ranks.json
 $PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
-for k in ("peak_fp32_flops","peak_bf16_flops","attention_flops","optimizer_params_per_s"):
+for k in ("peak_fp32_flops","peak_bf16_flops","attention_flops","optimizer_params_per_s","elementwise_bandwidth"):
   if k in j: j[k]*=2
 for p in j.get("attention_curve",[]): p[1]*=2
 j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$CAL1" "$CAL2"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
+
+WAN=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
+print("--set cluster.inter_island.bandwidth_gbs=%g --set cluster.inter_island.latency_ms=%g" % (j["intra_node_bandwidth"]/1e9, 1e3*j["intra_node_latency"]))' "$CAL1")
 
 cfg=$WORK/model.toml
 printf '[model]\npreset = "gpt2"\nvocab_size = 257\nblock_size = %d\nn_layer = %d\nn_head = %d\nn_embd = %d\n[train]\nseq_len = %d\n' \
@@ -41,6 +49,7 @@ layouts=(
   "pp2 1f1b m=4|2|--parallel.pp=2 --parallel.pp_schedule=1f1b --train.grad_accum=4|--set plan.pp=2 --set plan.schedule=\"1f1b\" --set plan.global_batch=$((4 * B))"
   "cp2|2|--parallel.cp=2|--set plan.cp=2"
   "dp2 (ddp)|2||--set plan.dp=2 --set plan.global_batch=$((2 * B))"
+  "diloco 2 islands H=4|2|--parallel.islands=2 --lowcomm.inner_steps=4|--islands 2 --set plan.dp=2 --set plan.diloco_h=4 --set plan.global_batch=$((2 * B)) $WAN"
 )
 median_ms() {
   $PY -c 'import sys,statistics as s; sys.path.insert(0, "tools"); from metrics_jsonl import records
@@ -68,10 +77,11 @@ for spec in "${layouts[@]}"; do
   run=$WORK/run_${name//[^a-z0-9]/_}_$STEPS
   cpums=$($PY -c "print('%.1f' % (1e3 * (${cpu[0]} - ${cpu[1]}) / ($STEPS - 2) / $n))")
   meas=$(median_ms "$run/metrics.jsonl")
-  calf=$CAL1; [[ $n == 2 ]] && calf=$CAL2
+  calf=$CAL1; [[ $n == 2 && $pflags != *--islands* ]] && calf=$CAL2
   # $pflags is split on blanks on purpose; its quotes stay (TOML strings).
   # shellcheck disable=SC2086
-  pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$n" \
+  dpn=$n; [[ $pflags == *--islands* ]] && dpn=1
+  pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$dpn" \
        --set plan.precision='"fp32"' --set plan.micro_batch="$B" --set plan.overlap_dp=false $pflags --json)
   pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
   rows+=("$name|$meas|$cpums|$pred")

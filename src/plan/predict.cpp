@@ -48,7 +48,7 @@ static constexpr double kDdpBucketBytes = 25e6;
 
 CommCost Prediction::comm_total() const {
   CommCost c = tp;
-  c += cp, c += ep, c += pp_p2p, c += dp, c += outer;
+  c += cp, c += ep, c += pp_p2p, c += dp, c += outer, c += control;
   return c;
 }
 
@@ -250,6 +250,36 @@ double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d)
 // a weight-gradient pass W and fills the bubble with the W passes: (p − 1)·(T_F + T_B − T_W) in
 // place of 1F1B's (p − 1)·(T_F + T_B + T_W). With T_F = T_B = T_W (the backward taken as 2× the
 // forward, split evenly, as the engine's ZB-H1 does) that is a third of a micro-batch slot per stage.
+double ring_attention_passes(int64_t cp) { return cp > 1 ? 3.0 * double(cp) - 2.0 : 0.0; }
+
+StepProtocol step_protocol_collectives(const ModelSpec& m, const Cluster& c, const Layout& l) {
+  StepProtocol r;
+  const double act_e = (l.precision == "fp32" || l.precision == "tf32") ? 4.0 : 2.0;
+  const double tokens = double(l.micro_batch) * double(m.seq) / l.cp;
+  const int64_t dp_inner = l.dp_inner(c.islands);
+  constexpr double kScalar = 8.0;  // a double as two floats
+  if (l.tp > 1) {
+    const Group tg{1, l.tp};
+    // The slowest (last) stage holds the head; the embedding too when there is one stage.
+    const double ends = l.pp > 1 ? 1.0 : 2.0;
+    r.per_micro_batch = all_reduce(c, tg, tokens * m.hidden * act_e).scaled(ends);
+    r.per_micro_batch += all_reduce(c, tg, 4.0 * tokens);
+    r.per_micro_batch += all_reduce(c, tg, 8.0 * tokens);
+    const double norms = double(2 * layers_per_stage(m, l) + 1) * double(m.norm_params());
+    r.per_step = all_reduce(c, tg, 4.0 * norms);
+    r.per_step += all_reduce(c, tg, kScalar).scaled(2.0);
+  }
+  const int64_t data = l.pp > 1 ? l.tp * l.cp * dp_inner * l.pp : dp_inner * l.cp;
+  if (data > 1) r.per_step += all_reduce(c, l.pp > 1 ? Group{1, data} : Group{l.tp, data}, kScalar).scaled(2.0);
+  if (l.pp > 1) {
+    const Group pg{l.tp * l.cp * dp_inner, l.pp};
+    // The loss broadcast from the last stage (pp−1 hops of a ring, like an all-gather) and the
+    // stages' squared gradient norms all-gathered.
+    r.per_step += all_gather(c, pg, kScalar * l.pp).scaled(2.0);
+  }
+  return r;
+}
+
 double pipeline_bubble_slots(const Layout& l) {
   if (l.pp <= 1) return 0;
   const double p1 = double(l.pp - 1);
@@ -355,7 +385,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     // Ring attention: K and V of the local chunk travel cp-1 hops forward, twice that backward,
     // overlapped with the attention core it feeds.
     double kv = b * s_local * 2.0 * m.kv_dim() / t * act_e;
-    CommCost ring = send_recv(c, {l.tp, l.cp}, kv).scaled(3.0 * (l.cp - 1) * per_stage);
+    CommCost ring = send_recv(c, {l.tp, l.cp}, kv).scaled(ring_attention_passes(l.cp) * per_stage);
     double hide = 3 * dense.core.total() * per_stage;
     double exposed = std::max(0.0, ring.total() - hide);
     cp_mb = ring.scaled(charged(ring.total(), exposed));
@@ -388,7 +418,9 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
   const bool grad_copy = l.fsdp_grad_copy < 0 ? d.name != "cpu-local" : l.fsdp_grad_copy > 0;
   const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce, grad_copy) / d.mem_bw : 0.0;
-  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + tp_mb.total() + cp_mb.total() + ep_mb.total();
+  const StepProtocol proto = step_protocol_collectives(m, c, l);
+  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + tp_mb.total() + cp_mb.total() + ep_mb.total() +
+                         proto.per_micro_batch.total();
 
   // ---- pipeline ----
   const double v = l.schedule == "interleaved" ? double(l.virtual_stages) : 1.0;
@@ -418,6 +450,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
   p.ep = ep_mb.scaled(double(n_micro));
+  p.control = proto.per_micro_batch.scaled(double(n_micro));
+  p.control += proto.per_step;
 
   // ---- data-parallel gradient synchronisation ----
   const Group dp_group{l.tp, dp_inner * l.cp};
@@ -534,7 +568,8 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     p.outer = sync.scaled(1.0 / h_steps);
   }
 
-  p.step = pipe_time + param_zero + grad_accum + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total();
+  p.step = pipe_time + param_zero + grad_accum + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total() +
+           proto.per_step.total();
 
   // ---- throughput, utilisation, time and cost ----
   p.tokens_per_step = double(l.batch()) * m.seq;
@@ -640,7 +675,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          layer_io / 1e6, l.tp, level_name(group_level(c, {1, l.tp})),
                          l.overlap_tp ? " ×0.3 overlapped" : "", lv(p.tp));
     });
-    rec.add("time.cp", p.cp.total(), "s", [&] { return "ring attention K/V passes not hidden by the attention core: " + lv(p.cp); });
+    rec.add("time.cp", p.cp.total(), "s", [&] {
+      return fmt::format("{} ring attention K/V passes per layer (3·cp−2) not hidden by the attention core: {}",
+                         ring_attention_passes(l.cp), lv(p.cp));
+    });
+    rec.add("time.control", p.control.total(), "s", [&] {
+      return "the step's small collectives (tp: embedding/head ends and cross-entropy per micro-batch; per step the "
+             "mean loss, stop flag, gradient norm, replicated-parameter sums): " + lv(p.control);
+    });
     rec.add("time.ep", p.ep.total(), "s", [&] {
       return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}{}{}: {}", moe_in_stage, l.ep,
                          m.route_nodes > 0 ? fmt::format(", across nodes min(top_k, route_nodes={}) copies per token",
@@ -702,7 +744,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.step", p.step, "s", [&] {
       return "(m + (p−1)/v) × micro-batch time (FSDP copies included) + parameter-gradient zeroing + p2p + dp + "
-             "optimizer + offload + outer sync";
+             "optimizer + offload + outer sync + the step's own collectives";
     });
     rec.add("throughput.tokens_per_s", p.tokens_per_s, "tokens/s", [&] {
       return fmt::format("global batch {} × seq {} / step {}", l.batch(), m.seq, fmt_s(p.step));

@@ -27,6 +27,8 @@ struct Prediction {
   double bubble = 0;
   double optimizer = 0, offload = 0;
   CommCost tp, cp, ep, pp_p2p, dp, outer;  // exposed communication by kind and level
+  // The step's own small collectives (step_protocol_collectives), per step: latency-bound.
+  CommCost control;
   double step = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0, tokens_per_s_device = 0, tokens_per_s_island = 0;
@@ -101,6 +103,29 @@ double pipeline_bubble_fraction(const Layout& l);
 // Forward-pass time of one layer's attention core for one micro-batch on device d (flash: with
 // its 2.5× backward folded in as (1 + 2.5)/3, since the layer's backward is taken as 2×).
 double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d);
+
+// The training step's own collectives beyond the layers' activations and the gradients (atoll's
+// trainer and Megatron alike): a few bytes to one activation each, so they cost latency, which is
+// microseconds on NVLink and milliseconds between processes over loopback TCP on a loaded CPU.
+//  per micro-batch, under tp (vocab-parallel ends of the model on the stage that has them): the
+//   embedding's reduce-scatter forward and all-gather backward (an all-reduce without SP), the
+//   head input's all-gather forward and reduce-scatter backward (Megatron's f: an all-reduce
+//   backward without SP), each the volume and hop count of one all-reduce of [b, s, h]; and the
+//   vocab-parallel cross-entropy's two all-reduces, of the row maxima (4·b·s bytes) and of the
+//   exponential sums with the target logits (8·b·s) (parallel/tensor_parallel_ops.cpp);
+//  per step: over tp, the replicated parameters' partial gradients (the norms' weights, summed
+//   once: TensorParallel::finish_backward), the gradient norm and the stop flag; over the data
+//   group (dp·cp ranks; the whole world under pp, which is what PipelineParallel averages over)
+//   the mean loss and the stop flag; under pp, the loss broadcast from the last stage and the
+//   stages' squared gradient norms all-gathered. Every scalar travels as 2 floats (8 bytes).
+struct StepProtocol {
+  CommCost per_micro_batch, per_step;
+};
+StepProtocol step_protocol_collectives(const ModelSpec& m, const Cluster& c, const Layout& l);
+// K/V passes per layer and micro-batch of atoll's ring attention (parallel/context_parallel.cpp):
+// cp−1 forward; backward the blocks go round again (cp−1) with their dK/dV accumulators, which
+// make cp hops to come home: 3·cp − 2 passes of the local K/V chunk.
+double ring_attention_passes(int64_t cp);
 
 // Validates the inputs (throws with the failing constraint) and predicts.
 Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const PredictOptions& o = {});

@@ -63,6 +63,7 @@ std::string format_prediction(const ModelSpec& m, const Cluster& c, const Layout
   row("pipeline p2p", p.pp_p2p.total(), levels(p.pp_p2p));
   row("pipeline bubble", p.bubble);
   row("data-parallel comm", p.dp.total(), levels(p.dp));
+  if (p.control.total() > 0) row("step collectives", p.control.total(), levels(p.control));
   row("optimizer step", p.optimizer);
   if (p.offload > 0) row("offload transfers", p.offload);
   if (p.outer.total() > 0) row("outer sync (amortized)", p.outer.total(), levels(p.outer));
@@ -116,7 +117,8 @@ nlohmann::json prediction_json(const ModelSpec& m, const Cluster& c, const Layou
                {"grad_buffers_s", p.grad_buffers}, {"fsdp_copies_s", p.fsdp_copies},
                {"recompute_s", p.recompute}, {"bubble_s", p.bubble}, {"optimizer_s", p.optimizer},
                {"offload_s", p.offload}, {"tp", comm_json(p.tp)}, {"cp", comm_json(p.cp)}, {"ep", comm_json(p.ep)},
-               {"pp_p2p", comm_json(p.pp_p2p)}, {"dp", comm_json(p.dp)}, {"outer_sync", comm_json(p.outer)}};
+               {"pp_p2p", comm_json(p.pp_p2p)}, {"dp", comm_json(p.dp)}, {"outer_sync", comm_json(p.outer)},
+               {"control", comm_json(p.control)}};
   j["throughput"] = {{"tokens_per_s", p.tokens_per_s}, {"tokens_per_s_island", p.tokens_per_s_island},
                      {"tokens_per_s_device", p.tokens_per_s_device}, {"tokens_per_step", p.tokens_per_step}};
   j["utilization"] = {{"mfu", p.mfu}, {"hfu", p.hfu}, {"model_flops_per_token", p.model_flops_per_token}};

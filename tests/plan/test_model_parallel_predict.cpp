@@ -1,8 +1,9 @@
 // The planner's tensor-, pipeline- and context-parallel terms (issue 11, item 8) against their
 // formulas on hand-computed cases: pipeline bubbles per schedule (GPipe/1F1B (p−1)/(m+p−1),
 // interleaved (p−1)/(v·m+p−1), ZB-H1 a third of 1F1B's idle slots), Megatron TP's 2·(tp−1)/tp of
-// an activation per all-reduce, and ring attention's 3·(cp−1) K/V passes per layer, hidden behind
-// the attention core up to its length. A layout the planner has no formula for is refused.
+// an activation per all-reduce, ring attention's 3·cp−2 K/V passes per layer, hidden behind
+// the attention core up to its length, and the step's own small collectives (step_protocol_collectives).
+// A layout the planner has no formula for is refused.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -95,9 +96,10 @@ TEST(PlanModelParallel, TensorParallelAllReducesMove2TpMinus1OverTpOfTheActivati
   EXPECT_NEAR(predict(m, c, l).tp.total(), 16 * 2 * 1e-3, 1e-9);
 }
 
-TEST(PlanModelParallel, RingAttentionPassesKvCpMinus1TimesEachWayHiddenByTheCore) {
-  // Each layer sends its K and V chunk (b·s/cp·2·kv_dim, fp32) cp−1 hops forward and twice that
-  // backward, overlapped with the attention core (3× its forward time): what outlasts the core
+TEST(PlanModelParallel, RingAttentionPassesKv3CpMinus2TimesHiddenByTheCore) {
+  // Each layer sends its K and V chunk (b·s/cp·2·kv_dim, fp32) cp−1 hops forward; backward the
+  // chunk goes round again (cp−1) and its dK/dV accumulator of the same size makes cp hops home
+  // (atoll's ring, parallel/context_parallel.cpp): 3·cp−2 passes, overlapped with the attention core (3× its forward time): what outlasts the core
   // stays exposed, the hidden part costs 20/132 of itself (compute slowed by the comm kernels).
   ModelSpec m = small_gpt();
   const double f = 20.0 / 132.0;
@@ -108,13 +110,62 @@ TEST(PlanModelParallel, RingAttentionPassesKvCpMinus1TimesEachWayHiddenByTheCore
       Layout l = fp32();
       l.cp = cp, l.global_batch = 4;  // one micro-batch
       Prediction p = predict(m, c, l);
-      const double ring = 3.0 * (cp - 1) * 4 * kv / bw;
+      EXPECT_EQ(ring_attention_passes(cp), 3.0 * cp - 2);
+      const double ring = (3.0 * cp - 2) * 4 * kv / bw;
       const double hide = 3.0 * 4 * attention_core_time(m, l, c.device);
       const double expect = ring > hide ? ring - hide + f * hide : f * ring;
       EXPECT_NEAR(p.cp.total(), expect, 1e-9 * expect) << "cp=" << cp << " bw=" << bw;
       EXPECT_EQ(ring > hide, bw < 1e9) << "the cases must cover both branches";
     }
   }
+}
+
+TEST(PlanModelParallel, StepProtocolCollectivesAreCountedPerLayout) {
+  // On a link of pure latency α (infinite bandwidth) a 2-rank all-reduce is 2 hops, an all-gather
+  // 1: the step's small collectives cost their hop counts × α, whatever their bytes.
+  ModelSpec m = small_gpt();
+  const double a = 1e-3;
+  Cluster c = node_of(2, 1e30, a);
+  // One rank: nothing.
+  Cluster one = node_of(1, 1e30, a);
+  Layout l = fp32();
+  l.global_batch = 4;
+  EXPECT_EQ(predict(m, one, l).control.total(), 0.0);
+  // dp2: the mean loss and the stop flag, two all-reduces per step.
+  l.dp = 2, l.global_batch = 8;
+  StepProtocol dp = step_protocol_collectives(m, c, l);
+  EXPECT_EQ(dp.per_micro_batch.total(), 0.0);
+  EXPECT_NEAR(dp.per_step.total(), 2 * 2 * a, 1e-12);
+  EXPECT_NEAR(predict(m, c, l).control.total(), 2 * 2 * a, 1e-12);
+  // tp2, 2 micro-batches: per micro-batch the embedding and head ends (one all-reduce's hops each)
+  // and the cross-entropy's 2 all-reduces; per step 3 all-reduces over tp (replicated gradients,
+  // gradient norm, stop flag); no data group.
+  l = fp32();
+  l.tp = 2, l.global_batch = 8;
+  StepProtocol tp = step_protocol_collectives(m, c, l);
+  EXPECT_NEAR(tp.per_micro_batch.total(), 4 * 2 * a, 1e-12);
+  EXPECT_NEAR(tp.per_step.total(), 3 * 2 * a, 1e-12);
+  Prediction ptp = predict(m, c, l);
+  EXPECT_NEAR(ptp.control.total(), 2 * 4 * 2 * a + 3 * 2 * a, 1e-12);
+  // The layers' all-reduces are unchanged (16 per micro-batch), the ends are not in p.tp.
+  EXPECT_NEAR(ptp.tp.total(), 2 * 16 * 2 * a, 1e-12);
+  // Bandwidth: the ends move [b, s, h] like a layer's all-reduce, 2·(t−1)/t of it per rank.
+  Cluster slow = node_of(2, 1e9, 0.0);
+  const double act = 4.0 * 128 * 128 * 4, tokens = 4.0 * 128;
+  EXPECT_NEAR(step_protocol_collectives(m, slow, l).per_micro_batch.total(),
+              (2 * act + 4 * tokens + 8 * tokens) / 1e9, 1e-15);
+  // pp2 (1f1b, m = 4): the world's mean loss and stop flag (2 all-reduces), the loss broadcast
+  // and the gradient norms' all-gather (1 hop each).
+  l = fp32();
+  l.pp = 2, l.schedule = "1f1b", l.global_batch = 16;
+  StepProtocol pp = step_protocol_collectives(m, c, l);
+  EXPECT_EQ(pp.per_micro_batch.total(), 0.0);
+  EXPECT_NEAR(pp.per_step.total(), 2 * 2 * a + 2 * a, 1e-12);
+  // The per-step part is added to the step once; the per-micro-batch part is in every slot.
+  Layout l2 = fp32();
+  l2.tp = 2, l2.global_batch = 4;
+  Prediction a1 = predict(m, c, l2);
+  EXPECT_NEAR(a1.control.total(), 4 * 2 * a + 3 * 2 * a, 1e-12);
 }
 
 TEST(PlanModelParallel, RefusesALayoutItCannotModel) {
