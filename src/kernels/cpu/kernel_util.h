@@ -1,7 +1,8 @@
 // Helpers private to the CPU kernels: a branch-free exp that the compiler vectorises (glibc's expf
-// only vectorises under -ffast-math, which atoll does not use), and per-thread scratch buffers
-// that grow once so that the hot path never allocates.
+// only vectorises under -ffast-math, which atoll does not use), row sums in a fixed order, and
+// per-thread scratch buffers that grow once so that the hot path never allocates.
 #pragma once
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,12 +14,27 @@ namespace atl::cpu::detail {
 // microseconds (far more when cores are oversubscribed) and tiny calls cannot amortise it.
 constexpr int64_t kMinParallelWork = int64_t(1) << 15;
 
+// A float's bits as an int32 key that orders like the float (non-NaN), and back: negative floats
+// are sign-magnitude, so their magnitude bits are flipped. Clamping a key is integer min/max.
+inline int32_t float_order_key(float x) {
+  const int32_t i = std::bit_cast<int32_t>(x);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+inline float from_order_key(int32_t k) { return std::bit_cast<float>(k >= 0 ? k : k ^ 0x7fffffff); }
+
 // exp(x) by Cody-Waite range reduction, x = n*ln2 + r with |r| <= ln2/2, and Cephes' degree-5
 // polynomial for exp(r); about 1 ulp over the normal range. x below -87.3 (including -inf)
 // gives 0, x above 88 saturates at exp(88); NaN is not propagated (callers never pass one).
+//
+// The clamp to [-87.3, 88] is integer min/max on order keys, not float ternaries: without
+// -ffinite-math-only GCC keeps `x < lo ? lo : x` a branch around the polynomial, which it may not
+// speculate (it could raise an FP exception) without AVX-512's masked arithmetic, so under the
+// portable build's AVX2 every loop calling this stayed scalar (GELU, softmax, cross-entropy 3-4x
+// slower than a native build's). The clamped value is the same float, so the result is the same.
 inline float exp_approx(float x) {
-  float xc = x < -87.3f ? -87.3f : x;  // ternaries, not fmin/fmax: they map to vmaxps/vminps
-  xc = xc > 88.0f ? 88.0f : xc;
+  constexpr int32_t lo = std::bit_cast<int32_t>(-87.3f) ^ 0x7fffffff, hi = std::bit_cast<int32_t>(88.0f);
+  const int32_t k = float_order_key(x);
+  const float xc = from_order_key(k < lo ? lo : k > hi ? hi : k);
   // Rounds x*log2(e) to the nearest integer with the 1.5*2^23 trick (no call, so it vectorises).
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;  // ln2 split in two so that n*ln2 is exact enough
@@ -30,10 +46,75 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x < -87.3f ? 0.0f : p * scale;
+  const float scale = std::bit_cast<float>((int32_t(n) + 127) << 23);
+  // x < -87.3 gives +0 by masking the bits, not by a ternary, which GCC would turn into a branch
+  // around the whole computation above (the same vectorisation problem as the clamp's).
+  const int32_t keep = -int32_t(k >= lo);
+  return std::bit_cast<float>(std::bit_cast<int32_t>(p * scale) & keep);
+}
+
+// Row sums in a fixed order: 16 partial sums (lane l takes elements l, l+16, ... of the whole
+// 16-float blocks from element 0), combined as (l, l+8), then (l, l+4), then ((0+2)+(1+3)), then
+// the tail added in order. An `omp simd reduction` leaves the order to the vectoriser, which may
+// peel iterations to align a pointer: the same row at another address (a tensor-parallel shard's
+// buffer, a ring block) then rounds differently, and bit-identity across parallel layouts breaks.
+// This order depends only on n, and GCC vector extensions compute each lane in IEEE order on any
+// x86-64 target (two ymm under AVX2, the same two halves under a native AVX-512 build).
+typedef float v8f_fixed __attribute__((vector_size(32)));
+
+inline v8f_fixed load8_fixed(const float* p) {
+  v8f_fixed v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float combine16_fixed(v8f_fixed a0, v8f_fixed a1) {
+  const v8f_fixed a = a0 + a1;
+  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+// Σ x[0..n) in the fixed order above.
+inline float sum_fixed(const float* x, int64_t n) {
+  v8f_fixed a0 = {}, a1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 += load8_fixed(x + i);
+    a1 += load8_fixed(x + i + 8);
+  }
+  float s = combine16_fixed(a0, a1);
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// Σ a[i]·b[i] over [0, n) in the same fixed order.
+inline float dot_fixed(const float* a, const float* b, int64_t n) {
+  v8f_fixed a0 = {}, a1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 += load8_fixed(a + i) * load8_fixed(b + i);
+    a1 += load8_fixed(a + i + 8) * load8_fixed(b + i + 8);
+  }
+  float s = combine16_fixed(a0, a1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Σ exp(x[i] - m) over [0, n): the exps in a vectorised pass per L1-sized chunk, each chunk summed
+// by sum_fixed, the chunk sums added in order. crossentropy_forward sums each of its chunks with
+// it, and tensor parallelism's vocabulary cross-entropy its whole shard, so that a size-1 group
+// gives the plain model's bits (tests/parallel/test_tensor_parallel.cpp).
+constexpr int64_t kExpSumChunk = 2048;
+inline float exp_sum_fixed(const float* x, int64_t n, float m) {
+  float e[kExpSumChunk];
+  float s = 0.0f;
+  for (int64_t c0 = 0; c0 < n; c0 += kExpSumChunk) {
+    const int64_t len = n - c0 < kExpSumChunk ? n - c0 : kExpSumChunk;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) e[i] = exp_approx(x[c0 + i] - m);
+    s += sum_fixed(e, len);
+  }
+  return s;
 }
 
 // tanh from exp; the absolute error stays near 1e-7, which is what GELU's 1 + tanh needs.
