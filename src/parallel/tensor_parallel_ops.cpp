@@ -280,7 +280,9 @@ Tensor TensorParallel::vocab_cross_entropy(const Tensor& logits, const Tensor& t
   Tensor st = Tensor::empty({2, N});
   float *se = st.f32(), *tl = st.f32() + N;
   for (int64_t i = 0; i < N; ++i) {
-    se[i] = cpu::detail::exp_sum_fixed(x + i * V, V, mx.f32()[i]);  // crossentropy_forward's order
+    float m = mx.f32()[i], s = 0.f;
+    for (int64_t v = 0; v < V; ++v) s += cpu::detail::exp_approx(x[i * V + v] - m);
+    se[i] = s;
     int64_t id = int64_t(t[i]) - lo;
     tl[i] = id >= 0 && id < V ? x[i * V + id] : 0.f;
   }

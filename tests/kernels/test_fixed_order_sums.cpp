@@ -1,5 +1,6 @@
-// The row sums of softmax and cross-entropy (kernel_util.h's sum_fixed/dot_fixed/exp_sum_fixed) in
-// their documented fixed order, so that a row gives the same bits wherever it sits in memory: the
+// The exp row sums of softmax and cross-entropy (kernel_util.h's exp_sum_seq) in their documented
+// order (index order, as the scalar loops had), so that a row gives the same bits wherever it sits
+// in memory and the same as before the exps were vectorised: the
 // tensor-parallel, pipeline and context-parallel tests assert bit-identity with one rank, and their
 // shards hold the same rows at other addresses. An `omp simd reduction` may peel iterations to
 // align a pointer, which is what these tests would catch (offsets 0..15 floats cover every
@@ -17,26 +18,10 @@
 #include "kernel_test_util.h"
 
 using namespace atl;
-using cpu::detail::dot_fixed;
 using cpu::detail::exp_approx;
-using cpu::detail::exp_sum_fixed;
-using cpu::detail::sum_fixed;
+using cpu::detail::exp_sum_seq;
 
 namespace {
-
-// The documented order, written out lane by lane in scalar code.
-float reference_sum(const std::vector<float>& x, size_t n) {
-  float lane[16] = {};
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lane[l] += x[i + l];
-  float a[8];
-  for (int l = 0; l < 8; ++l) a[l] = lane[l] + lane[l + 8];
-  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  float s = (t0 + t2) + (t1 + t3);
-  for (; i < n; ++i) s += x[i];
-  return s;
-}
 
 __attribute__((noinline)) float scalar_exp(float x) { return exp_approx(x); }
 
@@ -47,19 +32,25 @@ bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a,
 TEST(FixedOrderSums, FollowTheDocumentedOrder) {
   for (size_t n : {0, 1, 15, 16, 17, 31, 33, 257, 1000}) {
     auto x = test::randn(n, 7 + n, 3.0f);
-    EXPECT_EQ(std::bit_cast<uint32_t>(sum_fixed(x.data(), int64_t(n))),
-              std::bit_cast<uint32_t>(reference_sum(x, n)))
+    float seq = 0.0f;
+    std::vector<float> e(n), y(n);
+    for (size_t i = 0; i < n; ++i) seq += (e[i] = scalar_exp(x[i] - 0.25f));
+    EXPECT_EQ(std::bit_cast<uint32_t>(exp_sum_seq(y.data(), x.data(), int64_t(n), 0.25f)), std::bit_cast<uint32_t>(seq))
         << "n=" << n;
-    std::vector<float> ones(n, 1.0f);
-    EXPECT_EQ(std::bit_cast<uint32_t>(dot_fixed(x.data(), ones.data(), int64_t(n))),
-              std::bit_cast<uint32_t>(reference_sum(x, n)))
+    EXPECT_TRUE(same_bits(y.data(), e.data(), n)) << "n=" << n;
+    EXPECT_EQ(std::bit_cast<uint32_t>(exp_sum_seq(nullptr, x.data(), int64_t(n), 0.25f)), std::bit_cast<uint32_t>(seq))
         << "n=" << n;
   }
-  // A sum whose sequential order rounds differently (so the test could tell the orders apart).
+  // A tree-ordered sum rounds differently here, so the test can tell the orders apart.
   auto x = test::randn(1000, 3, 3.0f);
-  float seq = 0.0f;
-  for (float v : x) seq += v;
-  EXPECT_NE(std::bit_cast<uint32_t>(seq), std::bit_cast<uint32_t>(reference_sum(x, x.size())));
+  float seq = 0.0f, lane[16] = {};
+  for (size_t i = 0; i < x.size(); ++i) {
+    seq += scalar_exp(x[i]);
+    lane[i % 16] += scalar_exp(x[i]);
+  }
+  float tree = 0.0f;
+  for (float l : lane) tree += l;
+  EXPECT_NE(std::bit_cast<uint32_t>(seq), std::bit_cast<uint32_t>(tree));
 }
 
 TEST(FixedOrderSums, VectorisedExpGivesTheScalarBits) {
@@ -105,13 +96,13 @@ TEST(FixedOrderSums, SoftmaxAndCrossEntropyIndependentOfAddress) {
   for (int off = 0; off < 16; ++off) {
     std::memcpy(src.data() + off, x.data(), N * V * sizeof(float));
     cpu::crossentropy_forward(loss.data(), lse.data(), src.data() + off, tgt.data(), N, V);
-    for (int64_t i = 0; i < N; ++i) es[i] = exp_sum_fixed(src.data() + off + i * V, V, 0.5f);
+    for (int64_t i = 0; i < N; ++i) es[i] = exp_sum_seq(nullptr, src.data() + off + i * V, V, 0.5f);
     if (off == 0) {
       loss0 = loss, lse0 = lse, es0 = es;
       continue;
     }
     EXPECT_TRUE(same_bits(loss.data(), loss0.data(), size_t(N))) << "cross-entropy offset " << off;
     EXPECT_TRUE(same_bits(lse.data(), lse0.data(), size_t(N))) << "cross-entropy offset " << off;
-    EXPECT_TRUE(same_bits(es.data(), es0.data(), size_t(N))) << "exp_sum_fixed offset " << off;
+    EXPECT_TRUE(same_bits(es.data(), es0.data(), size_t(N))) << "exp_sum_seq offset " << off;
   }
 }

@@ -1,7 +1,7 @@
 // Softmax fused with cross-entropy over the vocabulary (llm.c's fused classifier): forward keeps
 // only the row's log-sum-exp, backward recomputes softmax from it and overwrites the logits'
 // gradient in one pass. Rows whose target is negative are ignored (loss 0, gradient 0). The chunk
-// sums are kernel_util.h's fixed-order ones: the same row at another address gives the same bits.
+// sums are kernel_util.h's exp_sum_seq: in index order wherever the row sits in memory.
 #include <algorithm>
 #include <cmath>
 
@@ -21,7 +21,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
     const float* x = logits + i * V;
     // One pass over the row (it does not fit in cache at GPT-2's V): a running max and sum,
     // updated per L1-sized chunk as in the online softmax of Milakov & Gimelshein 2018.
-    constexpr int64_t kChunk = detail::kExpSumChunk;
+    constexpr int64_t kChunk = 2048;
     float m = -INFINITY, s = 0.0f;
     for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
       const int64_t c1 = std::min(V, c0 + kChunk);
@@ -32,7 +32,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
         s *= std::exp(m - cm);
         m = cm;
       }
-      s += detail::exp_sum_fixed(x + c0, c1 - c0, m);
+      s += detail::exp_sum_seq(nullptr, x + c0, c1 - c0, m);
     }
     const float l = m + std::log(s);
     if (lse) lse[i] = l;

@@ -1,5 +1,5 @@
 // Helpers private to the CPU kernels: a branch-free exp that the compiler vectorises (glibc's expf
-// only vectorises under -ffast-math, which atoll does not use), row sums in a fixed order, and
+// only vectorises under -ffast-math, which atoll does not use), its row sum in a fixed order, and
 // per-thread scratch buffers that grow once so that the hot path never allocates.
 #pragma once
 #include <bit>
@@ -53,66 +53,27 @@ inline float exp_approx(float x) {
   return std::bit_cast<float>(std::bit_cast<int32_t>(p * scale) & keep);
 }
 
-// Row sums in a fixed order: 16 partial sums (lane l takes elements l, l+16, ... of the whole
-// 16-float blocks from element 0), combined as (l, l+8), then (l, l+4), then ((0+2)+(1+3)), then
-// the tail added in order. An `omp simd reduction` leaves the order to the vectoriser, which may
-// peel iterations to align a pointer: the same row at another address (a tensor-parallel shard's
-// buffer, a ring block) then rounds differently, and bit-identity across parallel layouts breaks.
-// This order depends only on n, and GCC vector extensions compute each lane in IEEE order on any
-// x86-64 target (two ymm under AVX2, the same two halves under a native AVX-512 build).
-typedef float v8f_fixed __attribute__((vector_size(32)));
-
-inline v8f_fixed load8_fixed(const float* p) {
-  v8f_fixed v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline float combine16_fixed(v8f_fixed a0, v8f_fixed a1) {
-  const v8f_fixed a = a0 + a1;
-  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  return (t0 + t2) + (t1 + t3);
-}
-
-// Σ x[0..n) in the fixed order above.
-inline float sum_fixed(const float* x, int64_t n) {
-  v8f_fixed a0 = {}, a1 = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 += load8_fixed(x + i);
-    a1 += load8_fixed(x + i + 8);
-  }
-  float s = combine16_fixed(a0, a1);
-  for (; i < n; ++i) s += x[i];
-  return s;
-}
-
-// Σ a[i]·b[i] over [0, n) in the same fixed order.
-inline float dot_fixed(const float* a, const float* b, int64_t n) {
-  v8f_fixed a0 = {}, a1 = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 += load8_fixed(a + i) * load8_fixed(b + i);
-    a1 += load8_fixed(a + i + 8) * load8_fixed(b + i + 8);
-  }
-  float s = combine16_fixed(a0, a1);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Σ exp(x[i] - m) over [0, n): the exps in a vectorised pass per L1-sized chunk, each chunk summed
-// by sum_fixed, the chunk sums added in order. crossentropy_forward sums each of its chunks with
-// it, and tensor parallelism's vocabulary cross-entropy its whole shard, so that a size-1 group
-// gives the plain model's bits (tests/parallel/test_tensor_parallel.cpp).
-constexpr int64_t kExpSumChunk = 2048;
-inline float exp_sum_fixed(const float* x, int64_t n, float m) {
-  float e[kExpSumChunk];
+// Σ exp(x[i] - m) over [0, n), added one by one in index order (the order the scalar loops these
+// replace used, so every result keeps its bits: the multi-rank tests' tolerances and bit-identity
+// were set on it), with the exps computed 16 at a time in a vectorised loop. Out-of-order
+// execution overlaps the serial additions with the next block's exps. An `omp simd reduction`
+// would leave the order to the vectoriser (lane count, epilogue, possible peeling to align a
+// pointer), so a row could round differently at another address or on another build.
+// y, when not null, receives the exps.
+inline float exp_sum_seq(float* y, const float* x, int64_t n, float m) {
+  float e[16];
   float s = 0.0f;
-  for (int64_t c0 = 0; c0 < n; c0 += kExpSumChunk) {
-    const int64_t len = n - c0 < kExpSumChunk ? n - c0 : kExpSumChunk;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) e[i] = exp_approx(x[c0 + i] - m);
-    s += sum_fixed(e, len);
+    for (int l = 0; l < 16; ++l) e[l] = exp_approx(x[i + l] - m);
+    for (int l = 0; l < 16; ++l) s += e[l];
+    if (y) std::memcpy(y + i, e, sizeof e);
+  }
+  for (; i < n; ++i) {
+    const float v = exp_approx(x[i] - m);
+    if (y) y[i] = v;
+    s += v;
   }
   return s;
 }

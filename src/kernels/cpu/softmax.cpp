@@ -1,7 +1,6 @@
 // Row softmax and log-softmax over the last dim, max-subtracted for range (exp of a non-positive
 // argument never overflows). Backward from the saved output: softmax dx = y ∘ (dy - Σ dy∘y),
-// log-softmax dx = dy - exp(y) Σ dy. The row sums are kernel_util.h's fixed-order ones, so a row
-// gives the same bits wherever it sits in memory (tensor-parallel shards must match one rank).
+// log-softmax dx = dy - exp(y) Σ dy.
 #include <algorithm>
 #include <cmath>
 
@@ -18,9 +17,7 @@ void softmax_forward(float* y, const float* x, int64_t N, int64_t C, bool log) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int64_t c = 0; c < C; ++c) m = xi[c] > m ? xi[c] : m;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yi[c] = detail::exp_approx(xi[c] - m);
-    const float s = detail::sum_fixed(yi, C);
+    const float s = detail::exp_sum_seq(yi, xi, C, m);  // in index order (kernel_util.h)
     if (log) {
       const float l = m + std::log(s);
 #pragma omp simd
@@ -39,12 +36,15 @@ void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int
     const float* yi = y + i * C;
     const float* gi = dy + i * C;
     float* di = dx + i * C;
+    float s = 0.0f;
     if (log) {
-      const float s = detail::sum_fixed(gi, C);
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += gi[c];
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) di[c] += gi[c] - detail::exp_approx(yi[c]) * s;
     } else {
-      const float s = detail::dot_fixed(gi, yi, C);
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += gi[c] * yi[c];
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) di[c] += yi[c] * (gi[c] - s);
     }
