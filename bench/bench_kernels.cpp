@@ -1,5 +1,6 @@
 // Plain-timing benchmark of the fused CPU kernels at GPT-2 small shapes: attention forward and
-// backward (B=4, T=256, H=12, hd=64), layernorm, GELU and fused cross-entropy (V=50257).
+// backward (B=4, T=256, H=12, hd=64), layernorm, GELU, row softmax (attention-score rows) and fused
+// cross-entropy (V=50257).
 // usage: bench_kernels [threads]
 #include <algorithm>
 #include <chrono>
@@ -11,6 +12,7 @@
 
 #include "core/threads.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/op_set.h"
 
 namespace {
 
@@ -88,6 +90,15 @@ int main(int argc, char** argv) {
     const double fwd = median_ms([&] { cpu::gelu_forward(y.data(), x.data(), n); });
     const double bwd = median_ms([&] { cpu::gelu_backward(dx.data(), dy.data(), x.data(), n); });
     std::printf("gelu n=%lld                          fwd %8.3f ms  bwd %8.3f ms\n", (long long)n, fwd, bwd);
+  }
+  {
+    const int64_t N = 4 * 12 * 256, C = 256;
+    auto x = rnd(N * C), dy = rnd(N * C);
+    std::vector<float> y(N * C), dx(N * C, 0.0f);
+    const double fwd = median_ms([&] { cpu::softmax_forward(y.data(), x.data(), N, C, false); });
+    const double bwd = median_ms([&] { cpu::softmax_backward(dx.data(), dy.data(), y.data(), N, C, false); });
+    std::printf("softmax N=%lld C=%lld                 fwd %8.3f ms  bwd %8.3f ms\n", (long long)N, (long long)C,
+                fwd, bwd);
   }
   {
     const int64_t N = 4 * 256, V = 50257;

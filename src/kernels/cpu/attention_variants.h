@@ -10,9 +10,9 @@
 // declared before the pragma and so keep the generic target where they are not inlined.
 //
 // Rounding: tile products and element-wise loops give the same bits in both variants; dot_row's
-// (the row kernels' q·k, dO·v and D = dO·O) splits into 8 or 16 lane partial sums, and the softmax
-// sums that `#pragma omp simd reduction` vectorises may split differently too, so the variants may
-// differ there in the last bits (tests/kernels/test_attention_paths.cpp).
+// (the row kernels' q·k, dO·v and D = dO·O) splits into 8 or 16 lane partial sums, so the variants
+// may differ there in the last bits (tests/kernels/test_attention_paths.cpp); the row kernels'
+// softmax sums are kernel_util.h's exp_sum_seq, in index order in both.
 //
 // No include guard: included once per kernel file.
 #ifndef ATOLL_ATTN_BODY

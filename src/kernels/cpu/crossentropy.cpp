@@ -1,6 +1,7 @@
 // Softmax fused with cross-entropy over the vocabulary (llm.c's fused classifier): forward keeps
 // only the row's log-sum-exp, backward recomputes softmax from it and overwrites the logits'
-// gradient in one pass. Rows whose target is negative are ignored (loss 0, gradient 0).
+// gradient in one pass. Rows whose target is negative are ignored (loss 0, gradient 0). The chunk
+// sums are kernel_util.h's exp_sum_seq: in index order wherever the row sits in memory.
 #include <algorithm>
 #include <cmath>
 
@@ -31,10 +32,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
         s *= std::exp(m - cm);
         m = cm;
       }
-      float cs = 0.0f;
-#pragma omp simd reduction(+ : cs)
-      for (int64_t v = c0; v < c1; ++v) cs += detail::exp_approx(x[v] - m);
-      s += cs;
+      s += detail::exp_sum_seq(nullptr, x + c0, c1 - c0, m);
     }
     const float l = m + std::log(s);
     if (lse) lse[i] = l;

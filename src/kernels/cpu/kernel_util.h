@@ -1,7 +1,8 @@
 // Helpers private to the CPU kernels: a branch-free exp that the compiler vectorises (glibc's expf
-// only vectorises under -ffast-math, which atoll does not use), and per-thread scratch buffers
-// that grow once so that the hot path never allocates.
+// only vectorises under -ffast-math, which atoll does not use), its row sum in a fixed order, and
+// per-thread scratch buffers that grow once so that the hot path never allocates.
 #pragma once
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,12 +14,27 @@ namespace atl::cpu::detail {
 // microseconds (far more when cores are oversubscribed) and tiny calls cannot amortise it.
 constexpr int64_t kMinParallelWork = int64_t(1) << 15;
 
+// A float's bits as an int32 key that orders like the float (non-NaN), and back: negative floats
+// are sign-magnitude, so their magnitude bits are flipped. Clamping a key is integer min/max.
+inline int32_t float_order_key(float x) {
+  const int32_t i = std::bit_cast<int32_t>(x);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+inline float from_order_key(int32_t k) { return std::bit_cast<float>(k >= 0 ? k : k ^ 0x7fffffff); }
+
 // exp(x) by Cody-Waite range reduction, x = n*ln2 + r with |r| <= ln2/2, and Cephes' degree-5
 // polynomial for exp(r); about 1 ulp over the normal range. x below -87.3 (including -inf)
 // gives 0, x above 88 saturates at exp(88); NaN is not propagated (callers never pass one).
+//
+// The clamp to [-87.3, 88] is integer min/max on order keys, not float ternaries: without
+// -ffinite-math-only GCC keeps `x < lo ? lo : x` a branch around the polynomial, which it may not
+// speculate (it could raise an FP exception) without AVX-512's masked arithmetic, so under the
+// portable build's AVX2 every loop calling this stayed scalar (GELU, softmax, cross-entropy 3-4x
+// slower than a native build's). The clamped value is the same float, so the result is the same.
 inline float exp_approx(float x) {
-  float xc = x < -87.3f ? -87.3f : x;  // ternaries, not fmin/fmax: they map to vmaxps/vminps
-  xc = xc > 88.0f ? 88.0f : xc;
+  constexpr int32_t lo = std::bit_cast<int32_t>(-87.3f) ^ 0x7fffffff, hi = std::bit_cast<int32_t>(88.0f);
+  const int32_t k = float_order_key(x);
+  const float xc = from_order_key(k < lo ? lo : k > hi ? hi : k);
   // Rounds x*log2(e) to the nearest integer with the 1.5*2^23 trick (no call, so it vectorises).
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;  // ln2 split in two so that n*ln2 is exact enough
@@ -30,10 +46,36 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x < -87.3f ? 0.0f : p * scale;
+  const float scale = std::bit_cast<float>((int32_t(n) + 127) << 23);
+  // x < -87.3 gives +0 by masking the bits, not by a ternary, which GCC would turn into a branch
+  // around the whole computation above (the same vectorisation problem as the clamp's).
+  const int32_t keep = -int32_t(k >= lo);
+  return std::bit_cast<float>(std::bit_cast<int32_t>(p * scale) & keep);
+}
+
+// Σ exp(x[i] - m) over [0, n), added one by one in index order (the order the scalar loops these
+// replace used, so every result keeps its bits: the multi-rank tests' tolerances and bit-identity
+// were set on it), with the exps computed 16 at a time in a vectorised loop. Out-of-order
+// execution overlaps the serial additions with the next block's exps. An `omp simd reduction`
+// would leave the order to the vectoriser (lane count, epilogue, possible peeling to align a
+// pointer), so a row could round differently at another address or on another build.
+// y, when not null, receives the exps.
+inline float exp_sum_seq(float* y, const float* x, int64_t n, float m) {
+  float e[16];
+  float s = 0.0f;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) e[l] = exp_approx(x[i + l] - m);
+    for (int l = 0; l < 16; ++l) s += e[l];
+    if (y) std::memcpy(y + i, e, sizeof e);
+  }
+  for (; i < n; ++i) {
+    const float v = exp_approx(x[i] - m);
+    if (y) y[i] = v;
+    s += v;
+  }
+  return s;
 }
 
 // tanh from exp; the absolute error stays near 1e-7, which is what GELU's 1 + tanh needs.

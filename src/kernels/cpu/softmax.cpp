@@ -17,13 +17,7 @@ void softmax_forward(float* y, const float* x, int64_t N, int64_t C, bool log) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int64_t c = 0; c < C; ++c) m = xi[c] > m ? xi[c] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) {
-      const float e = detail::exp_approx(xi[c] - m);
-      yi[c] = e;
-      s += e;
-    }
+    const float s = detail::exp_sum_seq(yi, xi, C, m);  // in index order (kernel_util.h)
     if (log) {
       const float l = m + std::log(s);
 #pragma omp simd
