@@ -191,15 +191,16 @@ TEST(GemmF32Select, ForcesEachLibraryAndAutoFollowsTheRule) {
       EXPECT_EQ(out, chose == "onednn" ? dnn : obl) << lib << " n=" << n << " tb=" << tb;
     }
   }
-  EXPECT_EQ(auto_obl, 1);  // only the wide NN product (n=480 > K) stays on OpenBLAS
-  EXPECT_EQ(auto_dnn, 3);
-  // The rule: oneDNN for B transposed or N <= K; OpenBLAS for a wide output over a short K, for
-  // one row, and below 2^21 multiply-adds.
-  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 2048, 8192, 384), "onednn");    // dX, tied head fwd
-  EXPECT_STREQ(cpu::gemm_f32_choice(false, false, 2048, 384, 1536), "onednn");   // mlp down fwd
-  EXPECT_STREQ(cpu::gemm_f32_choice(true, false, 384, 384, 2048), "onednn");     // attn proj dW
-  EXPECT_STREQ(cpu::gemm_f32_choice(false, false, 1024, 3072, 768), "openblas"); // mlp up fwd
-  EXPECT_STREQ(cpu::gemm_f32_choice(true, false, 768, 3072, 1024), "openblas");  // mlp up dW (GPT-2)
+  EXPECT_EQ(auto_obl, 2);  // the NN products stay on OpenBLAS, the NT ones take oneDNN
+  EXPECT_EQ(auto_dnn, 2);
+  // The rule: oneDNN where only B is transposed (dX, the tied head's forward); OpenBLAS for the
+  // other layouts, for one row, and below 2^21 multiply-adds.
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 2048, 8192, 384), "onednn");    // tied head fwd
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1024, 768, 3072), "onednn");    // mlp up dX
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1024, 384, 3072), "onednn");    // its tp=2 shard too
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, false, 2048, 384, 1536), "openblas"); // mlp down fwd
+  EXPECT_STREQ(cpu::gemm_f32_choice(true, false, 384, 384, 2048), "openblas");   // attn proj dW
+  EXPECT_STREQ(cpu::gemm_f32_choice(true, true, 384, 384, 2048), "openblas");    // both transposed
   EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1, 8192, 384), "openblas");     // decoding row
   EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 64, 64, 64), "openblas");       // tiny
   EXPECT_THROW(cpu::select_gemm_f32("mkl", "hardware.gemm_f32 (t.toml:4)"), Error);

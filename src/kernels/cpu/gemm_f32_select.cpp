@@ -39,15 +39,16 @@ Lib active() {
 }
 
 // The measured rule (docs/gemm_f32.md; bench/bench_gemm_f32, 2 threads, Xeon with AMX): oneDNN
-// where op(B) is read transposed (the dX product dY·Wᵀ of every linear layer, the tied LM head's
-// forward) or the output is no wider than the reduction (N <= K: projections to C, most dW); OpenBLAS
-// for wide outputs over a short reduction (qkv and MLP-up forward, their dW at GPT-2 size), where
-// oneDNN 2.6 fell to 0.3-0.8x. Below 2^21 multiply-adds (128³) and for one row OpenBLAS stays:
-// oneDNN's per-call set-up and per-shape primitive would cost more than it saves there.
+// where op(B) is read transposed and op(A) is not (the dX product dY·Wᵀ of every linear layer,
+// the tied LM head's forward: 0.96-2.2x OpenBLAS on every such training shape), OpenBLAS for the
+// other layouts, where oneDNN 2.6 ranged from 1.75x down to 0.33x with no simple boundary (it
+// lost on wide outputs over a short reduction and on GPT-2's 50257-wide head). The layout alone
+// decides, so a tensor-parallel shard takes the library of the unsharded product. Below 2^21
+// multiply-adds (128³) and for one row OpenBLAS stays: oneDNN's per-call set-up and per-shape
+// primitive would cost more than they save there.
 bool rule_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
-  (void)ta;
   if (M <= 1 || double(M) * double(N) * double(K) < double(1 << 21)) return false;
-  return tb || N <= K;
+  return tb && !ta;
 }
 
 }  // namespace
@@ -82,7 +83,7 @@ const char* gemm_path() {
     case Lib::onednn: return "onednn";
     case Lib::automatic: break;
   }
-  return "auto (onednn where B is transposed or N <= K, else openblas)";
+  return "auto (onednn where only B is transposed, else openblas)";
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
