@@ -243,6 +243,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // The CPU kernels' path, detected at run time or forced (hardware.isa, ATOLL_ISA): the first line.
   log::info("{}", cpu::select_isa(cfg.get_string("hardware.isa", "auto", cpu::isa_choices()),
                                   "hardware.isa (" + cfg.where("hardware.isa") + ")"));
+  // fp32 GEMM library: the measured rule, or one forced (hardware.gemm_f32, ATOLL_GEMM_F32).
+  log::info("{}", cpu::select_gemm_f32(cfg.get_string("hardware.gemm_f32", "auto", cpu::gemm_f32_choices()),
+                                       "hardware.gemm_f32 (" + cfg.where("hardware.gemm_f32") + ")"));
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();

@@ -10,11 +10,13 @@
 //  - bf16 paths on raw fp32 inputs (conversion included): each operand carries a relative
 //    rounding error up to 2^-9 (8-bit significand), independent per element, so the output's
 //    relative L2 error is about 2^-9·sqrt(2/3) ≈ 1.6e-3 with random data; bound 5e-3.
-//  - fp32 oneDNN vs OpenBLAS: both accumulate in fp32 (oneDNN's default strict fp math mode);
-//    bound 1e-5 as above.
+//  - fp32 oneDNN vs OpenBLAS (and each against a double loop): both accumulate in fp32 (oneDNN's
+//    default strict fp math mode), in different orders; bound 1e-5 as above.
 //  - int8: integer sums are exact; every path must equal the reference bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -135,10 +137,86 @@ TEST(GemmPaths, Fp32OnednnMatchesOpenblasOnTrainingShapes) {
     auto A = randn(size_t(c.M * c.K), 3), B = randn(size_t(c.K * c.N), 4);
     auto C0 = randn(size_t(c.M * c.N), 5);
     auto ref = C0, out = C0;
-    cpu::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 1.f, ref.data(), c.N);
+    cpu::gemm_openblas(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 1.f, ref.data(), c.N);
     cpu::gemm_onednn(c.ta, c.tb, c.M, c.N, c.K, 1.f, A.data(), lda, B.data(), ldb, 1.f, out.data(), c.N);
     EXPECT_LT(rel_l2(out, ref), 1e-5) << c.what;
   }
+}
+
+// Both fp32 libraries against a double-precision loop (the fp32 reference without a library's
+// summation order) on the first 48 output rows of every training shape, op(A) and op(B) read
+// through the same strides the training uses. Bound 1e-5: fp32 accumulation over K <= 8192
+// terms of random sign, in any order, stays near sqrt(K)·2^-24 ≈ 5e-6 relative even in the worst
+// blocking; a wrong stride, transpose or alpha/beta handling gives O(1).
+TEST(GemmPaths, Fp32LibrariesMatchDoubleReferenceOnTrainingShapes) {
+  for (const Case& c : kTrainingShapes) {
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N, rows = 48;
+    auto A = randn(size_t(c.M * c.K), 13), B = randn(size_t(c.K * c.N), 14);
+    auto C0 = randn(size_t(rows * c.N), 15);
+    std::vector<double> ref(size_t(rows * c.N));
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t n = 0; n < c.N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < c.K; ++k)
+          acc += double(c.ta ? A[k * lda + m] : A[m * lda + k]) * double(c.tb ? B[n * ldb + k] : B[k * ldb + n]);
+        ref[m * c.N + n] = 0.5 * acc + 2.0 * double(C0[m * c.N + n]);
+      }
+    // A row slice of op(A): rows of A, or the first columns of A stored transposed.
+    for (auto f : {cpu::gemm_openblas, cpu::gemm_onednn}) {
+      auto out = C0;
+      f(c.ta, c.tb, rows, c.N, c.K, 0.5f, A.data(), lda, B.data(), ldb, 2.f, out.data(), c.N);
+      EXPECT_LT(rel_l2(out, ref), 1e-5) << c.what << (f == cpu::gemm_openblas ? " openblas" : " onednn");
+    }
+  }
+}
+
+// gemm takes the library the setting names (bit-identical to calling it directly), the auto
+// rule picks per layout as documented, and an unknown name is refused saying where it came from.
+TEST(GemmF32Select, ForcesEachLibraryAndAutoFollowsTheRule) {
+  const int64_t M = 192, K = 384;
+  auto A = randn(size_t(M * K), 21), B = randn(size_t(K * 480), 22);
+  int auto_obl = 0, auto_dnn = 0;
+  for (const char* lib : {"openblas", "onednn", "auto"}) {
+    cpu::set_gemm_f32(lib);
+    for (int64_t n : {160, 480})
+    for (bool tb : {false, true}) {
+      const int64_t k = K, ldb = tb ? k : n;
+      std::vector<float> out(size_t(M * n), NAN), obl(out.size(), NAN), dnn(out.size(), NAN);
+      cpu::gemm(false, tb, M, n, k, 1.f, A.data(), k, B.data(), ldb, 0.f, out.data(), n);
+      cpu::gemm_openblas(false, tb, M, n, k, 1.f, A.data(), k, B.data(), ldb, 0.f, obl.data(), n);
+      cpu::gemm_onednn(false, tb, M, n, k, 1.f, A.data(), k, B.data(), ldb, 0.f, dnn.data(), n);
+      const std::string chose = cpu::gemm_f32_choice(false, tb, M, n, k);
+      if (std::string(lib) != "auto") EXPECT_EQ(chose, lib);
+      else ++(chose == "onednn" ? auto_dnn : auto_obl);
+      EXPECT_EQ(out, chose == "onednn" ? dnn : obl) << lib << " n=" << n << " tb=" << tb;
+    }
+  }
+  EXPECT_EQ(auto_obl, 2);  // the NN products stay on OpenBLAS, the NT ones take oneDNN
+  EXPECT_EQ(auto_dnn, 2);
+  // The rule: oneDNN where only B is transposed (dX, the tied head's forward); OpenBLAS for the
+  // other layouts, for one row, and below 2^21 multiply-adds.
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 2048, 8192, 384), "onednn");    // tied head fwd
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1024, 768, 3072), "onednn");    // mlp up dX
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1024, 384, 3072), "onednn");    // its tp=2 shard too
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, false, 2048, 384, 1536), "openblas"); // mlp down fwd
+  EXPECT_STREQ(cpu::gemm_f32_choice(true, false, 384, 384, 2048), "openblas");   // attn proj dW
+  EXPECT_STREQ(cpu::gemm_f32_choice(true, true, 384, 384, 2048), "openblas");    // both transposed
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 1, 8192, 384), "openblas");     // decoding row
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 64, 64, 64), "openblas");       // tiny
+  EXPECT_THROW(cpu::select_gemm_f32("mkl", "hardware.gemm_f32 (t.toml:4)"), Error);
+  try {
+    cpu::select_gemm_f32("mkl", "hardware.gemm_f32 (t.toml:4)");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.toml:4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("openblas"), std::string::npos) << "lists the choices: " << e.what();
+  }
+  ::setenv("ATOLL_GEMM_F32", "blis", 1);
+  EXPECT_THROW(cpu::select_gemm_f32("auto", "hardware.gemm_f32"), Error);  // the env var is checked too
+  ::setenv("ATOLL_GEMM_F32", "openblas", 1);
+  EXPECT_NE(cpu::select_gemm_f32("onednn", "hardware.gemm_f32").find("openblas"), std::string::npos);
+  EXPECT_STREQ(cpu::gemm_f32_choice(false, true, 2048, 8192, 384), "openblas");  // the env var wins
+  ::unsetenv("ATOLL_GEMM_F32");
+  cpu::set_gemm_f32("auto");
 }
 
 // The override: each supported path is taken when forced, and dispatching through gemm_bf16

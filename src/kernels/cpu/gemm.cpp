@@ -12,8 +12,8 @@
 
 namespace atl::cpu {
 
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   ATOLL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
               "gemm: sizes {}x{}x{} exceed the BLAS's 32-bit range", M, N, K);
@@ -29,8 +29,6 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
-
-const char* gemm_path() { return "openblas"; }
 
 void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                   int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,

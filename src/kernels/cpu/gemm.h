@@ -1,5 +1,6 @@
 // Dense matrix products on the CPU. Each entry point picks its path from the ISA detected at run
-// time (kernels/cpu/isa.h): fp32 through OpenBLAS (cblas_sgemm); bf16 operands with fp32
+// time (kernels/cpu/isa.h): fp32 through OpenBLAS (cblas_sgemm) or oneDNN by a rule on the operand
+// layout (gemm_f32_select.cpp); bf16 operands with fp32
 // accumulation on AMX tiles (oneDNN), AVX-512 BF16 (atoll's kernel) or widened to fp32; int8 with
 // exact int32 accumulation on AMX-INT8 / AVX-512 VNNI (oneDNN). The path-specific functions are
 // callable directly so that tests cover every path a machine has.
@@ -7,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -15,6 +17,20 @@ namespace atl::cpu {
 // C[M,N] = alpha * op(A) · op(B) + beta * C, op(X) = X or X^T.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// The two fp32 libraries gemm chooses between, callable directly (tests, benchmarks).
+void gemm_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// (gemm_onednn is declared below with the other oneDNN paths.)
+
+// Which of them gemm uses: "auto" (the measured rule), "openblas" or "onednn" for every product.
+// select_gemm_f32 applies a setting from `where` (hardware.gemm_f32; ATOLL_GEMM_F32, when set,
+// takes precedence) and returns a one-line summary; an unknown name is an error naming `where`.
+// gemm_f32_choice says which library gemm takes for a product under the current setting.
+const std::vector<std::string>& gemm_f32_choices();
+std::string select_gemm_f32(const std::string& name, const std::string& where);
+void set_gemm_f32(const std::string& name);
+const char* gemm_f32_choice(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
 
 // The same over `batch` matrices at fixed element strides.
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -170,7 +170,7 @@ void gemm_bf16_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
     const int64_t n = is_a ? acols : bcols;
     for (int64_t c = 0; c < n; ++c) dst[c] = bf16_to_float(src[c]);
   }
-  gemm(ta, tb, M, N, K, alpha, Af, std::max<int64_t>(acols, 1), Bf, std::max<int64_t>(bcols, 1), beta, C, ldc);
+  gemm_openblas(ta, tb, M, N, K, alpha, Af, std::max<int64_t>(acols, 1), Bf, std::max<int64_t>(bcols, 1), beta, C, ldc);
 }
 
 const char* gemm_bf16_path() {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
@@ -22,6 +23,7 @@ using dt = dnnl::memory::data_type;
 
 struct Key {
   int kind;  // the dtypes: 0 f32, 1 bf16, 2 s8
+  int threads;  // a primitive sizes its blocking for the thread count it was made under
   bool ta, tb;
   int64_t M, N, K, lda, ldb, ldc;
   uint32_t alpha, beta;  // bit patterns
@@ -29,7 +31,7 @@ struct Key {
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    size_t h = size_t(k.kind) * 0x9e3779b97f4a7c15ull;
+    size_t h = size_t(k.kind * 4096 + k.threads) * 0x9e3779b97f4a7c15ull;
     for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc, int64_t(k.alpha), int64_t(k.beta),
                       int64_t(k.ta) * 2 + int64_t(k.tb)})
       h = (h ^ size_t(v)) * 0x100000001b3ull;
@@ -58,6 +60,9 @@ dnnl::matmul& primitive(const Key& k, dt a_dt, dt b_dt, dt c_dt) {
   std::lock_guard<std::mutex> lock(e.mu);
   auto it = e.cache.find(k);
   if (it != e.cache.end()) return it->second;
+  // A training step repeats a few dozen shapes; prompts of many lengths would grow the cache
+  // without bound, so it starts over past a size no step reaches.
+  if (e.cache.size() >= 4096) e.cache.clear();
   using dims = dnnl::memory::dims;
   // op(A)[M,K]: element (m,k) at m*lda + k, or k*lda + m when A is stored transposed.
   const dnnl::memory::desc a(dims{k.M, k.K}, a_dt, k.ta ? dims{1, k.lda} : dims{k.lda, 1});
@@ -96,7 +101,7 @@ void run(dnnl::matmul& p, const Key& k, dt a_dt, dt b_dt, dt c_dt, const void* A
 template <typename TA, typename TB, typename TC>
 void matmul(int kind, dt a_dt, dt b_dt, dt c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
             const TA* A, int64_t lda, const TB* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
-  const Key k{kind, ta, tb, M, N, K, lda, ldb, ldc, bits(alpha), bits(beta)};
+  const Key k{kind, num_threads(), ta, tb, M, N, K, lda, ldb, ldc, bits(alpha), bits(beta)};
   run(primitive(k, a_dt, b_dt, c_dt), k, a_dt, b_dt, c_dt, A, B, C);
 }
 
@@ -105,7 +110,7 @@ void matmul(int kind, dt a_dt, dt b_dt, dt c_dt, bool ta, bool tb, int64_t M, in
 void gemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (K == 0) return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta*C
+  if (K == 0) return gemm_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // C = beta*C
   matmul(0, dt::f32, dt::f32, dt::f32, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
