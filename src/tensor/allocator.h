@@ -28,8 +28,9 @@ class Allocator {
 
 // The size-class cache every device's allocator is built on: freed blocks are kept by size class
 // (rounded up to `granularity` below 1 MiB, to 1/8 of the power of two above) and a request is
-// served from the smallest cached block that fits within 2x, so a big block is never split. Only
-// the raw allocation differs between devices, so it is all the Backend supplies.
+// served from the smallest cached block no bigger than max_reuse_size (1.25x the rounded request);
+// a block is never split. Only the raw allocation differs between devices, so it is all the
+// Backend supplies.
 class CachingAllocator final : public Allocator {
  public:
   struct Backend {
@@ -54,6 +55,8 @@ class CachingAllocator final : public Allocator {
   void release_cache() override;
 
   size_t round_size(size_t nbytes) const;
+  // The largest cached block a request of `rounded` bytes (a round_size result) may be served from.
+  static size_t max_reuse_size(size_t rounded);
 
  private:
   struct Impl;

@@ -55,20 +55,47 @@ TEST(CachingAllocatorCore, RoundsToSizeClasses) {
   EXPECT_EQ(a.round_size((1u << 20) + 1), (1u << 20) + (1u << 18));  // 1/8 of 2 MiB steps above 1 MiB
 }
 
-TEST(CachingAllocatorCore, ReusesWithinTwiceTheSizeAndCounts) {
+TEST(CachingAllocatorCore, ReusesOnlyWithinAQuarterAboveTheRequestAndCounts) {
   CachingAllocator a = make();
-  void* p = a.allocate(100000);
+  EXPECT_EQ(CachingAllocator::max_reuse_size(a.round_size(100000)), 100352u + 100352u / 4);
+  void* p = a.allocate(100000);  // 100352 once rounded
   a.deallocate(p, 100000);
-  EXPECT_EQ(a.allocate(60000), p);  // 100352 cached serves 60000 (within 2x)
+  EXPECT_EQ(a.allocate(85000), p);  // rounds to 85504; 100352 is within 1.25x of that
   void* q = a.allocate(100000);     // nothing cached now: a new block
   EXPECT_NE(q, p);
   EXPECT_EQ(Fake::raw_allocs, 2);
   a.deallocate(q, 100000);
-  EXPECT_NE(a.allocate(20000), q);  // more than 2x smaller: not served by the big block
+  // A half-size request (a bf16 copy of an fp32 tensor whose block is cached) gets its own block:
+  // the 2x rule this replaces served it from the full-size one, so bf16 saved nothing.
+  void* h = a.allocate(50000);
+  EXPECT_NE(h, q);
+  EXPECT_EQ(Fake::raw_allocs, 3);
   const AllocatorStats s = a.stats();
   EXPECT_EQ(s.allocations, 4u);
   EXPECT_EQ(s.cache_hits, 1u);
   EXPECT_EQ(s.cached_bytes, a.round_size(100000));
+  EXPECT_EQ(s.current_bytes, 100352u + a.round_size(50000))
+      << "a hit is charged the cached block's size, not the request's";
+  a.deallocate(p, 85000);
+  a.deallocate(h, 50000);
+}
+
+TEST(CachingAllocatorCore, ServesTheSmallestFittingBlockAboveOneMiB) {
+  CachingAllocator a = make();
+  const size_t mib = size_t(1) << 20;
+  void* big = a.allocate(8 * mib);
+  void* fit = a.allocate(5 * mib);
+  void* tight = a.allocate(4 * mib);
+  a.deallocate(big, 8 * mib);
+  a.deallocate(fit, 5 * mib);
+  a.deallocate(tight, 4 * mib);
+  EXPECT_EQ(a.allocate(4 * mib), tight);  // the smallest that fits, though 5 MiB also would
+  EXPECT_EQ(a.allocate(4 * mib), fit);    // 5 MiB is exactly 1.25x: still served
+  void* fresh = a.allocate(4 * mib);      // 8 MiB is 2x: a new block, the big one stays cached
+  EXPECT_NE(fresh, big);
+  EXPECT_EQ(Fake::raw_allocs, 4);
+  EXPECT_EQ(a.stats().cached_bytes, 8 * mib);
+  for (void* b : {tight, fit, fresh}) a.deallocate(b, 4 * mib);
 }
 
 TEST(CachingAllocatorCore, KeepsOneCachePerDevice) {
