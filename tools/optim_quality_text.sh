@@ -13,8 +13,8 @@
 #   --mid:   4 layers, d = 128 (1.3M parameters), 240 steps of 2048 tokens (0.49M), the whole corpus:
 #            about an hour on one core; a small-scale check, not the benchmark.
 # env: SEEDS (2), ONLY="muon soap" (cases to run), ONLY_VARIANTS="prmuon-K2" (variants to run),
-#      MATRIX_RATES, PRMUON_RATES, DION3_RATES, SOAP_RATES (grids: the Muon family's default, PRMuon's,
-#      Dion3's, SOAP's), THREADS (1), DTYPE (f32 | bf16),
+#      ADAMW_RATES, MATRIX_RATES, PRMUON_RATES, DION3_RATES, SOAP_RATES (grids: the Muon family's default, PRMuon's,
+#      Dion3's, SOAP's; a first pass at one rate each can be widened later: finished runs are kept), THREADS (1), DTYPE (f32 | bf16),
 #      GCIDE_MB (0: the whole dictionary), OUT (runs/optim_text), ATOLL (build/atoll),
 #      EXTRA (more overrides for every run).
 #
@@ -65,7 +65,7 @@ mapfile -t FORTUNES < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -na
 MATRIX_RATES=${MATRIX_RATES:-"3e-3 1e-2 3e-2"}
 SOAP_RATES=${SOAP_RATES:-"1e-3 3e-3 1e-2"}
 CASES=(
-  "adamw|--optim.type=adamw|optim.adamw.lr|1e-3 3e-3 1e-2"
+  "adamw|--optim.type=adamw|optim.adamw.lr|${ADAMW_RATES:-1e-3 3e-3 1e-2}"
   "muon|--optim.type=muon --optim.muon.update_scale=rms|optim.muon.lr|$MATRIX_RATES"
   "prmuon-K4|--optim.type=prmuon --optim.prmuon.period=4 --optim.prmuon.update_scale=rms|optim.prmuon.lr|${PRMUON_RATES:-$MATRIX_RATES}"
   "dion3-a0.25|--optim.type=dion3 --optim.dion3.fraction=0.25 --optim.dion3.update_scale=rms|optim.dion3.lr|${DION3_RATES:-$MATRIX_RATES}"
