@@ -244,7 +244,10 @@ CampaignScore score_campaign(const Campaign& c, const std::vector<Detection>& de
 
 static std::string join(const std::vector<int>& r) {
   std::string s;
-  for (int x : r) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : r) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s.empty() ? "-" : s;
 }
 

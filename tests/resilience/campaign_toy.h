@@ -24,6 +24,24 @@
 
 namespace atl::resilience::test {
 
+inline std::string ranks_str(const std::vector<int>& r) {
+  std::string s;
+  for (int x : r) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s.empty() ? "-" : s;
+}
+// Evidence about these ranks alone (no vote): named at any world size.
+inline Localization evidence(const std::vector<int>& bad) {
+  Localization l;
+  if (!bad.empty()) {
+    l.verdict = Localization::outlier;
+    l.ranks = bad;
+  }
+  return l;
+}
+
 struct CampaignRun {
   Campaign campaign;
   std::vector<Detection> detections;

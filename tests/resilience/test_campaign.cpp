@@ -55,7 +55,9 @@ TEST(FaultCampaign, TwoRanksAreInconclusiveWhereAVoteLocalizesAndNeverNameAWrong
     const char* want = fault_type(f.fault.type).by_vote ? "inconclusive" : "exact";
     EXPECT_EQ(f.outcome, want) << f.fault.type << " at step " << f.fault.step;
     for (auto& d : f.detections)
-      if (fault_type(f.fault.type).by_vote) EXPECT_TRUE(d.where.ranks.empty()) << f.fault.type << ": " << d.detector;
+      if (fault_type(f.fault.type).by_vote) {
+        EXPECT_TRUE(d.where.ranks.empty()) << f.fault.type << ": " << d.detector;
+      }
   }
   EXPECT_EQ(run.score.wrong, 0) << table(run);
   EXPECT_EQ(run.score.missed, 0) << table(run);
@@ -90,7 +92,9 @@ TEST(FaultCampaign, TheFileIsSeededAndBadOnesAreRefusedNamingTheFault) {
     EXPECT_EQ(a.faults[i].ranks, b.faults[i].ranks);
     EXPECT_EQ(a.faults[i].step, b.faults[i].step);
     differs = differs || a.faults[i].ranks != c.faults[i].ranks || a.faults[i].step != c.faults[i].step;
-    if (i) EXPECT_GT(a.faults[i].step, a.faults[i - 1].step);
+    if (i) {
+      EXPECT_GT(a.faults[i].step, a.faults[i - 1].step);
+    }
   }
   EXPECT_TRUE(differs) << "another seed should draw other ranks or steps";
   // Every type once, 5 families.

@@ -1,8 +1,8 @@
+// The campaign's rank program (campaign_toy.h): one rank of the toy job, with the faults it fires.
 #include "campaign_toy.h"
 
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,14 +13,11 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <thread>
 
-#include "comm/tcp_store.h"
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -28,10 +25,8 @@
 #include "fault_hook_comm.h"
 #include "ft_toy.h"
 #include "proc.h"
-#include "rank_programs.h"
 #include "resilience/checkpoint.h"
 #include "resilience/checkpoint_select.h"
-#include "resilience/lighthouse.h"
 #include "resilience/line_socket.h"
 #include "resilience/phase_guard.h"
 #include "resilience/scout_replay.h"
@@ -47,14 +42,7 @@ namespace {
 // Long enough that a loaded 2-core machine never trips it in a clean run, short enough that the
 // three faults that wait for it (timeout, message drop, partition) cost seconds, not minutes.
 constexpr auto kCommTimeout = std::chrono::milliseconds(2500);
-constexpr auto kHeartbeatTimeout = std::chrono::milliseconds(1000);
 constexpr int kWords = 2 + kDim / 2;  // a gradient message: seq, CRC-32C, kDim floats
-
-std::string ranks_str(const std::vector<int>& r) {
-  std::string s;
-  for (int x : r) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s.empty() ? "-" : s;
-}
 
 // A receive that failed names the peer it waited on (the evidence the driver votes on).
 struct PeerFailure : std::runtime_error {
@@ -140,15 +128,6 @@ void emit(int64_t step, const std::string& detector, const Localization& l, cons
   std::printf("detect %lld %s %s %s | %s\n", static_cast<long long>(step), detector.c_str(), verdict_name(l.verdict),
               ranks_str(l.ranks).c_str(), detail.c_str());
   std::fflush(stdout);
-}
-
-Localization evidence(const std::vector<int>& bad) {
-  Localization l;
-  if (!bad.empty()) {
-    l.verdict = Localization::outlier;
-    l.ranks = bad;
-  }
-  return l;
 }
 
 void exhaust_memory() {
@@ -358,17 +337,24 @@ int campaign_rank_program() {
         for (auto& w : sends) w->wait();
         return accused;
       };
-      auto gather_accusations = [&](const std::vector<int>& mine_acc) {
+      // One all-gather per step carries every rank's accusations and its scrub's verdict.
+      constexpr int kScrubBit = 62;
+      auto gather_health = [&](const std::vector<int>& mine_acc, std::vector<int>& scrub_bad) {
         Tensor a = Tensor::zeros({1}, DType::i64), all = Tensor::empty({n}, DType::i64);
         for (int p : mine_acc) a.data<int64_t>()[0] |= int64_t(1) << p;
+        if (!scrub.empty()) a.data<int64_t>()[0] |= int64_t(1) << kScrubBit;
         comm.all_gather(a, all);
         std::vector<std::vector<int>> acc(static_cast<size_t>(n));
-        for (int q = 0; q < n; ++q)
+        for (int q = 0; q < n; ++q) {
+          const int64_t x = all.data<int64_t>()[q];
           for (int p = 0; p < n; ++p)
-            if (all.data<int64_t>()[q] >> p & 1) acc[size_t(q)].push_back(p);
+            if (x >> p & 1) acc[size_t(q)].push_back(p);
+          if (x >> kScrubBit & 1) scrub_bad.push_back(q);
+        }
         return acc;
       };
-      auto acc = gather_accusations(exchange(uint64_t(s) * 2));
+      std::vector<int> scrub_bad;
+      auto acc = gather_health(exchange(uint64_t(s) * 2), scrub_bad);
       Localization by_crc = localize_by_accusations(acc);
       bool any_acc = false;
       for (auto& a : acc) any_acc = any_acc || !a.empty();
@@ -376,6 +362,7 @@ int campaign_rank_program() {
         emit(s, "checksums", by_crc, "a gradient message failed its CRC-32C");
         exchange(uint64_t(s) * 2 + 1);  // sent again (the corruption was on the wire, not in the data)
       }
+      if (!scrub_bad.empty()) emit(s, "checkpoint", evidence(scrub_bad), scrub.empty() ? "a peer's scrub" : scrub);
 
       // SCOUT's cross-replay: every share recomputed from the state the step started from.
       hb->set(s, "replay");
@@ -449,10 +436,11 @@ int campaign_rank_program() {
         st.w[size_t(d)] -= st.lr * st.v[size_t(d)];
       }
 
-      // The checkpoint, then every rank's word on its storage.
+      // The checkpoint (and then every rank's word on its write), or a checkpoint written again
+      // by every rank because a scrub failed somewhere, so that all hold a good one of this step.
       hb->set(s, "checkpoint");
-      std::string write_error;
       if (s % c.checkpoint_every == 0) {
+        std::string write_error;
         rlimit old{};
         ::getrlimit(RLIMIT_FSIZE, &old);
         if (io_error) {
@@ -467,16 +455,19 @@ int campaign_rank_program() {
           write_error = e.what();
         }
         ::setrlimit(RLIMIT_FSIZE, &old);
-      }
-      Tensor h = Tensor::zeros({1}, DType::i64), all = Tensor::empty({n}, DType::i64);
-      h.data<int64_t>()[0] = (scrub.empty() ? 0 : 1) | (write_error.empty() ? 0 : 2);
-      comm.all_gather(h, all);
-      std::vector<int> bad;
-      for (int q = 0; q < n; ++q)
-        if (all.data<int64_t>()[q]) bad.push_back(q);
-      if (!bad.empty()) {
-        emit(s, "checkpoint", evidence(bad), !scrub.empty() ? scrub : !write_error.empty() ? write_error : "a peer's");
-        save(s);  // every rank writes this step again, so that all hold a good one
+        Tensor h = Tensor::zeros({1}, DType::i64), all = Tensor::empty({n}, DType::i64);
+        h.data<int64_t>()[0] = write_error.empty() ? 0 : 1;
+        comm.all_gather(h, all);
+        std::vector<int> bad;
+        for (int q = 0; q < n; ++q)
+          if (all.data<int64_t>()[q]) bad.push_back(q);
+        if (!bad.empty()) {
+          emit(s, "checkpoint", evidence(bad), write_error.empty() ? "a peer's write" : write_error);
+          save(s);
+          last_saved = s;
+        }
+      } else if (!scrub_bad.empty()) {
+        save(s);
         last_saved = s;
       }
     }
@@ -502,227 +493,6 @@ int campaign_rank_program() {
   // A communicator failure: stay, so that the observer sees who waited on whom; the driver ends us.
   std::this_thread::sleep_for(std::chrono::seconds(120));
   std::_Exit(4);
-}
-
-namespace {
-
-std::vector<Detection> parse_detections(const std::string& log) {
-  std::vector<Detection> out;
-  std::istringstream in(log);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("detect ", 0) != 0) continue;
-    std::istringstream l(line.substr(7));
-    Detection d;
-    std::string verdict, ranks;
-    l >> d.step >> d.detector >> verdict >> ranks;
-    d.where.verdict = verdict == "outlier" ? Localization::outlier : Localization::inconclusive;
-    if (ranks != "-") {
-      std::stringstream rs(ranks);
-      for (std::string x; std::getline(rs, x, ',');) d.where.ranks.push_back(std::stoi(x));
-    }
-    auto bar = line.find(" | ");
-    d.detail = bar == std::string::npos ? "" : line.substr(bar + 3);
-    out.push_back(d);
-  }
-  return out;
-}
-
-// The newest step at which every rank holds a complete, verified checkpoint (0: none).
-int64_t common_checkpoint(const std::string& dir, int world) {
-  std::map<int64_t, int> count;
-  for (int r = 0; r < world; ++r)
-    for (auto& e : list_checkpoints(fmt::format("{}/rank{}/ckpt", dir, r)))
-      if (checkpoint_problem(e.path).empty()) count[e.step]++;
-  int64_t best = 0;
-  for (auto& [step, k] : count)
-    if (k == world) best = std::max(best, step);
-  return best;
-}
-
-}  // namespace
-
-CampaignRun run_campaign(const std::string& path, int world, const std::string& dir, double timeout_s) {
-  CampaignRun run;
-  auto t_start = Clock::now();
-  run.campaign = parse_campaign(read_file(path), world, path);
-  const Campaign& c = run.campaign;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  int first = 0;
-  int64_t start = 0;
-  std::set<std::string> seen;  // detections, deduplicated across ranks
-  auto add = [&](const Detection& d) {
-    std::string key = fmt::format("{} {} {} {}", d.step, d.detector, verdict_name(d.where.verdict), ranks_str(d.where.ranks));
-    if (seen.insert(key).second) run.detections.push_back(d);
-  };
-  const int max_segments = 2 + int(std::count_if(c.faults.begin(), c.faults.end(),
-                                                 [](auto& f) { return fault_type(f.type).fatal; }));
-  while (run.segments < max_segments) {
-    const int seg = run.segments++;
-    LighthouseOptions lo;
-    lo.host = "127.0.0.1";
-    lo.heartbeat_timeout = kHeartbeatTimeout;
-    Lighthouse lh(lo);
-    const int port = comm::pick_free_port();
-    std::vector<pid_t> pids;
-    std::vector<std::string> logs;
-    for (int r = 0; r < world; ++r) {
-      logs.push_back(fmt::format("{}/seg{}.rank{}.log", dir, seg, r));
-      pids.push_back(spawn({self_exe(), "--rank-program", "campaign"},
-                           {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
-                            "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                            "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1",
-                            "ATOLL_CAMPAIGN=" + path, "ATOLL_CAMPAIGN_DIR=" + dir,
-                            "ATOLL_CAMPAIGN_FIRST=" + std::to_string(first),
-                            "ATOLL_CAMPAIGN_START=" + std::to_string(start),
-                            "ATOLL_CAMPAIGN_LIGHTHOUSE=" + std::to_string(lh.port())},
-                           logs.back()));
-    }
-    std::vector<int> status(static_cast<size_t>(world), -1);  // -1: running; else the wait status
-    auto reap = [&] {
-      for (int r = 0; r < world; ++r)
-        if (status[size_t(r)] < 0) {
-          int st = 0;
-          if (::waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) status[size_t(r)] = st;
-        }
-    };
-    auto abnormal = [&](int r) {
-      int st = status[size_t(r)];
-      return st >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    };
-    bool finished = false, failed = false;
-    nlohmann::json view;
-    while (!finished && !failed) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      reap();
-      if (std::all_of(status.begin(), status.end(), [](int st) { return st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0; })) {
-        finished = true;
-        break;
-      }
-      view = nlohmann::json::parse(lh.status());
-      bool trigger = false;
-      for (int r = 0; r < world; ++r) trigger = trigger || abnormal(r);
-      for (auto& x : view["replicas"])
-        trigger = trigger || (x["state"] == "stopped" && status[size_t(x["id"].get<int>())] < 0) ||
-                  x["phase"].get<std::string>().rfind("failed", 0) == 0;
-      if (std::chrono::duration<double>(Clock::now() - t_start).count() > timeout_s) {
-        run.problem = "the campaign ran past its time limit";
-        failed = true;
-      }
-      if (!trigger) continue;
-      // Let whatever follows from the first failure show (the peers' timeouts, an exit): until every
-      // rank has exited, stopped or failed, or 1.5 s (a rank stalled in its compute never does).
-      for (auto until = Clock::now() + std::chrono::milliseconds(1500); Clock::now() < until;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        reap();
-        view = nlohmann::json::parse(lh.status());
-        int settled = 0;
-        for (auto& x : view["replicas"]) {
-          int id = x["id"].get<int>();
-          std::string ph = x["phase"].get<std::string>();
-          settled += status[size_t(id)] >= 0 || x["state"] != "alive" || ph.rfind("failed", 0) == 0 ||
-                     ph.rfind("wait:", 0) == 0;
-        }
-        if (settled == world && int(view["replicas"].size()) == world) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      reap();
-      view = nlohmann::json::parse(lh.status());
-      std::vector<int> dead, stopped;
-      std::vector<std::vector<int>> accused(static_cast<size_t>(world));
-      int64_t step = 0;
-      bool any_failed = false;
-      for (int r = 0; r < world; ++r)
-        if (abnormal(r)) dead.push_back(r);
-      for (auto& x : view["replicas"]) {
-        int id = x["id"].get<int>();
-        step = std::max(step, x["step"].get<int64_t>());
-        std::string ph = x["phase"].get<std::string>();
-        if (x["state"] == "stopped" && status[size_t(id)] < 0) stopped.push_back(id);
-        // Whom each rank blames: the peer its receive failed on, or the one it is still waiting on
-        // (a peer's timeout can take seconds longer to show, e.g. on the rank that hosts the store).
-        if (ph.rfind("failed:", 0) == 0) any_failed = true;
-        if (ph.rfind("failed:", 0) == 0 && ph != "failed:-") accused[size_t(id)].push_back(std::stoi(ph.substr(7)));
-        if (ph.rfind("wait:", 0) == 0) accused[size_t(id)].push_back(std::stoi(ph.substr(5)));
-      }
-      std::sort(stopped.begin(), stopped.end());
-      Detection d;
-      d.step = step;
-      if (!dead.empty()) {
-        d.detector = "exit-status";
-        d.where = evidence(dead);
-        for (int r : dead) {
-          int st = status[size_t(r)];
-          d.detail += fmt::format("rank {} {}; ", r,
-                                  WIFSIGNALED(st) ? fmt::format("killed by signal {}", WTERMSIG(st))
-                                                  : fmt::format("exited with {}", WEXITSTATUS(st)));
-        }
-      } else if (!stopped.empty()) {
-        d.detector = "observer";
-        d.where = evidence(stopped);
-        d.detail = "heartbeats stopped, connection open";
-      } else {
-        d.detector = "comm-timeouts";
-        d.where = localize_by_accusations(accused);
-        if (d.where.verdict == Localization::clean && any_failed) d.where.verdict = Localization::inconclusive;
-        d.detail = "who waited on whom:";
-        for (auto& x : view["replicas"])
-          d.detail += fmt::format(" {}={}", x["id"].get<int>(), x["phase"].get<std::string>());
-      }
-      add(d);
-      failed = true;
-      // The fault that ended this segment: the first fatal one scheduled up to here.
-      int next = first;
-      for (auto& f : c.faults)
-        if (f.index >= first && f.step <= step && fault_type(f.type).fatal) {
-          next = f.index + 1;
-          break;
-        }
-      if (next == first) run.problem = fmt::format("segment {} failed at step {} with no fatal fault scheduled", seg, step);
-      first = next;
-    }
-    for (int r = 0; r < world; ++r)
-      if (status[size_t(r)] < 0) {
-        ::kill(pids[size_t(r)], SIGKILL);
-        ::waitpid(pids[size_t(r)], nullptr, 0);
-      }
-    for (auto& l : logs)
-      for (auto& d : parse_detections(read_file(l))) add(d);
-    if (finished) {
-      run.completed = true;
-      break;
-    }
-    if (!run.problem.empty()) break;
-    start = common_checkpoint(dir, world);
-  }
-  if (!run.completed && run.problem.empty()) run.problem = "too many restarts";
-  std::sort(run.detections.begin(), run.detections.end(),
-            [](const Detection& a, const Detection& b) { return a.step < b.step; });
-  run.score = score_campaign(c, run.detections);
-  run.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  return run;
-}
-
-int campaign_main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: test_resilience --campaign FILE WORLD [WORKDIR]\n");
-    return 2;
-  }
-  try {
-    std::string dir = argc >= 3 ? argv[2] : (fs::temp_directory_path() / ("atoll_campaign_" + std::to_string(::getpid()))).string();
-    CampaignRun run = run_campaign(argv[0], std::atoi(argv[1]), dir, 600);
-    std::printf("%s", format_score(run.campaign, run.score).c_str());
-    std::printf("detections:\n");
-    for (auto& d : run.detections)
-      std::printf("  step %lld %s %s %s: %s\n", static_cast<long long>(d.step), d.detector.c_str(),
-                  verdict_name(d.where.verdict), ranks_str(d.where.ranks).c_str(), d.detail.c_str());
-    std::printf("%d segment(s) (%d restart(s)), %.1f s, %s\n", run.segments, run.segments - 1, run.seconds,
-                run.completed ? "completed" : ("NOT completed: " + run.problem).c_str());
-    return run.completed ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "campaign failed: %s\n", e.what());
-    return 1;
-  }
 }
 
 }  // namespace atl::resilience::test
