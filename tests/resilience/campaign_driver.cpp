@@ -87,8 +87,12 @@ CampaignRun run_campaign(const std::string& path, int world, const std::string& 
                                                  [](auto& f) { return fault_type(f.type).fatal; }));
   while (run.segments < max_segments) {
     const int seg = run.segments++;
+    // The namespace test bed (bench/fault_campaign.sh with NETNS=1): rank r runs in namespace
+    // PREFIX<r> and reaches rank 0 and the lighthouse over a bridge.
+    const char* netns = std::getenv("ATOLL_CAMPAIGN_NETNS");
+    const std::string master = netns ? std::getenv("ATOLL_CAMPAIGN_MASTER") : "127.0.0.1";
     LighthouseOptions lo;
-    lo.host = "127.0.0.1";
+    lo.host = netns ? "0.0.0.0" : "127.0.0.1";
     lo.heartbeat_timeout = kHeartbeatTimeout;
     Lighthouse lh(lo);
     const int port = comm::pick_free_port();
@@ -96,15 +100,20 @@ CampaignRun run_campaign(const std::string& path, int world, const std::string& 
     std::vector<std::string> logs;
     for (int r = 0; r < world; ++r) {
       logs.push_back(fmt::format("{}/seg{}.rank{}.log", dir, seg, r));
-      pids.push_back(spawn({self_exe(), "--rank-program", "campaign"},
-                           {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
-                            "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                            "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1",
-                            "ATOLL_CAMPAIGN=" + path, "ATOLL_CAMPAIGN_DIR=" + dir,
-                            "ATOLL_CAMPAIGN_FIRST=" + std::to_string(first),
-                            "ATOLL_CAMPAIGN_START=" + std::to_string(start),
-                            "ATOLL_CAMPAIGN_LIGHTHOUSE=" + std::to_string(lh.port())},
-                           logs.back()));
+      std::vector<std::string> argv = {self_exe(), "--rank-program", "campaign"};
+      std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                                      "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                                      "MASTER_ADDR=" + master, "MASTER_PORT=" + std::to_string(port),
+                                      "OMP_NUM_THREADS=1", "ATOLL_CAMPAIGN=" + path, "ATOLL_CAMPAIGN_DIR=" + dir,
+                                      "ATOLL_CAMPAIGN_FIRST=" + std::to_string(first),
+                                      "ATOLL_CAMPAIGN_START=" + std::to_string(start),
+                                      "ATOLL_CAMPAIGN_LIGHTHOUSE=" + std::to_string(lh.port())};
+      if (netns) {  // `ip netns exec` execs the rank in place: the pid and the wait status stay its own
+        argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", netns + std::to_string(r)});
+        env.push_back(std::string("ATOLL_CAMPAIGN_LIGHTHOUSE_HOST=") + std::getenv("ATOLL_CAMPAIGN_LIGHTHOUSE_HOST"));
+        env.push_back(std::string("ATOLL_CAMPAIGN_IFACE=") + std::getenv("ATOLL_CAMPAIGN_IFACE"));
+      }
+      pids.push_back(spawn(argv, env, logs.back()));
     }
     std::vector<int> status(static_cast<size_t>(world), -1);  // -1: running; else the wait status
     auto reap = [&] {

@@ -54,8 +54,8 @@ struct PeerFailure : std::runtime_error {
 // from its own thread, so that it stops only when the whole process does.
 class Heartbeat {
  public:
-  Heartbeat(int port, int id) : id_(id), nonce_(std::to_string(::getpid())) {
-    conn_ = LineConn(connect_to("127.0.0.1", port, std::chrono::seconds(10)));
+  Heartbeat(const std::string& host, int port, int id) : id_(id), nonce_(std::to_string(::getpid())) {
+    conn_ = LineConn(connect_to(host, port, std::chrono::seconds(10)));
     th_ = std::thread([this] {
       while (!stop_) {
         std::string msg;
@@ -161,6 +161,14 @@ int campaign_rank_program() {
   const int first = std::atoi(std::getenv("ATOLL_CAMPAIGN_FIRST"));
   const int64_t start = std::atoll(std::getenv("ATOLL_CAMPAIGN_START"));
   const int lh_port = std::atoi(std::getenv("ATOLL_CAMPAIGN_LIGHTHOUSE"));
+  // The namespace test bed (bench/fault_campaign.sh with NETNS=1): every rank in a network namespace
+  // of its own, its link IFACE on a bridge, the driver and its lighthouse behind the bridge.
+  const char* lh_env = std::getenv("ATOLL_CAMPAIGN_LIGHTHOUSE_HOST");
+  const std::string lh_host = lh_env ? lh_env : "127.0.0.1";
+  const char* iface = std::getenv("ATOLL_CAMPAIGN_IFACE");
+  if (iface) {  // a link a partition took down comes back with the restart
+    ATOLL_CHECK(std::system(fmt::format("ip link set {} up", iface).c_str()) == 0, "cannot bring {} up", iface);
+  }
   std::unique_ptr<Heartbeat> hb;
   int64_t s = start;
   try {
@@ -169,7 +177,7 @@ int campaign_rank_program() {
     FaultHookCommunicator comm(std::move(inner));
     const int r = comm.rank(), n = comm.size();
     const Campaign c = parse_campaign(read_file(path), n, path);
-    hb = std::make_unique<Heartbeat>(lh_port, r);
+    hb = std::make_unique<Heartbeat>(lh_host, lh_port, r);
     const std::string mine = fmt::format("{}/rank{}", dir, r), scratch = mine + "/scratch";
     if (fs::exists(scratch) && !fs::is_directory(scratch)) fs::remove(scratch);  // back after a restart
     fs::create_directories(scratch);
@@ -270,7 +278,10 @@ int campaign_rank_program() {
         } else if (t == "message_drop") {
           comm.drop_sends = n - 1;
         } else if (t == "network_partition") {
-          comm.partitioned = true;
+          if (iface)  // the real thing: the rank's link goes down
+            ATOLL_CHECK(std::system(fmt::format("ip link set {} down", iface).c_str()) == 0, "cannot take {} down", iface);
+          else
+            comm.partitioned = true;  // at the communicator: no namespace test bed here
         }
       }
       {  // the node-local spool every step writes to (resource_unavailable takes it away)
