@@ -376,7 +376,9 @@ int campaign_rank_program() {
         emit(s, "checksums", by_crc, "a gradient message failed its CRC-32C");
         exchange(uint64_t(s) * 2 + 1);  // sent again (the corruption was on the wire, not in the data)
       }
-      if (!scrub_bad.empty()) emit(s, "checkpoint", evidence(scrub_bad), scrub.empty() ? "a peer's scrub" : scrub);
+      if (!scrub_bad.empty())
+        emit(s, "checkpoint", evidence(scrub_bad),
+             scrub.empty() ? "the scrub failed on rank(s) " + ranks_str(scrub_bad) : scrub);
 
       // SCOUT's cross-replay: every share recomputed from the state the step started from.
       hb->set(s, "replay");
@@ -476,7 +478,8 @@ int campaign_rank_program() {
         for (int q = 0; q < n; ++q)
           if (all.data<int64_t>()[q]) bad.push_back(q);
         if (!bad.empty()) {
-          emit(s, "checkpoint", evidence(bad), write_error.empty() ? "a peer's write" : write_error);
+          emit(s, "checkpoint", evidence(bad),
+               write_error.empty() ? "the checkpoint write failed on rank(s) " + ranks_str(bad) : write_error);
           save(s);
           last_saved = s;
         }
