@@ -8,11 +8,16 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
 namespace atl::resilience {
 
 void check_phase(comm::Communicator& comm, const std::string& phase, int64_t step);
+
+// The same all-gather without the verdict: where every rank is, as "phase@step" (index = rank),
+// for a caller that localizes the odd ones itself (the fault campaign votes on them).
+std::vector<std::string> gather_phases(comm::Communicator& comm, const std::string& phase, int64_t step);
 
 }  // namespace atl::resilience
