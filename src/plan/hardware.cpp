@@ -1,5 +1,5 @@
 // Hardware catalog. Peak figures are vendor datasheet dense (no sparsity) numbers; memory
-// bandwidths are datasheet HBM/GDDR figures; interconnect defaults are per-device unidirectional
+// bandwidths are datasheet HBM/GDDR figures, used at kHbmAchievable of their value; interconnect defaults are per-device unidirectional
 // NVLink/xGMI/PCIe figures and one 200-400 Gb/s NIC per GPU for data-centre parts. Prices are
 // round on-demand cloud list figures, meant to be overridden (price_per_device_hour).
 #include "plan/hardware.h"
