@@ -37,6 +37,10 @@ struct Opts {
   int64_t min_bytes = 1024, max_bytes = 16 << 20;
   int nproc = 2;
   double seconds = 0.2;  // time per size, spread over as many iterations as fit
+  // --samples N: at least N iterations per size, each timed alone, printed as SAMPLE lines (rank
+  // 0's time of that collective) so that a caller can take medians: one descheduled rank on a
+  // loaded host adds milliseconds to one iteration, and a mean carries it into every size.
+  int samples = 0;
   std::string backends = "gloo,mpi";
   bool in_job = false;
 };
@@ -67,13 +71,22 @@ void run_in_job(const Opts& o) {
       once();
       Tensor iters = Tensor::empty({1}, DType::i64);
       double one = std::chrono::duration<double>(clock_type::now() - t0).count();
-      iters.data<int64_t>()[0] = std::clamp<int64_t>(int64_t(o.seconds / std::max(one, 1e-6)), 3, 1000);
+      iters.data<int64_t>()[0] =
+          std::max<int64_t>(o.samples, std::clamp<int64_t>(int64_t(o.seconds / std::max(one, 1e-6)), 3, 1000));
       c->broadcast(iters, 0);
       int64_t k = iters.data<int64_t>()[0];
+      std::vector<double> each;
       c->barrier();
       t0 = clock_type::now();
-      for (int64_t i = 0; i < k; ++i) once();
+      for (int64_t i = 0; i < k; ++i) {
+        auto ti = clock_type::now();
+        once();
+        if (o.samples > 0) each.push_back(std::chrono::duration<double>(clock_type::now() - ti).count());
+      }
       Tensor t = Tensor::full({1}, float(std::chrono::duration<double>(clock_type::now() - t0).count() / k));
+      if (c->rank() == 0 && o.in_job)
+        for (double x : each)
+          std::printf("SAMPLE %s %s %d %lld %.9f\n", c->backend().c_str(), op, n, (long long)(elems * 4), x);
       c->all_reduce(t, comm::ReduceOp::max);
       res[c->backend()][op][elems * 4] = double(t.f32()[0]);
       if (c->rank() == 0 && o.in_job) {
@@ -166,6 +179,9 @@ int run_bench_comm(int argc, char** argv) {
   app.add_option("--min-bytes", o.min_bytes, "smallest message")->check(CLI::Range(int64_t(4), int64_t(1) << 34));
   app.add_option("--max-bytes", o.max_bytes, "largest message")->check(CLI::Range(int64_t(4), int64_t(1) << 34));
   app.add_option("--seconds", o.seconds, "time spent per message size");
+  app.add_option("--samples", o.samples, "with --in-job: at least this many iterations per size, each printed as a "
+                                         "SAMPLE line")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--backends", o.backends, "comma-separated, when this command starts the jobs: gloo,mpi");
   app.add_flag("--in-job", o.in_job, "measure the current job's backend (implied under a launcher)");
   try {

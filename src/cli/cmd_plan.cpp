@@ -5,6 +5,7 @@
 // AdamW kernels, and runs `atoll launch … atoll bench comm` to fit the alpha-beta model of
 // all-reduce between local ranks (Hockney 1994; Thakur, Rabenseifner & Gropp 2005).
 #include <CLI/CLI.hpp>
+#include <map>
 #include <omp.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #include "plan/sweep.h"
 #include "plan/svg_plot.h"
 #include "plan/train_config.h"
+#include "plan/comm_fit.h"
 #include "plan/validation.h"
 
 namespace {
@@ -419,20 +421,22 @@ double measure_optimizer(int64_t n, int reps) {
   return double(n) / best;
 }
 
-// All-reduce times between `nproc` local ranks, measured by `atoll bench comm` inside a job
-// started by `atoll launch` (the same launcher and backend training uses), as (bytes, seconds).
-std::vector<std::pair<double, double>> measure_all_reduce(int nproc, int64_t min_bytes, int64_t max_bytes,
-                                                         double seconds) {
+// All-reduce timings between `nproc` local ranks, measured by `atoll bench comm` inside a job
+// started by `atoll launch` (the same launcher and backend training uses): bytes → every timed
+// iteration (`--samples`: at least `samples` per size, each timed alone), so that the fit can take
+// medians (plan/comm_fit.h). A bench that prints no SAMPLE lines gives its RESULT means instead.
+std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_bytes, int64_t max_bytes,
+                                                         double seconds, int samples) {
   char buf[4096] = {};
   ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
   ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
   std::string self(buf, size_t(len));
   std::string cmd = fmt::format("'{}' launch --nproc-per-node {} -- '{}' bench comm --in-job --min-bytes {} "
-                                "--max-bytes {} --seconds {} 2>&1",
-                                self, nproc, self, min_bytes, max_bytes, seconds);
+                                "--max-bytes {} --seconds {} --samples {} 2>&1",
+                                self, nproc, self, min_bytes, max_bytes, seconds, samples);
   FILE* p = popen(cmd.c_str(), "r");
   ATOLL_CHECK(p, "cannot run `{}`", cmd);
-  std::vector<std::pair<double, double>> pts;
+  std::map<double, std::vector<double>> each, means;
   std::string other;
   char line[512];
   while (std::fgets(line, sizeof line, p)) {
@@ -441,33 +445,22 @@ std::vector<std::pair<double, double>> measure_all_reduce(int nproc, int64_t min
     long long bytes = 0;
     double secs = 0;
     const char* r = std::strstr(line, "RESULT ");
-    if (r && std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
-      if (!std::strcmp(op, "all_reduce") && secs > 0) pts.push_back({double(bytes), secs});
+    const char* q = std::strstr(line, "SAMPLE ");
+    if (q && std::sscanf(q, "SAMPLE %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+      if (!std::strcmp(op, "all_reduce") && secs > 0) each[double(bytes)].push_back(secs);
+    } else if (r && std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+      if (!std::strcmp(op, "all_reduce") && secs > 0) means[double(bytes)].push_back(secs);
     } else {
       other += line;
     }
   }
   int rc = pclose(p);
+  auto& pts = each.empty() ? means : each;
   ATOLL_CHECK(rc == 0 && pts.size() >= 2,
-              "timing collectives failed (`{}` exited with status {}, {} all_reduce results):\n{}\nrerun with "
+              "timing collectives failed (`{}` exited with status {}, {} all_reduce sizes):\n{}\nrerun with "
               "--no-collectives to keep the default link figures",
               cmd, rc, pts.size(), other);
   return pts;
-}
-
-// Least-squares fit of t(B) = a + b·B. The planner costs a ring all-reduce over n ranks as
-// 2(n-1)/n·B/bw + 2⌈log2 n⌉·latency (plan/collective.cpp), so bw = 2(n-1)/n / b and
-// latency = a / (2⌈log2 n⌉).
-std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, double>>& pts, int n) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, k = double(pts.size());
-  for (auto [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y;
-  double b = (k * sxy - sx * sy) / (k * sxx - sx * sx), a = (sy - b * sx) / k;
-  ATOLL_CHECK(b > 0, "all-reduce time did not grow with message size (slope {:.3g} s/B); the machine is "
-              "probably too loaded to calibrate collectives, retry or use --no-collectives", b);
-  double steps = 2.0 * std::ceil(std::log2(double(n)));
-  // A negative intercept is fitting noise: the smallest message's time bounds the latency instead.
-  double lat = a > 0 ? a / steps : pts.front().second / steps * 0.5;
-  return {2.0 * (n - 1) / n / b, lat};
 }
 
 int run_calibrate(int argc, char** argv) {
@@ -547,20 +540,26 @@ int run_calibrate(int argc, char** argv) {
     j["intra_node_bandwidth"] = bw / 4;
     j["collectives_measured"] = false;
   } else {
-    // Up to 16 MB even when quick: below ~1 MB the time is all latency (and, on a loaded host,
-    // scheduling noise), so only large messages pin down the bandwidth.
-    auto pts = measure_all_reduce(2, quick ? 65536 : 4096, int64_t(16) << 20, quick ? 0.02 : 0.1);
-    auto [cbw, lat] = fit_alpha_beta(pts, 2);
-    for (auto [bytes, t] : pts)
-      std::printf("  all_reduce %9.0f B  %9.1f us  busbw %6.2f GB/s  (fit %9.1f us)\n", bytes, t * 1e6,
-                  bytes / t / 1e9, (2 * lat + bytes / cbw) * 1e6);
-    std::printf("  intra-node all-reduce, 2 ranks: bus bandwidth %.2f GB/s, latency %.1f us per step\n", cbw / 1e9,
-                lat * 1e6);
+    // 4 KB to 16 MB, quick or not: the small messages are all latency, the large ones pin down
+    // the bandwidth. Every size is timed at least `samples` times, one iteration at a time, and
+    // summarised by its median; the line through the medians is a Theil–Sen fit (plan/comm_fit.h),
+    // so a few descheduled iterations or one bad size do not set the latency (a least-squares
+    // line through 0.02 s means had fitted 5.3 ms per step where training sees ~2 ms).
+    const int samples = quick ? 15 : 41;
+    auto timings = measure_all_reduce(2, 4096, int64_t(16) << 20, quick ? 0.02 : 0.1, samples);
+    plan::AlphaBetaFit fit = plan::fit_all_reduce(timings, 2);
+    const double cbw = fit.bandwidth, lat = fit.latency;
+    for (auto [bytes, t] : fit.medians)
+      std::printf("  all_reduce %9.0f B  median of %3zu: %9.1f us  busbw %6.2f GB/s  (fit %9.1f us)\n", bytes,
+                  timings[bytes].size(), t * 1e6, bytes / t / 1e9, (2 * lat + bytes / cbw) * 1e6);
+    std::printf("  intra-node all-reduce, 2 ranks: bus bandwidth %.2f GB/s, latency %.1f us per step (medians, "
+                "Theil-Sen fit)\n", cbw / 1e9, lat * 1e6);
     j["intra_node_bandwidth"] = cbw;
     j["intra_node_latency"] = lat;
     j["collectives_measured"] = true;
+    j["collective_fit"] = "median per size, Theil-Sen line";
     j["all_reduce_2_ranks"] = nlohmann::json::array();
-    for (auto [bytes, t] : pts) j["all_reduce_2_ranks"].push_back({bytes, t});
+    for (auto [bytes, t] : fit.medians) j["all_reduce_2_ranks"].push_back({bytes, t});
   }
   j["gemm_curve"] = nlohmann::json::array();
   for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});

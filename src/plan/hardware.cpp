@@ -1,5 +1,5 @@
 // Hardware catalog. Peak figures are vendor datasheet dense (no sparsity) numbers; memory
-// bandwidths are datasheet HBM/GDDR figures; interconnect defaults are per-device unidirectional
+// bandwidths are datasheet HBM/GDDR figures, used at kHbmAchievable of their value; interconnect defaults are per-device unidirectional
 // NVLink/xGMI/PCIe figures and one 200-400 Gb/s NIC per GPU for data-centre parts. Prices are
 // round on-demand cloud list figures, meant to be overridden (price_per_device_hour).
 #include "plan/hardware.h"
@@ -30,6 +30,15 @@ static constexpr double T = 1e12, G = 1e9, GiB = 1073741824.0;
 //   that comparison; no run has its own value.
 static constexpr double kGpuEffMaxUnmeasured = 0.80;
 static constexpr double kGpuHalfFlopsA100 = 2.5e9;
+// The share of a GPU's datasheet HBM bandwidth that kernels reach: the best kernel in NVIDIA's GTC
+// measurements reached about 90% and a read benchmark on an A100 80GB SXM 1.80 of 2.04 TB/s (88%,
+// confirmed by Nsight Compute) (NVIDIA developer forums, "Trouble to Reach Peak Bandwidth of
+// A100", thread 339083). Like e_max for GEMMs, the best measured fraction is the roofline's
+// memory ceiling: element-wise kernels, memory-bound GEMMs, gradient buffers, FSDP copies and the
+// optimizer's bytes move at 0.9 × datasheet. One constant for every GPU, none fitted to a run.
+static constexpr double kHbmAchievable = 0.90;
+// FlashAttention-2's backward over forward ceiling: up to 63% vs 73% of an A100 (Dao 2023, §1).
+static constexpr double kFlashBwdOverFwd = 0.63 / 0.73;
 
 std::vector<std::pair<double, double>> default_gemm_curve(double peak_bf16, double e_max) {
   std::vector<std::pair<double, double>> c;
@@ -80,6 +89,10 @@ double Device::attention_rate(double f) const {
   return attention_curve.back().second;
 }
 
+double Device::attention_backward_efficiency() const {
+  return attention_bwd_eff_max > 0 ? attention_bwd_eff_max : attention_eff_max * kFlashBwdOverFwd;
+}
+
 double Device::gemm_time(double m, double n, double k, const std::string& precision, double eb) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   double flops = 2 * m * n * k;
@@ -94,7 +107,7 @@ static Device gpu(const char* name, double fp32, double tf32, double bf16, doubl
   Device d;
   d.name = name, d.note = note;
   d.fp32 = fp32 * T, d.tf32 = tf32 * T, d.bf16 = bf16 * T, d.fp8 = fp8 * T;
-  d.mem_bytes = mem_gb * G, d.mem_bw = bw_gbs * G;
+  d.mem_bytes = mem_gb * G, d.mem_bw_efficiency = kHbmAchievable, d.mem_bw = bw_gbs * G * kHbmAchievable;
   d.intra_bw = intra_gbs * G, d.inter_bw = inter_gbs * G, d.host_bw = host_gbs * G;
   d.price_hour = price;
   d.reserved_bytes = 1.0 * GiB;  // CUDA/ROCm context, allocator fragmentation, NCCL buffers
@@ -219,9 +232,13 @@ void apply_device_overrides(Device& d, Config& cfg, const std::string& s) {
   d.bf16 = cfg.get_float(s + ".peak_bf16_tflops", d.bf16 / T, 0, 1e9) * T;
   d.fp8 = cfg.get_float(s + ".peak_fp8_tflops", d.fp8 / T, 0, 1e9) * T;
   d.mem_bytes = cfg.get_float(s + ".memory_gb", d.mem_bytes / G, 0.001, 1e9) * G;
-  d.mem_bw = cfg.get_float(s + ".memory_bandwidth_gbs", d.mem_bw / G, 0.001, 1e9) * G;
+  // A datasheet figure, derated like the catalog's (mem_bw_efficiency).
+  d.mem_bw = cfg.get_float(s + ".memory_bandwidth_gbs", d.mem_bw / d.mem_bw_efficiency / G, 0.001, 1e9) * G *
+             d.mem_bw_efficiency;
   d.reserved_bytes = cfg.get_float(s + ".reserved_gb", d.reserved_bytes / G, 0, 1e6) * G;
   d.attention_eff_max = cfg.get_float(s + ".attention_efficiency", d.attention_eff_max, 0.001, 1.0);
+  if (cfg.has(s + ".attention_backward_efficiency"))
+    d.attention_bwd_eff_max = cfg.get_float(s + ".attention_backward_efficiency", 0.5, 0.001, 1.0);
   if (cfg.has(s + ".gemm_efficiency")) {
     // A flat efficiency replaces the curve (useful to test what-ifs).
     double e = cfg.get_float(s + ".gemm_efficiency", 0.8, 0.001, 1.0);

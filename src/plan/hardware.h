@@ -16,7 +16,11 @@ struct Device {
   std::string note;  // provenance of the figures
   double fp32 = 0, tf32 = 0, bf16 = 0, fp8 = 0;  // dense peak FLOP/s (0: unsupported)
   double mem_bytes = 0;     // device memory
-  double mem_bw = 0;        // bytes/s
+  // Bytes/s a kernel actually streams: the datasheet figure × mem_bw_efficiency on catalog GPUs
+  // (no kernel reaches the datasheet HBM rate, see kHbmAchievable in hardware.cpp); as measured on
+  // cpu-local (efficiency 1).
+  double mem_bw = 0;
+  double mem_bw_efficiency = 1.0;
   double intra_bw = 0;      // default intra-node bytes/s per device (NVLink, xGMI or PCIe)
   double inter_bw = 0;      // default inter-node bytes/s per device (NIC share)
   double host_bw = 0;       // host link (PCIe / C2C) bytes/s, used by offload
@@ -57,6 +61,11 @@ struct Device {
   // [cluster.device_override] attention_efficiency = 0.75 to model it). Devices without a
   // published figure take the A100's.
   double attention_eff_max = 0.73;
+  // Ceiling of its backward pass (0: the forward's × 63/73). FlashAttention-2 reaches up to 73% of
+  // an A100's peak in the forward pass and up to 63% in the backward (Dao 2023, §1); where only a
+  // forward figure is published (H100: 35%) the backward keeps that ratio.
+  double attention_bwd_eff_max = 0;
+  double attention_backward_efficiency() const;
 
   double peak(const std::string& precision) const;  // falls back to the next wider dtype
   double gemm_efficiency(double flops) const;

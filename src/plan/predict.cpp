@@ -31,8 +31,12 @@ static constexpr double kHostMemBw = 100e9;
 // and Work Partitioning", abstract), 35% of an H100's (Shah et al. 2024, FlashAttention-3).
 // Backward FLOPs of flash attention over its forward (5 matmuls vs 2: QKᵀ is recomputed).
 static constexpr double kFlashBackwardRatio = 2.5;
-// A causal mask lets the fused kernel skip the tiles above the diagonal.
-static constexpr double kFlashCausalFraction = 0.5;
+// A causal mask lets the fused kernel skip the tiles above the diagonal, but not half the time:
+// the diagonal tiles are computed whole (and masked), and the rows of a causal problem carry
+// unequal work. FlashAttention-2 measures "around 1.7-1.8× speedup compared to attention without
+// the causal mask" (Dao 2023, §3.1.1): the kernel takes 1/1.75 of the non-causal time, which is
+// what this fraction of the non-causal FLOPs at the kernel's rate stands for.
+static constexpr double kFlashCausalFraction = 1.0 / 1.75;
 // Communication that overlaps compute is not free: its kernels occupy SMs the GEMMs then lack.
 // DeepSeek-V3 dedicates 20 of an H800's 132 SMs to communication, enough to saturate InfiniBand
 // and NVLink (DeepSeek-AI 2024, §3.2.2). While a hidden collective runs, compute proceeds at
@@ -77,7 +81,10 @@ struct Timer {
   // capped at what such a kernel has been measured to reach.
   void launch(double flops, double bytes, double eff_cap, double times = 1) {
     if (flops <= 0 || times <= 0) return;
-    double c = flops / (d.peak(prec) * std::min(eff_cap, d.gemm_efficiency(flops, prec)));
+    launch_at(flops, bytes, std::min(eff_cap, d.gemm_efficiency(flops, prec)), times);
+  }
+  void launch_at(double flops, double bytes, double eff, double times = 1) {
+    double c = flops / (d.peak(prec) * eff);
     double mem = bytes / d.mem_bw;
     if (!d.gemm_overlaps_memory) compute += c * times, memory += mem * times;
     else if (c >= mem) compute += c * times;
@@ -94,6 +101,19 @@ struct Timer {
 // layers' GEMMs run in FP8 (DeepSeek-AI 2024, DeepSeek-V3 §3.3; NVIDIA Transformer Engine likewise).
 std::string nonlinear_precision(const std::string& p) { return p == "fp8" ? "bf16" : p; }
 
+}  // namespace
+
+// Forward + backward time of a flash-attention core over three forward times at efficiency
+// e_fwd (the unit the layer's 1 + 2 accounting uses): (1/e_fwd + 2.5/e_bwd) / (3/e_fwd), with
+// e_bwd the backward kernel's efficiency, min(its ceiling, the curve's at the call's FLOPs).
+double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision) {
+  const double e_bwd = std::min(d.attention_backward_efficiency(), d.gemm_efficiency(kFlashBackwardRatio * fwd_flops, precision));
+  return (1.0 + kFlashBackwardRatio * e_fwd / e_bwd) / 3.0;
+}
+double flash_causal_fraction() { return kFlashCausalFraction; }
+
+namespace {
+
 void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
   Timer x{d, nonlinear_precision(l.precision), act_e};
   const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp;
@@ -106,14 +126,16 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
     const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
     x.compute += f / d.attention_rate(f);
   } else if (m.attention == "flash") {
-    // Causal flash attention skips the blocks above the diagonal (half the score tiles); only
-    // Q, K, V and O touch memory: the s×s scores and probabilities stay on chip in both
-    // products. Its backward recomputes QKᵀ: 5 matmuls against the forward's 2, i.e. 2.5× the
-    // forward instead of the 2× of a GEMM (Dao 2023, FlashAttention-2 §3.1-3.2), folded in here
-    // because the layer's backward is taken as 2× its forward.
+    // Causal flash attention skips the blocks above the diagonal (1/1.75 of the non-causal time,
+    // kFlashCausalFraction); only Q, K, V and O touch memory: the s×s scores and probabilities
+    // stay on chip in both products. Its backward recomputes QKᵀ: 5 matmuls against the
+    // forward's 2, i.e. 2.5× the forward's FLOPs (Dao 2023, FlashAttention-2 §3.1-3.2), at the
+    // backward kernel's own lower ceiling (flash_backward_factor); folded in here because the
+    // layer's backward is taken as 2× its forward.
     const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
     const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
-    x.launch(f, bytes, d.attention_eff_max, (1.0 + kFlashBackwardRatio) / 3.0);
+    const double e_fwd = std::min(d.attention_eff_max, d.gemm_efficiency(f, x.prec));
+    x.launch_at(f, bytes, e_fwd, flash_backward_factor(d, e_fwd, f, x.prec));
   } else {
     // Megatron-style: baddbmm writes the s×s scores (the softmax's traffic is element-wise work),
     // and bmm reads the probabilities with V.
@@ -624,12 +646,19 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       } else {
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         if (m.attention == "flash") f *= kFlashCausalFraction;
-        attn = fmt::format("; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
-                           m.attention == "flash" ? std::min(d.attention_eff_max, d.gemm_efficiency(f)) : d.gemm_efficiency(f / 2),
-                           m.attention == "flash" ? fmt::format(", flash: causal half, capped at {:g} (measured FlashAttention "
-                                                                "efficiency on this device), Q/K/V/O traffic only, backward "
-                                                                "2.5× forward", d.attention_eff_max)
-                                                  : std::string(", standard: s×s scores written and read"));
+        const std::string ap = nonlinear_precision(l.precision);
+        const double e_fwd = std::min(d.attention_eff_max, d.gemm_efficiency(f, ap));
+        attn = fmt::format(
+            "; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
+            m.attention == "flash" ? e_fwd : d.gemm_efficiency(f / 2, ap),
+            m.attention == "flash"
+                ? fmt::format(", flash: causal = 1/1.75 of the non-causal time (FlashAttention-2's 1.7-1.8× causal "
+                              "speed-up), forward capped at {:g}, backward (2.5× the forward's FLOPs) at {:.3g} "
+                              "(FlashAttention-2: 73% / 63% of an A100), so forward+backward = {:.3f} × 3 forward "
+                              "times; Q/K/V/O traffic only",
+                              d.attention_eff_max, std::min(d.attention_backward_efficiency(), d.gemm_efficiency(2.5 * f, ap)),
+                              flash_backward_factor(d, e_fwd, f, ap))
+                : std::string(", standard: s×s scores written and read"));
       }
       std::string stages = l.pp > 1 && m.layers % (l.pp * int64_t(v)) != 0
                                ? fmt::format(" (uneven stages: the heaviest holds {} of {} layers)", per_stage, m.layers)
@@ -642,12 +671,17 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.memory_bound", p.memory_bound, "s", [&] {
       return fmt::format("m × 3 × ({:.1f} × activation bytes of the stage's layers + 12·b·s·V/t softmax/"
-                         "cross-entropy bytes) / {} {:.4g} GB/s (+ {} at {:.4g} GB/s)",
+                         "cross-entropy bytes) / {} {:.4g} GB/s (+ {} at {:.4g} GB/s){}",
                          kTrafficFactor, d.elementwise_bw > 0 ? "element-wise bandwidth" : "memory bandwidth",
                          (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw) / 1e9,
                          d.gemm_overlaps_memory ? "memory-bound GEMMs"
                                                 : "every GEMM's operand passes (packing, not overlapped on this device)",
-                         d.mem_bw / 1e9);
+                         d.mem_bw / 1e9,
+                         d.mem_bw_efficiency < 1
+                             ? fmt::format("; memory bandwidth = {:.3g} × datasheet {:.4g} GB/s (the best kernels reach "
+                                           "~90% of HBM: NVIDIA forum thread 339083)",
+                                           d.mem_bw_efficiency, d.mem_bw / d.mem_bw_efficiency / 1e9)
+                             : std::string());
     });
     rec.add("time.grad_buffers", p.grad_buffers, "s", [&] {
       return fmt::format("(m={} × ({:.4g} MB zero-filled activation gradients + {:.4g} MB bias-gradient reads + {:.4g} MB "

@@ -103,6 +103,12 @@ double pipeline_bubble_fraction(const Layout& l);
 // Forward-pass time of one layer's attention core for one micro-batch on device d (flash: with
 // its 2.5× backward folded in as (1 + 2.5)/3, since the layer's backward is taken as 2×).
 double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d);
+// Flash attention's forward+backward over 3 forward times at e_fwd: (1 + 2.5·e_fwd/e_bwd)/3, the
+// backward at its own ceiling (Device::attention_backward_efficiency: FlashAttention-2's 63% vs
+// 73% forward on an A100, Dao 2023 §1). And the causal share of the non-causal kernel time, 1/1.75
+// (FlashAttention-2's measured 1.7-1.8× causal speed-up, §3.1.1).
+double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision);
+double flash_causal_fraction();
 
 // The training step's own collectives beyond the layers' activations and the gradients (atoll's
 // trainer and Megatron alike): a few bytes to one activation each, so they cost latency, which is

@@ -37,3 +37,27 @@ TEST(BenchComm, SideBySideTableForGlooAndMpi) {
   EXPECT_EQ(rows, 9) << p.out;
   EXPECT_NE(p.out.find("host memcpy bandwidth"), std::string::npos) << p.out;
 }
+
+// `--samples N` (what `atoll plan calibrate` reads): at least N iterations per size, each timed
+// alone and printed as a SAMPLE line beside the size's RESULT mean, so the caller can take medians.
+// With --seconds 0 the count is exactly N (the time budget asks for the minimum of 3).
+TEST(BenchComm, SamplesPrintEveryIterationOfEverySize) {
+  Proc p = run({atoll_exe(), "bench", "comm", "--in-job", "--min-bytes", "64", "--max-bytes", "256", "--seconds", "0",
+                "--samples", "7"},
+               60);
+  ASSERT_FALSE(p.timed_out) << p.out;
+  ASSERT_EQ(p.exit_code(), 0) << p.out;
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"})
+    for (const char* size : {" 64 ", " 256 "}) {
+      std::istringstream in(p.out);
+      std::string line;
+      int samples = 0, results = 0;
+      while (std::getline(in, line)) {
+        if (line.find(op) == std::string::npos || line.find(size) == std::string::npos) continue;
+        samples += line.rfind("SAMPLE ", 0) == 0;
+        results += line.rfind("RESULT ", 0) == 0;
+      }
+      EXPECT_EQ(samples, 7) << op << size << "\n" << p.out;
+      EXPECT_EQ(results, 1) << op << size << "\n" << p.out;
+    }
+}

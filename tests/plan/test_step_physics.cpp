@@ -111,10 +111,11 @@ TEST(PlanPhysics, AttentionIsOneBatchedLaunch) {
   Layout l;
   l.micro_batch = 8, l.global_batch = 8;
   const double heads = 8 * 12, s = double(m.seq), dh = 64;
-  const double f = 0.5 * heads * 2 * s * s * (dh + dh);
+  const double f = heads * 2 * s * s * (dh + dh) / 1.75;
   const double bytes = 2.0 * heads * 4 * s * dh;
   const double eff = std::min(d.attention_eff_max, d.gemm_efficiency(f));
-  const double expected = std::max(f / (d.bf16 * eff), bytes / d.mem_bw) * (1 + 2.5) / 3;
+  const double eff_bwd = std::min(d.attention_eff_max * 63 / 73, d.gemm_efficiency(2.5 * f));
+  const double expected = std::max(f / (d.bf16 * eff), bytes / d.mem_bw) * (1 + 2.5 * eff / eff_bwd) / 3;
   EXPECT_NEAR(attention_core_time(m, l, d), expected, 1e-12);
   // Per (sequence, head) on the GEMM curve (the old model) it was several times slower.
   const double per_head = heads * 2 * (2 * s * s * dh) / (d.bf16 * d.gemm_efficiency(2 * s * s * dh));
@@ -129,6 +130,37 @@ TEST(PlanPhysics, AttentionIsOneBatchedLaunch) {
       std::max(sc / (d.bf16 * d.gemm_efficiency(sc)), 2.0 * heads * (2 * s * dh + s * s) / d.mem_bw) +
       std::max(sc / (d.bf16 * d.gemm_efficiency(sc)), 2.0 * heads * (s * s + 2 * s * dh) / d.mem_bw);
   EXPECT_NEAR(attention_core_time(m, l, d), std_expected, 1e-12);
+}
+
+TEST(PlanPhysics, FlashAttentionTakesItsMeasuredCausalSpeedupAndBackwardCeiling) {
+  // A call large enough to sit at the kernel's ceilings (13B-class heads at 32K tokens on an A100):
+  // forward at FlashAttention-2's 73% of peak, backward (2.5× the forward's FLOPs) at its 63%, and
+  // a causal mask that makes the kernel 1.75× faster than without it (Dao 2023, §1 and §3.1.1),
+  // not 2×. The planner's forward time is a third of forward + backward (the layer's 1 + 2).
+  ModelSpec m = model_preset("gpt2-124m");
+  m.attention = "flash", m.seq = 32768, m.hidden = 5120, m.heads = m.kv_heads = 40;
+  Device d = find_device("a100-80gb");
+  Layout l;
+  const double non_causal = 40 * 2.0 * 32768.0 * 32768.0 * (128 + 128);
+  const double fwd = non_causal / 1.75 / (312e12 * 0.73), bwd = 2.5 * non_causal / 1.75 / (312e12 * 0.63);
+  EXPECT_NEAR(3 * attention_core_time(m, l, d), fwd + bwd, 1e-9 * (fwd + bwd));
+  EXPECT_NEAR(flash_causal_fraction(), 1 / 1.75, 1e-15);
+  // The H100 has only a forward figure (35%, FlashAttention-3's abstract): its backward keeps the
+  // A100's 63/73; an override of the backward ceiling is taken as given.
+  Device h = find_device("h100-sxm");
+  EXPECT_NEAR(h.attention_backward_efficiency(), 0.35 * 63 / 73, 1e-12);
+  h.attention_bwd_eff_max = 0.5;
+  EXPECT_NEAR(flash_backward_factor(h, 0.35, 1e15, "bf16"), (1 + 2.5 * 0.35 / 0.5) / 3, 1e-12);
+}
+
+TEST(PlanPhysics, HbmMovesAtItsMeasuredCeilingNotTheDatasheet) {
+  // No kernel streams a GPU's datasheet HBM rate; the best reach about 90% (an A100 80GB read
+  // kernel: 1.80 of 2.04 TB/s). Memory-bound time uses 0.9 × datasheet on every catalog GPU.
+  EXPECT_NEAR(find_device("a100-80gb").mem_bw, 0.9 * 2039e9, 1);
+  EXPECT_NEAR(find_device("h100-sxm").mem_bw, 0.9 * 3350e9, 1);
+  // A triad-sized element-wise pass of 1 GB on an H100 takes 1 GB / (0.9 × 3.35 TB/s).
+  Device d = find_device("h100-sxm");
+  EXPECT_NEAR(d.gemm_time(1, 1, 1e9, "bf16", 1.0) , (1 + 1e9 + 1e9) / (0.9 * 3350e9), 1e-9);
 }
 
 TEST(PlanPhysics, GemmCeilingsAreTheMeasuredOnes) {

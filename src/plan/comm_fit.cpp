@@ -1,0 +1,42 @@
+// Robust alpha-beta fit of measured all-reduce timings (see comm_fit.h).
+#include "plan/comm_fit.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace atl::plan {
+
+double median_of(std::vector<double> v) {
+  ATOLL_CHECK(!v.empty(), "median of no timings");
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
+AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples, int n) {
+  AlphaBetaFit f;
+  for (auto& [bytes, ts] : samples)
+    if (!ts.empty()) f.medians.push_back({bytes, median_of(ts)});
+  ATOLL_CHECK(f.medians.size() >= 2, "an alpha-beta fit needs timings of at least two message sizes, got {}",
+              f.medians.size());
+  std::vector<double> slopes;
+  for (size_t i = 0; i < f.medians.size(); ++i)
+    for (size_t j = i + 1; j < f.medians.size(); ++j)
+      slopes.push_back((f.medians[j].second - f.medians[i].second) / (f.medians[j].first - f.medians[i].first));
+  f.slope = median_of(slopes);
+  ATOLL_CHECK(f.slope > 0, "all-reduce time did not grow with message size (median slope {:.3g} s/B); the machine "
+              "is probably too loaded to calibrate collectives, retry or use --no-collectives", f.slope);
+  std::vector<double> rest;
+  for (auto [x, y] : f.medians) rest.push_back(y - f.slope * x);
+  f.intercept = median_of(rest);
+  const double steps = 2.0 * std::ceil(std::log2(double(std::max(2, n))));
+  // A non-positive intercept is noise around a latency too small to see: half the smallest
+  // message's median bounds it instead.
+  f.latency = f.intercept > 0 ? f.intercept / steps : f.medians.front().second / steps * 0.5;
+  f.bandwidth = 2.0 * (n - 1) / n / f.slope;
+  return f;
+}
+
+}  // namespace atl::plan
