@@ -137,12 +137,7 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
   Rng rng(seed, 5);
   if (c_.partial_tokens > 0) {
-    std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
-    if (!pr)
-      pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
-                                                                  c_.temperature, c_.format_reward, c_.top_k},
-                                             *task_);
-    RolloutBatch b = pr->step(gen, version, rng, seed ^ 0x5eed);
+    RolloutBatch b = pool_for(seed_rank).step(gen, version, rng, seed ^ 0x5eed);
     if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
     return b;
   }
@@ -182,6 +177,15 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   b.score_s = now_s() - t0;
   b.gen_tokens = gen_tokens;
   return b;
+}
+
+PartialRollouts& RlEngine::pool_for(int seed_rank) {
+  std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
+  if (!pr)
+    pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
+                                                                c_.temperature, c_.format_reward, c_.top_k},
+                                           *task_);
+  return *pr;
 }
 
 RolloutBatch RlEngine::sft_batch() {
@@ -483,7 +487,8 @@ void RlEngine::set_state(const nlohmann::json& j) {
 }
 
 namespace {
-const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.";
+const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.",
+                  kPartial = "task.rl.partial.";
 
 void save_model(const nn::Model& m, const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
   for (nn::Parameter* p : const_cast<nn::Model&>(m).parameters()) out.emplace_back(prefix + p->name, p->value);
@@ -517,6 +522,28 @@ void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) co
     }
     vopt_->save_state(out, kValue + "adamw.");
   }
+  // Carried partial groups (colocated: each rank's own, by its seed rank). make_checkpoint runs on
+  // every rank and rank 0 writes, so each rank's pool goes to all (one broadcast of its length,
+  // one of its words); every rank then reads its own back on resume.
+  if (c_.partial_tokens > 0 && !channel_) {
+    auto* self = const_cast<RlEngine*>(this);
+    const std::vector<int32_t> mine = self->pool_for(rank_).save();
+    for (int r = 0; r < world_; ++r) {
+      std::vector<int32_t> words = mine;
+      if (comm_ && world_ > 1) {
+        Tensor n = Tensor::zeros({1}, DType::i64);
+        if (r == rank_) n.data<int64_t>()[0] = int64_t(mine.size());
+        comm_->broadcast(n, r);
+        Tensor w = Tensor::zeros({n.data<int64_t>()[0]}, DType::i32);
+        if (r == rank_) std::memcpy(w.data<int32_t>(), mine.data(), mine.size() * 4);
+        comm_->broadcast(w, r);
+        words.assign(w.data<int32_t>(), w.data<int32_t>() + w.numel());
+      }
+      Tensor t = Tensor::zeros({int64_t(words.size())}, DType::i32);
+      std::memcpy(t.data<int32_t>(), words.data(), words.size() * 4);
+      out.emplace_back(kPartial + std::to_string(r), t);
+    }
+  }
 }
 
 void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {
@@ -533,6 +560,16 @@ void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& i
       r.grad.copy_from(f.get("task.rl." + r.name + ".grad"));
     }
     vopt_->load_state(f, kValue + "adamw.");
+  }
+  // This rank's carried groups; none in an older checkpoint, or for a rank the saving job lacked
+  // (a larger job): that rank starts with an empty pool (its groups are drawn anew, none is lost).
+  if (c_.partial_tokens > 0 && !channel_) {
+    auto it = by.find(kPartial + std::to_string(rank_));
+    if (it != by.end()) {
+      ATOLL_CHECK(it->second->dtype() == DType::i32, "checkpoint: '{}' must be int32", it->first);
+      const int32_t* w = it->second->data<int32_t>();
+      pool_for(rank_).load(std::vector<int32_t>(w, w + it->second->numel()), it->first);
+    }
   }
 }
 

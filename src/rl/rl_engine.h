@@ -62,7 +62,8 @@ class RlEngine {
   int64_t tokens_per_batch() const;
   int64_t sequence_length() const;
   // Checkpointed tensors ("task.rl." names): the frozen reference once taken, the async rollout
-  // copy, PPO's value head (weights, pending gradients, AdamW state). load_tensors restores them.
+  // copy, PPO's value head (weights, pending gradients, AdamW state), the carried partial groups
+  // (colocated; collective there: every rank's pool). load_tensors restores them.
   void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const;
   void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in);
   nlohmann::json state() const;
@@ -89,6 +90,7 @@ class RlEngine {
   void disaggregated_batch(int64_t updates);
   void step_value_head();
   RolloutBatch sft_batch();
+  PartialRollouts& pool_for(int seed_rank);  // rl.partial_tokens: the carried groups of seed_rank's stream
   // The value head on m's features, no graph: PPO's old values. [B*T]
   Tensor values(const nn::Model& m, const RolloutBatch& b) const;
 
