@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -153,7 +154,8 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   s.stop_tokens = {kEndMarker};
   s.seed = seed ^ 0x5eed;
   double t0 = now_s();
-  auto comps = policy_of(gen).generate_batch(rows, max_new_, s);
+  auto comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
+                                      : journaled_generate(gen, rows, s, step, seed_rank, version);
   const double gen_s = now_s() - t0;
   t0 = now_s();
   std::vector<Sample> samples;
@@ -186,6 +188,46 @@ PartialRollouts& RlEngine::pool_for(int seed_rank) {
                                                                 c_.temperature, c_.format_reward, c_.top_k},
                                            *task_);
   return *pr;
+}
+
+// Belayer's worker generates every request alone (B = 1, its own stream Rng(seed, row)), each
+// token journaled as it is sampled; the batch is then read back from the journal, so a process
+// that continues a dead one's journal (a shadow with the weights loaded, or the rollout rank
+// restarted with them) returns the same batch token for token, no request lost or doubled. The
+// previous step's journal of this stream is removed: its batch was sent before this one started
+// (disaggregated: serve() exchanges step k's batch before it generates step k + 1's).
+std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::Model& gen,
+                                                                      const std::vector<std::vector<int32_t>>& rows,
+                                                                      const nn::SamplingConfig& s, int64_t step,
+                                                                      int seed_rank, int64_t version) {
+  std::filesystem::create_directories(c_.journal_dir);
+  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
+  // journal left by another run (other weights or seeds) is never continued, only its own.
+  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(s.seed, uint64_t(version), 7);
+  const std::string path = (std::filesystem::path(c_.journal_dir) /
+                            fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
+                               .string();
+  if (step > 0) {
+    const std::string prev = "rollouts_r" + std::to_string(seed_rank) + "_s" + std::to_string(step - 1) + "_v";
+    for (const auto& e : std::filesystem::directory_iterator(c_.journal_dir))
+      if (e.path().filename().string().rfind(prev, 0) == 0) std::filesystem::remove(e.path());
+  }
+  std::vector<RolloutRequest> reqs;
+  for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
+  RolloutWorker w(gen, s, max_new_);
+  journal_stats_ = w.run(reqs, path, journal_die_after);
+  if (journal_stats_.resumed + journal_stats_.skipped > 0)
+    log::info("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
+              path, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.replayed_tokens);
+  const JournalState js = JournalState::read(path);
+  std::vector<nn::PolicyModel::Completion> comps(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    auto it = js.requests.find(int64_t(r));
+    ATOLL_CHECK(it != js.requests.end() && it->second.done, "rl: rollout journal {}: request {} did not finish", path, r);
+    comps[r].tokens = it->second.tokens;
+    comps[r].stopped = it->second.stopped;
+  }
+  return comps;
 }
 
 RolloutBatch RlEngine::sft_batch() {
