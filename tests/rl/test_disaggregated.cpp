@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "core/threads.h"
 #include "nn/model.h"
 #include "parallel/harness.h"
+#include "rl/belayer.h"
 #include "rl/disaggregated.h"
 #include "rl/rl_engine.h"
 #include "tiny_model.h"
@@ -188,6 +190,49 @@ TEST(RlDisaggregated, ThreeRanksThroughLaunchTrainOnPolicy) {
     EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
   }
   EXPECT_EQ(rl_steps, 5);
+  std::filesystem::remove_all(root);
+}
+
+// rl.journal_dir with the disaggregated placement: the rollout rank generates each trainer's batch
+// through Belayer's journal (rl/belayer.h), one file per trainer stream and step, and the trainers
+// train on it on policy (ratio exactly 1: the journaled batch is scored like any other). At the end
+// only the last RL step's journals are left (step k's is removed when k + 1 starts), one per
+// trainer, each with every rollout of the batch finished exactly once.
+TEST(RlDisaggregated, RolloutRankJournalsEachTrainersBatch) {
+  const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_disagg_journal_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
+  const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
+  std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", "3", "--timeout", "30", "--", atoll, "train",
+                                   cfg, "--run.dir=" + (root / "run").string(), "--train.steps=8", "--rl.sft_steps=3",
+                                   "--rl.prompts=4", "--rl.group_size=4", "--eval.every=0", "--sample.every=0",
+                                   "--hardware.peak_gflops=1", "--rl.placement=disaggregated", "--rl.rollout_ranks=1",
+                                   "--rl.max_staleness=0", "--rl.journal_dir=" + (root / "journal").string()};
+  const std::string log = (root / "log").string();
+  const int rc = parallel::test::run_command(argv, {"OMP_NUM_THREADS=1"}, log, 120);
+  ASSERT_EQ(rc, 0) << parallel::test::read_file(log);
+  std::ifstream f(root / "run" / "metrics.jsonl");
+  int rl_steps = 0;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") != "rl") continue;
+    ++rl_steps;
+    EXPECT_EQ(j.at("ratio").get<double>(), 1.0) << line;
+  }
+  EXPECT_EQ(rl_steps, 5);
+  std::map<std::string, std::string> journals;  // stream prefix -> file
+  for (const auto& e : std::filesystem::directory_iterator(root / "journal")) {
+    const std::string name = e.path().filename().string();
+    journals[name.substr(0, name.find("_v"))] = e.path().string();
+  }
+  ASSERT_EQ(journals.size(), 2u) << "one journal per trainer stream, the last step's only";
+  for (const std::string stream : {"rollouts_r0_s4", "rollouts_r1_s4"}) {
+    ASSERT_TRUE(journals.count(stream)) << stream;
+    const JournalState js = JournalState::read(journals[stream]);
+    ASSERT_EQ(js.requests.size(), 16u) << stream;
+    for (const auto& [id, e] : js.requests) EXPECT_TRUE(e.done) << stream << " rollout " << id;
+  }
   std::filesystem::remove_all(root);
 }
 
