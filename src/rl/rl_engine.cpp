@@ -48,6 +48,7 @@ void copy_weights(nn::Model& dst, const nn::Model& src) {
 }  // namespace
 
 RlEngine::RlEngine(RlConfig c) : c_(std::move(c)) {
+  journal_die_after = c_.kill_after_tokens;
   task_ = make_verifiable_task(c_.task);
   task_->heldout_percent = c_.heldout_percent;
   max_new_ = c_.max_new_tokens > 0 ? c_.max_new_tokens : task_->max_answer_len() + 1;
@@ -216,8 +217,8 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
   for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
   RolloutWorker w(gen, s, max_new_);
   journal_stats_ = w.run(reqs, path, journal_die_after);
-  if (journal_stats_.resumed + journal_stats_.skipped > 0)
-    log::info("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
+  if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
+    log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
               path, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.replayed_tokens);
   const JournalState js = JournalState::read(path);
   std::vector<nn::PolicyModel::Completion> comps(rows.size());

@@ -147,5 +147,15 @@ TEST(RlJournal, PartialRolloutsAreRefusedNamingTheKey) {
   }
 }
 
+TEST(RlJournal, KillInjectionWithoutAJournalIsRefusedNamingTheKey) {
+  try {
+    Config cfg = rltest::rl_config("prompts = 2\n[fault]\nrl_kill_after_tokens = 5\n");
+    RlConfig::from_config(cfg, 1);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fault.rl_kill_after_tokens"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace atl::rl
