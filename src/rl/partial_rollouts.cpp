@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "core/error.h"
 #include "nn/policy_model.h"
@@ -140,6 +141,127 @@ RolloutBatch PartialRollouts::step(const nn::Model& gen, int64_t version, Rng& d
   b.score_s = score_s + (now_s() - t0);
   b.gen_tokens = gen_tokens;
   return b;
+}
+
+namespace {
+
+// Words: an int64 as two, a float as its bits, a vector or string as its length then its items.
+constexpr int32_t kPoolFormat = 0x50525231;  // "PRR1"
+
+struct Writer {
+  std::vector<int32_t> w;
+  void i64(int64_t v) {
+    w.push_back(int32_t(uint32_t(uint64_t(v))));
+    w.push_back(int32_t(uint32_t(uint64_t(v) >> 32)));
+  }
+  void str(const std::string& s) {
+    i64(int64_t(s.size()));
+    for (char c : s) w.push_back(int32_t(static_cast<unsigned char>(c)));
+  }
+  void toks(const std::vector<int32_t>& t) {
+    i64(int64_t(t.size()));
+    w.insert(w.end(), t.begin(), t.end());
+  }
+};
+
+struct Reader {
+  const std::vector<int32_t>& w;
+  const std::string& what;
+  size_t at = 0;
+  int32_t word() {
+    ATOLL_CHECK(at < w.size(), "checkpoint: '{}' ends early (partial-rollout pool of {} words)", what, w.size());
+    return w[at++];
+  }
+  int64_t i64() {
+    const uint64_t lo = uint32_t(word()), hi = uint32_t(word());
+    return int64_t(lo | (hi << 32));
+  }
+  size_t len() {
+    const int64_t n = i64();
+    ATOLL_CHECK(n >= 0 && uint64_t(n) <= w.size() - at, "checkpoint: '{}' has a bad length {} at word {}", what, n, at);
+    return size_t(n);
+  }
+  std::string str() {
+    std::string s(len(), '\0');
+    for (char& c : s) c = char(word());
+    return s;
+  }
+  std::vector<int32_t> toks() {
+    const size_t n = len();
+    std::vector<int32_t> t(w.begin() + std::ptrdiff_t(at), w.begin() + std::ptrdiff_t(at + n));
+    at += n;
+    return t;
+  }
+};
+
+}  // namespace
+
+std::vector<int32_t> PartialRollouts::save() const {
+  Writer o;
+  o.w.push_back(kPoolFormat);
+  o.i64(next_uid_);
+  o.i64(int64_t(pool_.size()));
+  for (const Group& g : pool_) {
+    o.str(g.problem.prompt);
+    o.str(g.problem.answer);
+    o.i64(g.uid);
+    o.i64(int64_t(g.seqs.size()));
+    for (const Seq& q : g.seqs) {
+      o.toks(q.prompt);
+      o.toks(q.completion);
+      o.i64(int64_t(q.logp.size()));
+      for (float f : q.logp) {
+        int32_t b;
+        std::memcpy(&b, &f, 4);
+        o.w.push_back(b);
+      }
+      o.i64(int64_t(q.version.size()));
+      for (int64_t v : q.version) o.i64(v);
+      o.w.push_back(int32_t(q.done) | int32_t(q.stopped) << 1);
+    }
+  }
+  return o.w;
+}
+
+void PartialRollouts::load(const std::vector<int32_t>& words, const std::string& what) {
+  Reader in{words, what};
+  ATOLL_CHECK(in.word() == kPoolFormat, "checkpoint: '{}' is not a partial-rollout pool", what);
+  std::deque<Group> pool;
+  const int64_t uid = in.i64();
+  for (size_t n = in.len(); n > 0; --n) {
+    Group g;
+    g.problem.prompt = in.str();
+    g.problem.answer = in.str();
+    g.uid = in.i64();
+    for (size_t k = in.len(); k > 0; --k) {
+      Seq q;
+      q.prompt = in.toks();
+      q.completion = in.toks();
+      for (size_t j = in.len(); j > 0; --j) {
+        const int32_t b = in.word();
+        float f;
+        std::memcpy(&f, &b, 4);
+        q.logp.push_back(f);
+      }
+      for (size_t j = in.len(); j > 0; --j) q.version.push_back(in.i64());
+      const int32_t flags = in.word();
+      q.done = flags & 1;
+      q.stopped = flags & 2;
+      ATOLL_CHECK(q.logp.size() == q.version.size() &&
+                      q.version.size() == q.completion.size() + (q.stopped ? 1 : 0) &&
+                      int64_t(q.completion.size()) <= c_.max_new,
+                  "checkpoint: '{}': a carried rollout of group {} is inconsistent ({} tokens, {} log-probs, {} versions; "
+                  "rl.max_new_tokens {})",
+                  what, g.uid, q.completion.size(), q.logp.size(), q.version.size(), c_.max_new);
+      g.seqs.push_back(std::move(q));
+    }
+    ATOLL_CHECK(int64_t(g.seqs.size()) == c_.group_size, "checkpoint: '{}': group {} has {} rollouts, rl.group_size is {}",
+                what, g.uid, g.seqs.size(), c_.group_size);
+    pool.push_back(std::move(g));
+  }
+  ATOLL_CHECK(in.at == words.size(), "checkpoint: '{}' has {} words after the pool", what, words.size() - in.at);
+  pool_ = std::move(pool);
+  next_uid_ = uid;
 }
 
 }  // namespace atl::rl

@@ -21,11 +21,13 @@
 // at v: ratio exactly 1), for older tokens the value scored when they were sampled. The clipped
 // ratio pi_theta / pi_behaviour(token) is then the per-token importance correction, as in async; a
 // sample's policy_version is its oldest token's (the staleness), gen_version its newest.
-// The carried groups live in memory only: a resumed run starts with none.
+// Checkpoints: the carried groups (every token, behaviour log-prob bit and version) and the uid
+// counter are saved as int32 words (save/load), so a resumed run continues them bit for bit.
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "nn/model.h"
@@ -49,6 +51,10 @@ class PartialRollouts {
   // Groups carried (unfinished) into the next step.
   int64_t carried_groups() const { return int64_t(pool_.size()); }
   int64_t rounds_per_group() const { return (c_.max_new + c_.partial_tokens - 1) / c_.partial_tokens; }
+  // The carried state as int32 words, and back (replacing this pool; malformed words are an error
+  // naming `what`).
+  std::vector<int32_t> save() const;
+  void load(const std::vector<int32_t>& words, const std::string& what);
 
  private:
   struct Seq {

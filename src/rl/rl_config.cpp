@@ -41,6 +41,16 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
               "rl.partial_tokens ({}) is for rl.placement 'colocated' or 'disaggregated', not 'async'",
               c.where("rl.partial_tokens"));
   r.sync_bucket_mb = c.get_float("rl.sync_bucket_mb", r.sync_bucket_mb, 1e-3, 1024.0);
+  r.journal_dir = c.get_string("rl.journal_dir", r.journal_dir);
+  ATOLL_CHECK(r.journal_dir.empty() || r.partial_tokens == 0,
+              "rl.journal_dir ({}) is not for partial rollouts (rl.partial_tokens > 0): their rounds are not journaled",
+              c.where("rl.journal_dir"));
+  // Fault injection (tests): the process generating journaled rollouts raises SIGKILL after this
+  // many newly sampled tokens, mid-trajectory; a restarted or shadow process continues the journal.
+  r.kill_after_tokens = c.get_int("fault.rl_kill_after_tokens", 0, 0, int64_t(1) << 40);
+  ATOLL_CHECK(r.kill_after_tokens == 0 || !r.journal_dir.empty(),
+              "fault.rl_kill_after_tokens ({}) needs rl.journal_dir: only journaled rollouts can be taken over",
+              c.where("fault.rl_kill_after_tokens"));
   ATOLL_CHECK(r.task.word_min <= r.task.word_max, "rl.word_min ({}) must not exceed rl.word_max ({})", r.task.word_min,
               r.task.word_max);
   if (r.algorithm == "grpo" || r.algorithm == "dr_grpo")

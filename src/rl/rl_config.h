@@ -31,6 +31,8 @@ struct RlConfig {
   int64_t rollout_ranks = 1;
   int64_t partial_tokens = 0;           // > 0: partial rollouts, rounds of this many tokens (rl/partial_rollouts.h)            // disaggregated: the job's last ranks that only generate
   double sync_bucket_mb = 4.0;
+  std::string journal_dir;  // non-empty: rollouts generated through Belayer's journal there (rl/belayer.h)
+  int64_t kill_after_tokens = 0;  // [fault] rl_kill_after_tokens: the journaling process dies (SIGKILL) after so many
   uint64_t seed = 1;
 
   static RlConfig from_config(Config& c, uint64_t seed);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -47,6 +48,7 @@ void copy_weights(nn::Model& dst, const nn::Model& src) {
 }  // namespace
 
 RlEngine::RlEngine(RlConfig c) : c_(std::move(c)) {
+  journal_die_after = c_.kill_after_tokens;
   task_ = make_verifiable_task(c_.task);
   task_->heldout_percent = c_.heldout_percent;
   max_new_ = c_.max_new_tokens > 0 ? c_.max_new_tokens : task_->max_answer_len() + 1;
@@ -137,12 +139,7 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
   Rng rng(seed, 5);
   if (c_.partial_tokens > 0) {
-    std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
-    if (!pr)
-      pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
-                                                                  c_.temperature, c_.format_reward, c_.top_k},
-                                             *task_);
-    RolloutBatch b = pr->step(gen, version, rng, seed ^ 0x5eed);
+    RolloutBatch b = pool_for(seed_rank).step(gen, version, rng, seed ^ 0x5eed);
     if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
     return b;
   }
@@ -158,7 +155,8 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   s.stop_tokens = {kEndMarker};
   s.seed = seed ^ 0x5eed;
   double t0 = now_s();
-  auto comps = policy_of(gen).generate_batch(rows, max_new_, s);
+  auto comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
+                                      : journaled_generate(gen, rows, s, step, seed_rank, version);
   const double gen_s = now_s() - t0;
   t0 = now_s();
   std::vector<Sample> samples;
@@ -182,6 +180,55 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   b.score_s = now_s() - t0;
   b.gen_tokens = gen_tokens;
   return b;
+}
+
+PartialRollouts& RlEngine::pool_for(int seed_rank) {
+  std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
+  if (!pr)
+    pr = std::make_unique<PartialRollouts>(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens,
+                                                                c_.temperature, c_.format_reward, c_.top_k},
+                                           *task_);
+  return *pr;
+}
+
+// Belayer's worker generates every request alone (B = 1, its own stream Rng(seed, row)), each
+// token journaled as it is sampled; the batch is then read back from the journal, so a process
+// that continues a dead one's journal (a shadow with the weights loaded, or the rollout rank
+// restarted with them) returns the same batch token for token, no request lost or doubled. The
+// previous step's journal of this stream is removed: its batch was sent before this one started
+// (disaggregated: serve() exchanges step k's batch before it generates step k + 1's).
+std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::Model& gen,
+                                                                      const std::vector<std::vector<int32_t>>& rows,
+                                                                      const nn::SamplingConfig& s, int64_t step,
+                                                                      int seed_rank, int64_t version) {
+  std::filesystem::create_directories(c_.journal_dir);
+  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
+  // journal left by another run (other weights or seeds) is never continued, only its own.
+  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(s.seed, uint64_t(version), 7);
+  const std::string path = (std::filesystem::path(c_.journal_dir) /
+                            fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
+                               .string();
+  if (step > 0) {
+    const std::string prev = "rollouts_r" + std::to_string(seed_rank) + "_s" + std::to_string(step - 1) + "_v";
+    for (const auto& e : std::filesystem::directory_iterator(c_.journal_dir))
+      if (e.path().filename().string().rfind(prev, 0) == 0) std::filesystem::remove(e.path());
+  }
+  std::vector<RolloutRequest> reqs;
+  for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
+  RolloutWorker w(gen, s, max_new_);
+  journal_stats_ = w.run(reqs, path, journal_die_after);
+  if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
+    log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
+              path, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.replayed_tokens);
+  const JournalState js = JournalState::read(path);
+  std::vector<nn::PolicyModel::Completion> comps(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    auto it = js.requests.find(int64_t(r));
+    ATOLL_CHECK(it != js.requests.end() && it->second.done, "rl: rollout journal {}: request {} did not finish", path, r);
+    comps[r].tokens = it->second.tokens;
+    comps[r].stopped = it->second.stopped;
+  }
+  return comps;
 }
 
 RolloutBatch RlEngine::sft_batch() {
@@ -483,7 +530,8 @@ void RlEngine::set_state(const nlohmann::json& j) {
 }
 
 namespace {
-const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.";
+const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.",
+                  kPartial = "task.rl.partial.";
 
 void save_model(const nn::Model& m, const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
   for (nn::Parameter* p : const_cast<nn::Model&>(m).parameters()) out.emplace_back(prefix + p->name, p->value);
@@ -517,6 +565,28 @@ void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) co
     }
     vopt_->save_state(out, kValue + "adamw.");
   }
+  // Carried partial groups (colocated: each rank's own, by its seed rank). make_checkpoint runs on
+  // every rank and rank 0 writes, so each rank's pool goes to all (one broadcast of its length,
+  // one of its words); every rank then reads its own back on resume.
+  if (c_.partial_tokens > 0 && !channel_) {
+    auto* self = const_cast<RlEngine*>(this);
+    const std::vector<int32_t> mine = self->pool_for(rank_).save();
+    for (int r = 0; r < world_; ++r) {
+      std::vector<int32_t> words = mine;
+      if (comm_ && world_ > 1) {
+        Tensor n = Tensor::zeros({1}, DType::i64);
+        if (r == rank_) n.data<int64_t>()[0] = int64_t(mine.size());
+        comm_->broadcast(n, r);
+        Tensor w = Tensor::zeros({n.data<int64_t>()[0]}, DType::i32);
+        if (r == rank_) std::memcpy(w.data<int32_t>(), mine.data(), mine.size() * 4);
+        comm_->broadcast(w, r);
+        words.assign(w.data<int32_t>(), w.data<int32_t>() + w.numel());
+      }
+      Tensor t = Tensor::zeros({int64_t(words.size())}, DType::i32);
+      std::memcpy(t.data<int32_t>(), words.data(), words.size() * 4);
+      out.emplace_back(kPartial + std::to_string(r), t);
+    }
+  }
 }
 
 void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& in) {
@@ -533,6 +603,16 @@ void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& i
       r.grad.copy_from(f.get("task.rl." + r.name + ".grad"));
     }
     vopt_->load_state(f, kValue + "adamw.");
+  }
+  // This rank's carried groups; none in an older checkpoint, or for a rank the saving job lacked
+  // (a larger job): that rank starts with an empty pool (its groups are drawn anew, none is lost).
+  if (c_.partial_tokens > 0 && !channel_) {
+    auto it = by.find(kPartial + std::to_string(rank_));
+    if (it != by.end()) {
+      ATOLL_CHECK(it->second->dtype() == DType::i32, "checkpoint: '{}' must be int32", it->first);
+      const int32_t* w = it->second->data<int32_t>();
+      pool_for(rank_).load(std::vector<int32_t>(w, w + it->second->numel()), it->first);
+    }
   }
 }
 

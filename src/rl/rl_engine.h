@@ -27,6 +27,7 @@
 #include "comm/communicator.h"
 #include "nn/model.h"
 #include "nn/policy_model.h"
+#include "rl/belayer.h"
 #include "rl/disaggregated.h"
 #include "rl/partial_rollouts.h"
 #include "rl/rl_config.h"
@@ -62,7 +63,8 @@ class RlEngine {
   int64_t tokens_per_batch() const;
   int64_t sequence_length() const;
   // Checkpointed tensors ("task.rl." names): the frozen reference once taken, the async rollout
-  // copy, PPO's value head (weights, pending gradients, AdamW state). load_tensors restores them.
+  // copy, PPO's value head (weights, pending gradients, AdamW state), the carried partial groups
+  // (colocated; collective there: every rank's pool). load_tensors restores them.
   void save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const;
   void load_tensors(const std::vector<std::pair<std::string, Tensor>>& in);
   nlohmann::json state() const;
@@ -81,6 +83,10 @@ class RlEngine {
   // calls of the same seed_rank are continued (rl/partial_rollouts.h).
   RolloutBatch rollouts(const nn::Model& gen, int64_t step, int seed_rank = -1, bool with_ref = true,
                         int64_t version = 0);
+  // rl.journal_dir: what the last journaled generation did (requests resumed, tokens replayed...).
+  const WorkerStats& journal_stats() const { return journal_stats_; }
+  // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens.
+  int64_t journal_die_after = 0;
   // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
   static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
 
@@ -89,6 +95,11 @@ class RlEngine {
   void disaggregated_batch(int64_t updates);
   void step_value_head();
   RolloutBatch sft_batch();
+  std::vector<nn::PolicyModel::Completion> journaled_generate(const nn::Model& gen,
+                                                              const std::vector<std::vector<int32_t>>& rows,
+                                                              const nn::SamplingConfig& s, int64_t step, int seed_rank,
+                                                              int64_t version);
+  PartialRollouts& pool_for(int seed_rank);  // rl.partial_tokens: the carried groups of seed_rank's stream
   // The value head on m's features, no graph: PPO's old values. [B*T]
   Tensor values(const nn::Model& m, const RolloutBatch& b) const;
 
@@ -125,6 +136,7 @@ class RlEngine {
   double t_loss_start_ = -1;
   double eval_acc_ = -1;
   bool sft_phase_ = false;
+  WorkerStats journal_stats_;
 };
 
 }  // namespace atl::rl

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "core/threads.h"
 #include "nn/model.h"
 #include "parallel/harness.h"
+#include "rl/belayer.h"
 #include "rl/disaggregated.h"
 #include "rl/rl_engine.h"
 #include "tiny_model.h"
@@ -188,6 +190,125 @@ TEST(RlDisaggregated, ThreeRanksThroughLaunchTrainOnPolicy) {
     EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
   }
   EXPECT_EQ(rl_steps, 5);
+  std::filesystem::remove_all(root);
+}
+
+// rl.journal_dir with the disaggregated placement: the rollout rank generates each trainer's batch
+// through Belayer's journal (rl/belayer.h), one file per trainer stream and step, and the trainers
+// train on it on policy (ratio exactly 1: the journaled batch is scored like any other). At the end
+// only the last RL step's journals are left (step k's is removed when k + 1 starts), one per
+// trainer, each with every rollout of the batch finished exactly once.
+TEST(RlDisaggregated, RolloutRankJournalsEachTrainersBatch) {
+  const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_disagg_journal_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
+  const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
+  std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", "3", "--timeout", "30", "--", atoll, "train",
+                                   cfg, "--run.dir=" + (root / "run").string(), "--train.steps=8", "--rl.sft_steps=3",
+                                   "--rl.prompts=4", "--rl.group_size=4", "--eval.every=0", "--sample.every=0",
+                                   "--hardware.peak_gflops=1", "--rl.placement=disaggregated", "--rl.rollout_ranks=1",
+                                   "--rl.max_staleness=0", "--rl.journal_dir=" + (root / "journal").string()};
+  const std::string log = (root / "log").string();
+  const int rc = parallel::test::run_command(argv, {"OMP_NUM_THREADS=1"}, log, 120);
+  ASSERT_EQ(rc, 0) << parallel::test::read_file(log);
+  std::ifstream f(root / "run" / "metrics.jsonl");
+  int rl_steps = 0;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") != "rl") continue;
+    ++rl_steps;
+    EXPECT_EQ(j.at("ratio").get<double>(), 1.0) << line;
+  }
+  EXPECT_EQ(rl_steps, 5);
+  std::map<std::string, std::string> journals;  // stream prefix -> file
+  for (const auto& e : std::filesystem::directory_iterator(root / "journal")) {
+    const std::string name = e.path().filename().string();
+    journals[name.substr(0, name.find("_v"))] = e.path().string();
+  }
+  ASSERT_EQ(journals.size(), 2u) << "one journal per trainer stream, the last step's only";
+  for (const std::string stream : {"rollouts_r0_s4", "rollouts_r1_s4"}) {
+    ASSERT_TRUE(journals.count(stream)) << stream;
+    const JournalState js = JournalState::read(journals[stream]);
+    ASSERT_EQ(js.requests.size(), 16u) << stream;
+    for (const auto& [id, e] : js.requests) EXPECT_TRUE(e.done) << stream << " rollout " << id;
+  }
+  std::filesystem::remove_all(root);
+}
+
+// A rollout rank killed mid-trajectory (fault.rl_kill_after_tokens: SIGKILL after 20 sampled
+// tokens of the first RL step's batch, with rollouts half journaled) ends the job; the job resumed
+// from its last checkpoint (step 3, the end of SFT) pushes the same weights, and the new rollout
+// rank finds its journal (same stream, step, version and weights hash), skips the finished
+// rollouts and continues the cut one from its prefix. The batch has every rollout finished exactly
+// once, and the run goes on to end bit for bit like an uninterrupted one (every RL step's loss, the
+// final weights): no rollout lost, doubled or changed. (A restart, not yet a live shadow rank:
+// docs/rl.md, Journaled rollouts.)
+TEST(RlDisaggregated, KilledRolloutRankContinuesItsJournalOnResume) {
+  const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_disagg_kill_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
+  const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
+  auto launch = [&](const std::string& run, int steps, std::vector<std::string> extra, std::string* out) {
+    std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", "3", "--timeout", "30", "--", atoll, "train",
+                                     cfg, "--run.dir=" + (root / run).string(), "--train.steps=" + std::to_string(steps),
+                                     "--rl.sft_steps=3", "--rl.prompts=4", "--rl.group_size=4", "--eval.every=0",
+                                     "--sample.every=0", "--hardware.peak_gflops=1", "--rl.placement=disaggregated",
+                                     "--rl.rollout_ranks=1", "--rl.max_staleness=0", "--checkpoint.every=1",
+                                     "--rl.journal_dir=" + (root / (run + "_journal")).string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const std::string log = (root / (run + std::to_string(steps) + ".log")).string();
+    const int rc = parallel::test::run_command(argv, {"OMP_NUM_THREADS=1"}, log, 120);
+    *out = parallel::test::read_file(log);
+    return rc;
+  };
+  std::string out;
+  ASSERT_EQ(launch("a", 8, {}, &out), 0) << out;
+  EXPECT_NE(launch("b", 8, {"--fault.rl_kill_after_tokens=20"}, &out), 0) << "the rollout rank was to die: " << out;
+  std::string journal;
+  for (const auto& e : std::filesystem::directory_iterator(root / "b_journal"))
+    if (e.path().filename().string().rfind("rollouts_r0_s0_", 0) == 0) journal = e.path().string();
+  ASSERT_FALSE(journal.empty()) << "no journal of the first RL step's batch for trainer 0";
+  const JournalState before = JournalState::read(journal);
+  int done_before = 0, partial = 0;
+  for (const auto& [id, e] : before.requests) {
+    done_before += e.done;
+    partial += !e.done && !e.tokens.empty();
+  }
+  ASSERT_GT(done_before, 0);
+  ASSERT_LT(done_before, 16);
+  ASSERT_EQ(partial, 1) << "the rollout rank died mid-trajectory of exactly one rollout";
+  // Resume for the one interrupted RL step: its journal is complete, each rollout finished once.
+  ASSERT_EQ(launch("b", 4, {"--resume", "--run.overwrite=false"}, &out), 0) << out;
+  EXPECT_NE(out.find(std::to_string(done_before) + " requests already done, 1 continued from their prefix"),
+            std::string::npos)
+      << out;
+  const JournalState after = JournalState::read(journal);
+  ASSERT_EQ(after.requests.size(), 16u);
+  int finished_lines = 0;
+  std::ifstream jf(journal);
+  for (std::string line; std::getline(jf, line);) finished_lines += line.rfind("D ", 0) == 0;
+  EXPECT_EQ(finished_lines, 16) << "a rollout was finished twice or never";
+  ASSERT_EQ(launch("b", 8, {"--resume", "--run.overwrite=false"}, &out), 0) << out;
+  auto losses = [&](const std::string& run) {
+    std::map<int64_t, double> m;
+    std::ifstream f(root / run / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("phase", "") == "rl") m[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+    }
+    return m;
+  };
+  auto la = losses("a"), lb = losses("b");
+  for (int64_t s = 4; s <= 8; ++s) {
+    ASSERT_TRUE(la.count(s) && lb.count(s)) << "step " << s;
+    EXPECT_EQ(la[s], lb[s]) << "step " << s << " loss";
+  }
+  const std::string wa = parallel::test::read_file((root / "a/checkpoints/step_00000008/model.safetensors").string());
+  const std::string wb = parallel::test::read_file((root / "b/checkpoints/step_00000008/model.safetensors").string());
+  EXPECT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "the resumed run's final weights differ from the uninterrupted run's";
   std::filesystem::remove_all(root);
 }
 

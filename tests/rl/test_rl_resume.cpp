@@ -3,7 +3,8 @@
 // PPO's value head), so a run stopped after step 6 and resumed to step 10 ends with every parameter
 // bit equal to an uninterrupted 10-step run's, and every resumed step's loss and KL equal. Were the
 // reference re-taken from the resumed policy, the KL of step 7 would drop to 0 and the weights
-// would differ (the KL term is in the loss: kl_coef 0.1).
+// would differ (the KL term is in the loss: kl_coef 0.1). With partial rollouts, the groups carried
+// across the stop are in the checkpoint too.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -107,6 +108,27 @@ void expect_bit_exact_resume(const std::string& extra) {
 TEST(RlResume, BitExactWithTheReferenceColocated) { expect_bit_exact_resume(""); }
 TEST(RlResume, BitExactWithTheReferenceAsync) { expect_bit_exact_resume("placement = \"async\"\n"); }
 TEST(RlResume, BitExactWithTheValueHeadPpo) { expect_bit_exact_resume("algorithm = \"ppo\"\n"); }
+
+// Partial rollouts (rl.partial_tokens = 1: completions of up to 4 tokens take up to 4 rounds, so
+// groups are carried across updates): the groups carried past the checkpoint at step 6 (every
+// token, its version and behaviour log-prob bit) are in it, so the resumed run trains on the same
+// batches. Were the pool lost at the stop, step 7's batch would be drawn anew: other losses and
+// weights. The staleness check makes sure step 7 did train on tokens sampled before the stop.
+TEST(RlResume, BitExactWithCarriedPartialGroups) {
+  const std::string extra = "partial_tokens = 1\n";
+  expect_bit_exact_resume(extra);
+  const auto dir = std::filesystem::temp_directory_path() / ("atoll_rl_resume_partial_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  run(dir, 7, false, extra);
+  std::ifstream f(dir / "metrics.jsonl");
+  int64_t staleness = -1;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("step", int64_t(-1)) == 7) staleness = j.at("staleness").get<int64_t>();
+  }
+  EXPECT_GT(staleness, 0) << "step 7's batch holds no token sampled before step 6's checkpoint: the test means nothing";
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace atl

@@ -1,0 +1,161 @@
+// Rollouts journaled through Belayer (rl.journal_dir; rl/belayer.h): the batch a rollout rank
+// (disaggregated: RlEngine::rollouts with a trainer's seed rank) generates is journaled token by
+// token. A rollout process SIGKILLed mid-trajectory leaves its prefixes; a shadow engine, weights
+// already loaded, called for the same step, stream and version, skips the finished requests,
+// continues the cut one from its prefix and returns the uninterrupted run's batch: every
+// completion token-identical, every reward and behaviour log-prob bit equal, each request
+// finished exactly once in the journal.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "parallel/harness.h"
+#include "rl/rl_engine.h"
+#include "tiny_model.h"
+
+namespace atl::rl {
+namespace {
+
+constexpr int64_t kStep = 3, kVersion = 5;
+constexpr int kStream = 1;  // a trainer's seed rank, as a disaggregated rollout rank draws it
+
+std::string dir_for(const std::string& what) {
+  return (std::filesystem::temp_directory_path() / ("atoll_rl_journal_" + std::to_string(getpid()) + "_" + what)).string();
+}
+
+std::unique_ptr<RlEngine> engine(const std::string& dir, nn::Model& m) {
+  Config cfg = rltest::rl_config("prompts = 3\ngroup_size = 4\nmax_new_tokens = 6\ntemperature = 1.0\n"
+                                 "journal_dir = \"" + dir + "\"\n");
+  auto e = std::make_unique<RlEngine>(RlConfig::from_config(cfg, 9));
+  e->setup(m, nullptr, 0, 1);
+  return e;
+}
+
+std::unique_ptr<nn::Model> model() { return rltest::tiny_model(21); }  // the same bits in every process
+
+std::string only_journal(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().string());
+  EXPECT_EQ(files.size(), 1u) << dir;
+  return files.empty() ? "" : files[0];
+}
+
+// The rollout process of the kill test when ATOLL_RL_JOURNAL_DIR is set: it dies by SIGKILL after
+// ATOLL_RL_JOURNAL_DIE new tokens and never returns. Alone: journaled generation is repeatable.
+TEST(RlJournal, RolloutProgram) {
+  auto m = model();
+  if (const char* d = std::getenv("ATOLL_RL_JOURNAL_DIR")) {
+    auto e = engine(d, *m);
+    e->journal_die_after = std::atoll(std::getenv("ATOLL_RL_JOURNAL_DIE"));
+    e->rollouts(*m, kStep, kStream, false, kVersion);
+    FAIL() << "the rollout process was to die";
+  }
+  const std::string a = dir_for("rep_a"), b = dir_for("rep_b");
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+  RolloutBatch x = engine(a, *m)->rollouts(*m, kStep, kStream, false, kVersion);
+  RolloutBatch y = engine(b, *m)->rollouts(*m, kStep, kStream, false, kVersion);
+  ASSERT_EQ(x.samples.size(), 12u);
+  for (size_t i = 0; i < x.samples.size(); ++i) EXPECT_EQ(x.samples[i].completion, y.samples[i].completion) << i;
+  EXPECT_EQ(parallel::test::read_file(only_journal(a)), parallel::test::read_file(only_journal(b)));
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+}
+
+TEST(RlJournal, ShadowFinishesAKilledRolloutProcessesBatch) {
+  // The shadow is ready before the rollout process starts: its own model and engine, weights loaded.
+  auto shadow_model = model();
+  const std::string ref_dir = dir_for("ref"), dir = dir_for("killed");
+  std::filesystem::remove_all(ref_dir);
+  std::filesystem::remove_all(dir);
+  const RolloutBatch want = engine(ref_dir, *shadow_model)->rollouts(*shadow_model, kStep, kStream, false, kVersion);
+  auto shadow = engine(dir, *shadow_model);
+
+  const std::string log = dir_for("log");
+  const int rc = parallel::test::run_command(
+      {parallel::test::self_exe(), "--gtest_filter=RlJournal.RolloutProgram"},
+      {"ATOLL_RL_JOURNAL_DIR=" + dir, "ATOLL_RL_JOURNAL_DIE=17", "OMP_NUM_THREADS=1", "GTEST_OUTPUT="}, log, 60);
+  EXPECT_EQ(rc, 128 + SIGKILL) << parallel::test::read_file(log);
+  std::filesystem::remove(log);
+  const std::string journal = only_journal(dir);
+  const JournalState before = JournalState::read(journal);
+  int done_before = 0, partial = 0;
+  for (auto& [id, e] : before.requests) {
+    done_before += e.done;
+    partial += !e.done && !e.tokens.empty();
+  }
+  ASSERT_GT(done_before, 0) << "the kill came before any rollout finished";
+  ASSERT_LT(done_before, 12) << "the kill came after every rollout finished";
+  ASSERT_EQ(partial, 1) << "the rollout process died mid-trajectory of exactly one rollout";
+
+  const RolloutBatch got = shadow->rollouts(*shadow_model, kStep, kStream, false, kVersion);
+  EXPECT_EQ(shadow->journal_stats().skipped, done_before);
+  EXPECT_EQ(shadow->journal_stats().resumed, 1);
+  EXPECT_GT(shadow->journal_stats().replayed_tokens, 0);
+  ASSERT_EQ(got.samples.size(), want.samples.size());
+  ASSERT_EQ(got.B, want.B);
+  ASSERT_EQ(got.T, want.T);
+  for (size_t i = 0; i < want.samples.size(); ++i) {
+    EXPECT_EQ(got.samples[i].completion, want.samples[i].completion) << "rollout " << i << " differs";
+    EXPECT_EQ(got.samples[i].stopped, want.samples[i].stopped) << i;
+    EXPECT_EQ(got.samples[i].reward.total, want.samples[i].reward.total) << i;
+    EXPECT_EQ(got.samples[i].group, want.samples[i].group) << i;
+  }
+  EXPECT_EQ(std::memcmp(got.old_logp.f32(), want.old_logp.f32(), size_t(want.old_logp.numel()) * 4), 0)
+      << "behaviour log-probs differ";
+  // Each rollout finished exactly once (JournalState::read refuses a line after its D line).
+  const JournalState after = JournalState::read(journal);
+  ASSERT_EQ(after.requests.size(), 12u);
+  int finished_lines = 0;
+  std::ifstream f(journal);
+  for (std::string line; std::getline(f, line);) finished_lines += line.rfind("D ", 0) == 0;
+  EXPECT_EQ(finished_lines, 12) << "a rollout was finished twice or never";
+  std::filesystem::remove_all(ref_dir);
+  std::filesystem::remove_all(dir);
+}
+
+// A journal is only continued by the run that wrote it: other weights name another file.
+TEST(RlJournal, AnotherRunsJournalIsNotContinued) {
+  const std::string dir = dir_for("foreign");
+  std::filesystem::remove_all(dir);
+  auto m = model();
+  RolloutBatch a = engine(dir, *m)->rollouts(*m, kStep, kStream, false, kVersion);
+  auto other = rltest::tiny_model(22);
+  auto e = engine(dir, *other);
+  e->rollouts(*other, kStep, kStream, false, kVersion);
+  EXPECT_EQ(e->journal_stats().skipped, 0) << "a journal of other weights was reused";
+  EXPECT_EQ(e->journal_stats().fresh, 12);
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 2u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RlJournal, PartialRolloutsAreRefusedNamingTheKey) {
+  try {
+    Config cfg = rltest::rl_config("partial_tokens = 2\njournal_dir = \"/tmp/x\"\n");
+    RlConfig::from_config(cfg, 1);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rl.journal_dir"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RlJournal, KillInjectionWithoutAJournalIsRefusedNamingTheKey) {
+  try {
+    Config cfg = rltest::rl_config("prompts = 2\n[fault]\nrl_kill_after_tokens = 5\n");
+    RlConfig::from_config(cfg, 1);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fault.rl_kill_after_tokens"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace atl::rl
