@@ -160,10 +160,10 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
               "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
               ms.dp_replicate, ms.dp_shard);
-  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1",
+  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1" || dp_strategy == "zero2",
               "parallel.strategy = '{}' with parallel.pp = {}: a pipeline's stages replicate (ddp) or shard their "
-              "optimizer state (zero1) over dp; zero2/zero3/hsdp are not implemented with pipelines yet",
-              dp_strategy, pc.pp);
+              "optimizer state (zero1) and reduced gradients (zero2) over dp; zero3/hsdp are not implemented with "
+              "pipelines yet", dp_strategy, pc.pp);
   p_ = int(pc.pp);
   v_ = int(pc.virtual_stages);
   m_ = int(micro_batches);
@@ -173,7 +173,8 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   if (ms.dp() > 1) dp_comm_ = mesh.axis(ms.dp_shard > 1 ? "dp_shard" : "dp_replicate");
   pp_p2p_ = pp_comm_->split(0, r_);
   world_p2p_ = world->split(0, world->rank());
-  zero1_ = dp_comm_ && dp_strategy == "zero1";
+  zero1_ = dp_comm_ && (dp_strategy == "zero1" || dp_strategy == "zero2");
+  zero2_ = dp_comm_ && dp_strategy == "zero2";
   sched_ = make_pipe_schedule(pc.schedule, p_, m_, v_);
   const int S = p_ * v_;
   // Point-to-point tags are below 2^20: two steps' windows of activation and gradient tags, then
@@ -222,7 +223,8 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   }
 
   // ZeRO-1 over dp: each owned parameter's optimizer state on one dp rank (largest first onto the
-  // least loaded), the updated values broadcast from there after each step.
+  // least loaded), the updated values broadcast from there after each step. ZeRO-2 places them
+  // alike, and its reduce-scatter leaves each parameter's averaged gradient on that rank only.
   std::vector<nn::Parameter*> stepped = owned_;
   if (zero1_) {
     const int D = dp_comm_->size();
@@ -278,7 +280,8 @@ PipelineParallel::~PipelineParallel() = default;
 std::string PipelineParallel::name() const {
   return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
                      tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
-                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
+                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp",
+                                            dp_comm_->size()) : "");
 }
 
 void PipelineParallel::zero_grad() {
@@ -380,18 +383,57 @@ void PipelineParallel::finish_backward() {
     for (auto& w : ws) w->wait();
     for (size_t i = 0; i < tied_.size(); ++i) cpu::add_inplace(tied_[i]->grad.f32(), theirs[i].f32(), theirs[i].numel());
   }
-  if (dp_comm_) {
+  if (zero2_) {
+    reduce_scatter_grads();
+  } else if (dp_comm_) {
     std::vector<comm::WorkPtr> ws;
     for (nn::Parameter* q : owned_) ws.push_back(dp_comm_->all_reduce_async(q->grad, comm::ReduceOp::avg));
     for (auto& w : ws) w->wait();
   }
 }
 
+void PipelineParallel::reduce_scatter_grads() {
+  // Chunk d of one buffer packs the gradients of the parameters dp rank d steps (each chunk as
+  // long as the most loaded rank's, zero-padded); one reduce-scatter averages chunk d onto rank d,
+  // and only its parameters' gradients are overwritten: the others keep this rank's unreduced
+  // contribution, which nothing reads (the norm and the step use the reduced ones only). The
+  // stage's whole gradient stays allocated: the micro-batches accumulate into it, as Megatron's
+  // distributed optimizer keeps its main gradients until the last micro-batch's backward.
+  const int D = dp_comm_->size(), me = dp_comm_->rank();
+  std::vector<int64_t> load(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) load[size_t(dp_owner_[i])] += owned_[i]->grad.numel();
+  const int64_t most = *std::max_element(load.begin(), load.end());
+  Tensor all = Tensor::zeros({int64_t(D) * most}), mine = Tensor::empty({most});
+  std::vector<int64_t> at(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const int d = dp_owner_[i];
+    const int64_t n = owned_[i]->grad.numel();
+    std::copy(owned_[i]->grad.f32(), owned_[i]->grad.f32() + n, all.f32() + d * most + at[size_t(d)]);
+    at[size_t(d)] += n;
+  }
+  dp_comm_->reduce_scatter(all, mine, comm::ReduceOp::avg);
+  int64_t o = 0;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (dp_owner_[i] == me) {
+      const int64_t n = owned_[i]->grad.numel();
+      std::copy(mine.f32() + o, mine.f32() + o + n, owned_[i]->grad.f32());
+      o += n;
+    }
+}
+
+bool PipelineParallel::holds_reduced_grad(const nn::Parameter* q) const {
+  if (!zero2_) return true;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (owned_[i] == q) return dp_owner_[i] == dp_comm_->rank();
+  return false;
+}
+
 void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
   // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
   // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
-  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = 'zero1' with parallel.pp = {} and parallel.tp = "
-              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", p_, tp->size());
+  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = '{}' with parallel.pp = {} and parallel.tp = "
+              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", zero2_ ? "zero2" : "zero1", p_,
+              tp->size());
   tp_ = tp;
 }
 
@@ -400,8 +442,14 @@ double PipelineParallel::grad_norm() {
   // the group's ranks after TensorParallel::finish_backward) count once.
   double sq = 0, sharded = 0;
   for (nn::Parameter* q : norm_params_)
-    (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+    if (holds_reduced_grad(q)) (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
   if (tp_) sq += tp_->sum(sharded);
+  if (zero2_) {  // each dp rank holds its parameters' reduced gradients: their squares add up over dp
+    Tensor part = split_double(sq), parts = Tensor::empty({2 * int64_t(dp_comm_->size())});
+    dp_comm_->all_gather(part, parts);
+    sq = 0;
+    for (int i = 0; i < dp_comm_->size(); ++i) sq += double(parts.f32()[2 * i]) + double(parts.f32()[2 * i + 1]);
+  }
   // Every stage's squared norm, summed in double on every rank (so all ranks agree bit for bit).
   Tensor mine = split_double(sq), all = Tensor::empty({2 * int64_t(p_)});
   pp_comm_->all_gather(mine, all);

@@ -69,7 +69,7 @@ struct ActionSpan {
 class PipelineParallel final : public DataParallel {
  public:
   // world: the job's communicator; mesh: over it, with pp > 1 (and at most one data-parallel
-  // axis: dp_replicate under ddp, dp_shard under zero1). micro_batches: m per step.
+  // axis: dp_replicate under ddp, dp_shard under zero1/zero2). micro_batches: m per step.
   PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
                    int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac);
   ~PipelineParallel() override;
@@ -103,6 +103,9 @@ class PipelineParallel final : public DataParallel {
   // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
   // copy on the last stage not counted).
   const std::vector<int>& owners() const { return owner_pp_; }
+  // Whether this rank holds q's gradient averaged over dp after finish_backward (under ZeRO-2
+  // only its dp owner does; otherwise every rank of the stage).
+  bool holds_reduced_grad(const nn::Parameter* q) const;
 
  private:
   struct Impl;
@@ -119,7 +122,8 @@ class PipelineParallel final : public DataParallel {
   std::vector<int> owner_pp_;       // per model parameter: the pp rank that owns it
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
-  bool zero1_ = false, stale_ = false, full_resident_ = false;
+  bool zero1_ = false, zero2_ = false, stale_ = false, full_resident_ = false;  // zero1_: also under zero2
+  void reduce_scatter_grads();
   TensorParallel* tp_ = nullptr;
   void release_unowned();
   void bind_unowned();
