@@ -222,6 +222,18 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
     if (r_ == p_ - 1) owned_.insert(owned_.end(), lower.begin(), lower.end());
   }
 
+  // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
+  // them: the other stages' parameters, gradients and optimizer state are never held here.
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
+  ac_ = ac;
+  std::vector<int64_t> sizes;
+  for (nn::Parameter* q : owned_) sizes.push_back(shape_numel(q->shape));
+  place_optimizer(sizes);
+  stale_ = true;
+}
+
+void PipelineParallel::place_optimizer(const std::vector<int64_t>& sizes) {
   // ZeRO-1 over dp: each owned parameter's optimizer state on one dp rank (largest first onto the
   // least loaded), the updated values broadcast from there after each step. ZeRO-2 places them
   // alike, and its reduce-scatter leaves each parameter's averaged gradient on that rank only.
@@ -230,28 +242,21 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
     const int D = dp_comm_->size();
     std::vector<size_t> order(owned_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return shape_numel(owned_[a]->shape) > shape_numel(owned_[b]->shape);
-    });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
     std::vector<int64_t> load(size_t(D), 0);
     dp_owner_.assign(owned_.size(), 0);
     for (size_t i : order) {
       int best = int(std::min_element(load.begin(), load.end()) - load.begin());
       dp_owner_[i] = best;
-      load[size_t(best)] += shape_numel(owned_[i]->shape);
+      load[size_t(best)] += sizes[i];
     }
     stepped.clear();
     for (size_t i = 0; i < owned_.size(); ++i)
       if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
   }
-  // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
-  // them: the other stages' parameters, gradients and optimizer state are never held here.
-  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
-  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
   std::vector<ParamRef> refs;
   for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
-  opt_ = std::make_unique<AdamW>(std::move(refs), ac);
-  stale_ = true;
+  opt_ = std::make_unique<AdamW>(std::move(refs), ac_);
 }
 
 void PipelineParallel::release_unowned() {
@@ -431,10 +436,20 @@ bool PipelineParallel::holds_reduced_grad(const nn::Parameter* q) const {
 void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
   // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
   // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
-  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = '{}' with parallel.pp = {} and parallel.tp = "
-              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", zero2_ ? "zero2" : "zero1", p_,
-              tp->size());
   tp_ = tp;
+  if (zero1_ && tp && tp->size() > 1 && tp->comm()) {
+    // ZeRO-1/2 place whole parameters on dp ranks by size; an uneven tp split (the vocabulary,
+    // the MLP) makes a shard's local sizes differ between the tp ranks, and their placements
+    // must agree (a tp-replicated parameter is stepped alike on both, and a checkpoint's gathers
+    // over tp pair up by name): every tp rank places by the group's largest local size.
+    std::vector<float> most;
+    for (nn::Parameter* q : owned_) most.push_back(float(shape_numel(q->shape)));
+    Tensor t = Tensor::from_vector(most, {int64_t(most.size())});
+    tp->comm()->all_reduce(t, comm::ReduceOp::max);
+    std::vector<int64_t> sizes;
+    for (int64_t i = 0; i < t.numel(); ++i) sizes.push_back(int64_t(t.f32()[i]));
+    place_optimizer(sizes);  // before any step: no optimizer state to keep
+  }
 }
 
 double PipelineParallel::grad_norm() {

@@ -124,6 +124,8 @@ class PipelineParallel final : public DataParallel {
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
   bool zero1_ = false, zero2_ = false, stale_ = false, full_resident_ = false;  // zero1_: also under zero2
   void reduce_scatter_grads();
+  void place_optimizer(const std::vector<int64_t>& sizes);  // ZeRO-1/2: dp_owner_ and opt_
+  AdamWConfig ac_;
   TensorParallel* tp_ = nullptr;
   void release_unowned();
   void bind_unowned();

@@ -147,7 +147,7 @@ constexpr int kSteps = 10, kM = 4, kRows = 2, kT = 8;
 
 struct PJob {
   std::string schedule = "1f1b";
-  int v = 1, n_layer = 4, world = 2, pp = 2, tp = 1;
+  int v = 1, n_layer = 4, world = 2, pp = 2, tp = 1, vocab = 64;
   std::string dp = "ddp";       // with world / pp > 1: ddp, zero1 or zero2
   std::vector<int64_t> layers;  // pp_layers
   std::string out;
@@ -157,7 +157,8 @@ struct PJob {
       if (!l.empty()) l += ':';
       l += std::to_string(x);
     }
-    return fmt::format("{},{},{},{},{},{},{},{},{}", schedule, v, n_layer, world, pp, dp, l.empty() ? "-" : l, out, tp);
+    return fmt::format("{},{},{},{},{},{},{},{},{},{}", schedule, v, n_layer, world, pp, dp, l.empty() ? "-" : l, out, tp,
+                       vocab);
   }
   static PJob decode(const std::string& s) {
     std::stringstream ss(s);
@@ -177,6 +178,7 @@ struct PJob {
     }
     j.out = f.at(7);
     j.tp = std::stoi(f.at(8));
+    j.vocab = std::stoi(f.at(9));
     return j;
   }
 };
@@ -197,6 +199,7 @@ void batch_rows(int step, int micro, int row0, int rows, Tensor& x, Tensor& y) {
 nn::GPTConfig model_config(const PJob& j) {
   nn::GPTConfig c = test::tiny_model();
   c.n_layer = j.n_layer;
+  c.vocab_size = j.vocab;
   return c;
 }
 // Data-parallel replicas of the job: the ranks left over by the stages and the tp groups.
@@ -567,6 +570,21 @@ TEST(Pipeline, TwoStagesTimesTwoTensorParallelRanksMatchOneRank) {
   expect_matches_one_rank(j, ref);
   j.schedule = "zb-h1";
   expect_matches_one_rank(j, ref);
+}
+
+// pp2 x tp2 x dp2 on 8 ranks under ZeRO-1 and ZeRO-2 (issue 11), with a vocabulary of 67 split
+// 33/34 over tp, so that the tp ranks' local sizes differ and only the tp-agreed placement keeps
+// their dp owners equal. The bounds of the pp2 x tp2 test: dp adds one (g0+g1)/2 per gradient.
+TEST(Pipeline, TwoStagesTimesTwoTensorTimesTwoZeroReplicasMatchOneRank) {
+  PJob j;
+  j.world = 8;
+  j.tp = 2;
+  j.vocab = 67;
+  Record ref = reference(j);
+  for (const char* z : {"zero1", "zero2"}) {
+    j.dp = z;
+    expect_matches_one_rank(j, ref);
+  }
 }
 
 TEST(Pipeline, APipelineCheckpointLoadsAtOneRank) {
