@@ -289,6 +289,24 @@ TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
   EXPECT_EQ(f.log("pp_z3").find("step     1/"), std::string::npos) << "refused after training began";
 }
 
+// pp2 x tp2 x dp2 on 8 ranks under ZeRO-1 through `atoll train` (issue 11): each stage's tp pair
+// agrees on which dp rank steps each parameter; at half the batch per dp rank it follows the
+// one-rank curve, and its checkpoint (each moment from its dp owner, gathered over tp) resumes on
+// one rank on the same curve.
+TEST(LaunchTrain, PipelineTimesTensorTimesZero1FollowsOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {"--eval.every=0"}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(f.train("pptpz1", 8, {"--parallel.pp=2", "--parallel.tp=2", "--parallel.strategy=zero1",
+                                  "--train.batch_size=2", "--train.stop_after=3", "--eval.every=0"}), 0);
+  EXPECT_NE(f.log("pptpz1").find(", tp = 2) x zero1 over dp = 2"), std::string::npos) << f.log("pptpz1");
+  ASSERT_EQ(f.train("pptpz1", 1, {"--resume", "--eval.every=0"}), 0);
+  expect_close(losses(f.root / "pptpz1"), one, 1e-5, "pp2 x tp2 x dp2 zero1, then resumed at one rank: loss");
+  expect_close(losses(f.root / "pptpz1", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x tp2 x dp2 zero1, then resumed at one rank: gradient norm");
+}
+
 // Resharding across model-parallel layouts (issue 11): checkpoints hold the whole model under
 // Hugging Face names and the optimizer under one-rank names, whatever layout wrote them, so a
 // run stopped at dp2 x tp2 resumes at pp2 x dp2 (ZeRO-1) and at one rank on the one-rank curve
