@@ -434,14 +434,13 @@ bool PipelineParallel::holds_reduced_grad(const nn::Parameter* q) const {
 }
 
 void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
-  // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
-  // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
   tp_ = tp;
   if (zero1_ && tp && tp->size() > 1 && tp->comm()) {
     // ZeRO-1/2 place whole parameters on dp ranks by size; an uneven tp split (the vocabulary,
     // the MLP) makes a shard's local sizes differ between the tp ranks, and their placements
     // must agree (a tp-replicated parameter is stepped alike on both, and a checkpoint's gathers
-    // over tp pair up by name): every tp rank places by the group's largest local size.
+    // over tp pair up by name): every tp rank places by the group's largest local size (as f32:
+    // exact below 2^24 elements, and the same bits on every rank whatever the size).
     std::vector<float> most;
     for (nn::Parameter* q : owned_) most.push_back(float(shape_numel(q->shape)));
     Tensor t = Tensor::from_vector(most, {int64_t(most.size())});

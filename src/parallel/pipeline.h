@@ -76,7 +76,8 @@ class PipelineParallel final : public DataParallel {
   std::string name() const override;
 
   // Under tensor parallelism (a mesh with tp > 1, the model being this rank's shard): the context,
-  // for the gradient norm. The caller runs TensorParallel::finish_backward after finish_backward.
+  // for the gradient norm and, under ZeRO-1/2, a placement the tp group agrees on (collective over
+  // it, before the first step). The caller runs TensorParallel::finish_backward after finish_backward.
   void set_tensor_parallel(TensorParallel* tp);
   // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);

@@ -138,6 +138,11 @@ TEST(LaunchTensorParallel, ContextTimesTensorFollowsOneRankAndResumesOnOne) {
   auto par = losses(f.root / "cptp"), single = losses(f.root / "cptp_one");
   expect_close(par, one, "cp2 x tp2, resumed at cp2 x tp2");
   expect_close(single, one, "cp2 x tp2, then resumed on one rank");
+  // Evaluation at step 3 (cp2 x tp2) and 6 (each resumed run) goes through the same sharded loss.
+  expect_close(metric_values(f.root / "cptp", "val_loss"), metric_values(f.root / "one", "val_loss"),
+               "cp2 x tp2 validation loss");
+  expect_close(metric_values(f.root / "cptp_one", "val_loss"), metric_values(f.root / "one", "val_loss"),
+               "cp2 x tp2, then one rank: validation loss");
   ASSERT_EQ(single.size(), 6u);
   ASSERT_EQ(par.size(), 6u);
   const double next = std::abs(single[3] - par[3]) / std::abs(par[3]);
