@@ -65,9 +65,7 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
       ATOLL_CHECK(m.dp_replicate == 1 || m.dp_shard == 1,
                   "parallel.cp = {}: context parallelism composes with ddp or zero1/2/3 over dp x cp, not with hsdp "
                   "(dp_replicate {} x dp_shard {})", m.cp, m.dp_replicate, m.dp_shard);
-      ATOLL_CHECK(m.tp == 1, "parallel.cp = {} with parallel.tp = {}: context and tensor parallelism do not compose "
-                  "yet; use one of them", m.cp, m.tp);
-      continue;
+      continue;  // cp x tp: ring attention over each tp rank's heads (docs/context_parallel.md)
     }
     if (std::string(n.axis) == "tp") continue;  // parallel/tensor_parallel.h
     if (n.style == nn::ParallelStyle::expert) continue;  // expert_parallel.h (the trainer injects its dispatcher)

@@ -142,4 +142,14 @@ comm::Communicator* Mesh::axis(const std::string& axis) {
   return axes_[i].get();
 }
 
+comm::Communicator* Mesh::group(const std::vector<std::string>& axes) {
+  if (!world_) return nullptr;
+  for (auto& [a, c] : groups_)
+    if (a == axes) return c.get();
+  int64_t color = world_->rank();
+  for (const std::string& a : axes) color -= coord(a) * stride_of(shape_, a);  // (ep has no stride: refused)
+  groups_.emplace_back(axes, world_->split(int(color), world_->rank()));
+  return groups_.back().second.get();
+}
+
 }  // namespace atl::parallel

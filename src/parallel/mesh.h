@@ -59,11 +59,16 @@ class Mesh {
   // The ranks that differ from this one only along `axis`; null for one process. Split from the
   // world on first use (a collective over the world: every rank must ask in the same order).
   comm::Communicator* axis(const std::string& axis);
+  // The ranks that differ from this one only along the listed axes (the others fixed): e.g. a tp
+  // rank's data-parallel group under cp x tp, {dp_replicate, dp_shard, cp}. Null for one process;
+  // split on first use like axis().
+  comm::Communicator* group(const std::vector<std::string>& axes);
 
  private:
   comm::Communicator* world_;
   MeshShape shape_;
   std::vector<std::unique_ptr<comm::Communicator>> axes_;
+  std::vector<std::pair<std::vector<std::string>, std::unique_ptr<comm::Communicator>>> groups_;
 };
 
 }  // namespace atl::parallel

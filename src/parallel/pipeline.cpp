@@ -160,10 +160,10 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
               "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
               ms.dp_replicate, ms.dp_shard);
-  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1",
+  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1" || dp_strategy == "zero2",
               "parallel.strategy = '{}' with parallel.pp = {}: a pipeline's stages replicate (ddp) or shard their "
-              "optimizer state (zero1) over dp; zero2/zero3/hsdp are not implemented with pipelines yet",
-              dp_strategy, pc.pp);
+              "optimizer state (zero1) and reduced gradients (zero2) over dp; zero3/hsdp are not implemented with "
+              "pipelines yet", dp_strategy, pc.pp);
   p_ = int(pc.pp);
   v_ = int(pc.virtual_stages);
   m_ = int(micro_batches);
@@ -173,7 +173,8 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   if (ms.dp() > 1) dp_comm_ = mesh.axis(ms.dp_shard > 1 ? "dp_shard" : "dp_replicate");
   pp_p2p_ = pp_comm_->split(0, r_);
   world_p2p_ = world->split(0, world->rank());
-  zero1_ = dp_comm_ && dp_strategy == "zero1";
+  zero1_ = dp_comm_ && (dp_strategy == "zero1" || dp_strategy == "zero2");
+  zero2_ = dp_comm_ && dp_strategy == "zero2";
   sched_ = make_pipe_schedule(pc.schedule, p_, m_, v_);
   const int S = p_ * v_;
   // Point-to-point tags are below 2^20: two steps' windows of activation and gradient tags, then
@@ -221,35 +222,41 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
     if (r_ == p_ - 1) owned_.insert(owned_.end(), lower.begin(), lower.end());
   }
 
+  // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
+  // them: the other stages' parameters, gradients and optimizer state are never held here.
+  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
+  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
+  ac_ = ac;
+  std::vector<int64_t> sizes;
+  for (nn::Parameter* q : owned_) sizes.push_back(shape_numel(q->shape));
+  place_optimizer(sizes);
+  stale_ = true;
+}
+
+void PipelineParallel::place_optimizer(const std::vector<int64_t>& sizes) {
   // ZeRO-1 over dp: each owned parameter's optimizer state on one dp rank (largest first onto the
-  // least loaded), the updated values broadcast from there after each step.
+  // least loaded), the updated values broadcast from there after each step. ZeRO-2 places them
+  // alike, and its reduce-scatter leaves each parameter's averaged gradient on that rank only.
   std::vector<nn::Parameter*> stepped = owned_;
   if (zero1_) {
     const int D = dp_comm_->size();
     std::vector<size_t> order(owned_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return shape_numel(owned_[a]->shape) > shape_numel(owned_[b]->shape);
-    });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
     std::vector<int64_t> load(size_t(D), 0);
     dp_owner_.assign(owned_.size(), 0);
     for (size_t i : order) {
       int best = int(std::min_element(load.begin(), load.end()) - load.begin());
       dp_owner_[i] = best;
-      load[size_t(best)] += shape_numel(owned_[i]->shape);
+      load[size_t(best)] += sizes[i];
     }
     stepped.clear();
     for (size_t i = 0; i < owned_.size(); ++i)
       if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
   }
-  // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
-  // them: the other stages' parameters, gradients and optimizer state are never held here.
-  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
-  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
   std::vector<ParamRef> refs;
   for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
-  opt_ = std::make_unique<AdamW>(std::move(refs), ac);
-  stale_ = true;
+  opt_ = std::make_unique<AdamW>(std::move(refs), ac_);
 }
 
 void PipelineParallel::release_unowned() {
@@ -278,7 +285,8 @@ PipelineParallel::~PipelineParallel() = default;
 std::string PipelineParallel::name() const {
   return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
                      tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
-                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero1_ ? "zero1" : "ddp", dp_comm_->size()) : "");
+                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp",
+                                            dp_comm_->size()) : "");
 }
 
 void PipelineParallel::zero_grad() {
@@ -380,19 +388,67 @@ void PipelineParallel::finish_backward() {
     for (auto& w : ws) w->wait();
     for (size_t i = 0; i < tied_.size(); ++i) cpu::add_inplace(tied_[i]->grad.f32(), theirs[i].f32(), theirs[i].numel());
   }
-  if (dp_comm_) {
+  if (zero2_) {
+    reduce_scatter_grads();
+  } else if (dp_comm_) {
     std::vector<comm::WorkPtr> ws;
     for (nn::Parameter* q : owned_) ws.push_back(dp_comm_->all_reduce_async(q->grad, comm::ReduceOp::avg));
     for (auto& w : ws) w->wait();
   }
 }
 
+void PipelineParallel::reduce_scatter_grads() {
+  // Chunk d of one buffer packs the gradients of the parameters dp rank d steps (each chunk as
+  // long as the most loaded rank's, zero-padded); one reduce-scatter averages chunk d onto rank d,
+  // and only its parameters' gradients are overwritten: the others keep this rank's unreduced
+  // contribution, which nothing reads (the norm and the step use the reduced ones only). The
+  // stage's whole gradient stays allocated: the micro-batches accumulate into it, as Megatron's
+  // distributed optimizer keeps its main gradients until the last micro-batch's backward.
+  const int D = dp_comm_->size(), me = dp_comm_->rank();
+  std::vector<int64_t> load(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) load[size_t(dp_owner_[i])] += owned_[i]->grad.numel();
+  const int64_t most = *std::max_element(load.begin(), load.end());
+  Tensor all = Tensor::zeros({int64_t(D) * most}), mine = Tensor::empty({most});
+  std::vector<int64_t> at(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const int d = dp_owner_[i];
+    const int64_t n = owned_[i]->grad.numel();
+    std::copy(owned_[i]->grad.f32(), owned_[i]->grad.f32() + n, all.f32() + d * most + at[size_t(d)]);
+    at[size_t(d)] += n;
+  }
+  dp_comm_->reduce_scatter(all, mine, comm::ReduceOp::avg);
+  int64_t o = 0;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (dp_owner_[i] == me) {
+      const int64_t n = owned_[i]->grad.numel();
+      std::copy(mine.f32() + o, mine.f32() + o + n, owned_[i]->grad.f32());
+      o += n;
+    }
+}
+
+bool PipelineParallel::holds_reduced_grad(const nn::Parameter* q) const {
+  if (!zero2_) return true;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (owned_[i] == q) return dp_owner_[i] == dp_comm_->rank();
+  return false;
+}
+
 void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
-  // ZeRO-1 places whole parameters on dp ranks by their local sizes, which an uneven tp split
-  // makes differ between the tp ranks; their checkpoints' gathers over tp would not pair up.
-  ATOLL_CHECK(!tp || tp->size() == 1 || !zero1_, "parallel.strategy = 'zero1' with parallel.pp = {} and parallel.tp = "
-              "{}: not implemented yet; use parallel.strategy = 'ddp' over dp", p_, tp->size());
   tp_ = tp;
+  if (zero1_ && tp && tp->size() > 1 && tp->comm()) {
+    // ZeRO-1/2 place whole parameters on dp ranks by size; an uneven tp split (the vocabulary,
+    // the MLP) makes a shard's local sizes differ between the tp ranks, and their placements
+    // must agree (a tp-replicated parameter is stepped alike on both, and a checkpoint's gathers
+    // over tp pair up by name): every tp rank places by the group's largest local size (as f32:
+    // exact below 2^24 elements, and the same bits on every rank whatever the size).
+    std::vector<float> most;
+    for (nn::Parameter* q : owned_) most.push_back(float(shape_numel(q->shape)));
+    Tensor t = Tensor::from_vector(most, {int64_t(most.size())});
+    tp->comm()->all_reduce(t, comm::ReduceOp::max);
+    std::vector<int64_t> sizes;
+    for (int64_t i = 0; i < t.numel(); ++i) sizes.push_back(int64_t(t.f32()[i]));
+    place_optimizer(sizes);  // before any step: no optimizer state to keep
+  }
 }
 
 double PipelineParallel::grad_norm() {
@@ -400,8 +456,14 @@ double PipelineParallel::grad_norm() {
   // the group's ranks after TensorParallel::finish_backward) count once.
   double sq = 0, sharded = 0;
   for (nn::Parameter* q : norm_params_)
-    (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
+    if (holds_reduced_grad(q)) (tp_ && tp_->sharded(q) ? sharded : sq) += cpu::sum_squares(q->grad.f32(), q->grad.numel());
   if (tp_) sq += tp_->sum(sharded);
+  if (zero2_) {  // each dp rank holds its parameters' reduced gradients: their squares add up over dp
+    Tensor part = split_double(sq), parts = Tensor::empty({2 * int64_t(dp_comm_->size())});
+    dp_comm_->all_gather(part, parts);
+    sq = 0;
+    for (int i = 0; i < dp_comm_->size(); ++i) sq += double(parts.f32()[2 * i]) + double(parts.f32()[2 * i + 1]);
+  }
   // Every stage's squared norm, summed in double on every rank (so all ranks agree bit for bit).
   Tensor mine = split_double(sq), all = Tensor::empty({2 * int64_t(p_)});
   pp_comm_->all_gather(mine, all);

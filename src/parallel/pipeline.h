@@ -69,14 +69,15 @@ struct ActionSpan {
 class PipelineParallel final : public DataParallel {
  public:
   // world: the job's communicator; mesh: over it, with pp > 1 (and at most one data-parallel
-  // axis: dp_replicate under ddp, dp_shard under zero1). micro_batches: m per step.
+  // axis: dp_replicate under ddp, dp_shard under zero1/zero2). micro_batches: m per step.
   PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
                    int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac);
   ~PipelineParallel() override;
   std::string name() const override;
 
   // Under tensor parallelism (a mesh with tp > 1, the model being this rank's shard): the context,
-  // for the gradient norm. The caller runs TensorParallel::finish_backward after finish_backward.
+  // for the gradient norm and, under ZeRO-1/2, a placement the tp group agrees on (collective over
+  // it, before the first step). The caller runs TensorParallel::finish_backward after finish_backward.
   void set_tensor_parallel(TensorParallel* tp);
   // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
@@ -103,6 +104,9 @@ class PipelineParallel final : public DataParallel {
   // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
   // copy on the last stage not counted).
   const std::vector<int>& owners() const { return owner_pp_; }
+  // Whether this rank holds q's gradient averaged over dp after finish_backward (under ZeRO-2
+  // only its dp owner does; otherwise every rank of the stage).
+  bool holds_reduced_grad(const nn::Parameter* q) const;
 
  private:
   struct Impl;
@@ -119,7 +123,10 @@ class PipelineParallel final : public DataParallel {
   std::vector<int> owner_pp_;       // per model parameter: the pp rank that owns it
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
-  bool zero1_ = false, stale_ = false, full_resident_ = false;
+  bool zero1_ = false, zero2_ = false, stale_ = false, full_resident_ = false;  // zero1_: also under zero2
+  void reduce_scatter_grads();
+  void place_optimizer(const std::vector<int64_t>& sizes);  // ZeRO-1/2: dp_owner_ and opt_
+  AdamWConfig ac_;
   TensorParallel* tp_ = nullptr;
   void release_unowned();
   void bind_unowned();

@@ -1,5 +1,7 @@
 #include "parallel/tensor_parallel.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -79,15 +81,22 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
               "ranks; use an elementwise optimizer (adamw, adams, lion)", tp, opt);
   ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
               "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));
-  ATOLL_CHECK(!sp || tokens % tp == 0, "parallel.sequence_parallel = true: a micro-batch of train.batch_size x "
-              "train.seq_len = {} tokens does not split over parallel.tp = {} ranks; make it a multiple of {} or set "
-              "parallel.sequence_parallel = false", tokens, tp, tp);
+  // Under cp x tp sequence parallelism splits each cp rank's share of the batch (its head and tail
+  // chunks of every row) over the tp group (docs/context_parallel.md).
+  const int64_t cp = mesh.shape().cp;
+  ATOLL_CHECK(!sp || (tokens % cp == 0 && (tokens / cp) % tp == 0), "parallel.sequence_parallel = true: a "
+              "micro-batch of train.batch_size x train.seq_len = {} tokens{} does not split over parallel.tp = {} "
+              "ranks; make it a multiple of {} or set parallel.sequence_parallel = false", tokens,
+              cp > 1 ? fmt::format(" over parallel.cp = {} (each cp rank's share split over tp)", cp) : "", tp, tp * cp);
   auto ctx = TensorParallel::apply(model, mesh, sp);
   log::info("tensor parallel: tp = {}, sequence parallel {}", tp, sp ? "on" : "off");
   return ctx;
 }
 
 comm::Communicator* data_parallel_comm(Mesh& mesh) {
+  // cp x tp: the ranks with this tp coordinate over dp x cp (cp ranks average their gradients as
+  // data-parallel ones do, their losses scaled by loss_share).
+  if (mesh.shape().cp > 1) return mesh.group({"dp_replicate", "dp_shard", "cp"});
   return mesh.axis(mesh.shape().dp_shard > 1 ? "dp_shard" : "dp_replicate");
 }
 

@@ -151,7 +151,8 @@ class TensorParallel final : public nn::TensorParallelContext {
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
                                                       const std::string& strategy, int64_t tokens);
 // The communicator data parallelism runs over when tp > 1: the mesh's dp_shard axis under ZeRO
-// (when it has more than one rank), else its dp_replicate axis.
+// (when it has more than one rank), else its dp_replicate axis; under cp x tp the ranks of this
+// tp coordinate over dp x cp.
 comm::Communicator* data_parallel_comm(Mesh& mesh);
 
 }  // namespace atl::parallel

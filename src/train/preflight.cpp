@@ -19,6 +19,9 @@ std::string format_bytes(double b) {
 MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
   MemoryEstimate e;
   int stage = s.strategy == "zero1" ? 1 : s.strategy == "zero2" ? 2 : (s.strategy == "zero3" || s.strategy == "hsdp") ? 3 : 0;
+  // A pipeline stage under ZeRO-2 keeps its whole gradient for the micro-batches to accumulate
+  // into (parallel/pipeline.h): only the optimizer state is sharded, as under ZeRO-1.
+  if (s.pp > 1 && stage == 2) stage = 1;
   std::string opt = s.optimizer == "adamw" ? "adam" : s.optimizer;
   plan::StateBytes sb = plan::state_bytes("fp32", opt);
   std::optional<nn::TransformerShape> t = model.transformer_shape();
@@ -33,6 +36,7 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
     m.ffn_type = t->swiglu ? "swiglu" : "gelu";
     m.vocab = t->vocab;
     m.seq = s.seq_len;
+    const int64_t seq = s.seq_len / std::max<int64_t>(1, s.cp);  // this rank's tokens of a row (the planner's s_local)
     m.tied_head = t->tied_head;
     m.bias = t->bias;
     m.norm = t->rms_norm ? "rmsnorm" : "layernorm";
@@ -54,8 +58,8 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
     ao.sp = s.sequence_parallel && s.tp > 1;
     const double inflight = pp == 1 ? 1.0 : s.pp_schedule == "gpipe" ? double(s.micro_batches)
                                           : double(std::min<int64_t>(pp, std::max<int64_t>(1, s.micro_batches)));
-    e.activations = double(per_stage) * plan::layer_activation_bytes(m, s.batch_size, s.seq_len, ao) * inflight;
-    e.logits = 3.0 * 4.0 * double(s.batch_size) * double(s.seq_len) * double(t->vocab) / double(ao.t);
+    e.activations = double(per_stage) * plan::layer_activation_bytes(m, s.batch_size, seq, ao) * inflight;
+    e.logits = 3.0 * 4.0 * double(s.batch_size) * double(seq) * double(t->vocab) / double(ao.t);
   } else if (s.pp > 1) {
     params /= double(s.pp);  // (under tp the model is already this rank's shard)
   }

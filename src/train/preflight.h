@@ -25,8 +25,9 @@ struct TrainShape {
   // Model parallelism: a replica's ranks split its weights over tp and pp (ZeRO then shards over
   // the world / (tp x pp) data ranks); sp: the activations between blocks split over tp too; a
   // pipeline stage keeps its blocks' activations for up to `micro_batches` (gpipe) or
-  // min(pp, micro_batches) micro-batches in flight.
-  int64_t tp = 1, pp = 1, micro_batches = 1;
+  // min(pp, micro_batches) micro-batches in flight. cp: a rank keeps the activations and logits of
+  // its seq_len / cp tokens of every row (ring attention's K/V blocks are transient).
+  int64_t tp = 1, pp = 1, cp = 1, micro_batches = 1;
   bool sequence_parallel = true;
   std::string pp_schedule = "1f1b";
 };

@@ -215,10 +215,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   comm::Communicator* dp_comm = I.lowcomm ? I.lowcomm->island_comm() : I.comm.get();
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   I.experts = parallel::apply_expert_parallel(cfg, I.model, *I.mesh, I.comm.get());  // ep > 1: this rank's experts
-  nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
-  I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
+  // On the shard (it is a new model): recomputation, and ring attention over its heads (cp x tp).
+  nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
+  I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp
   const parallel::PipelineConfig ppc = parallel::PipelineConfig::from_config(cfg, I.pc.mesh.pp);
   parallel::check_pipeline_layout(*I.model, ppc, I.o.grad_accum);  // a bad layout is refused before step 1
   // issue 10: a job that cannot fit is refused before it allocates activations or data (train/preflight.h).
@@ -226,6 +227,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                    I.o.matmul_dtype, env.world_size, env.local_world_size};
   shape.tp = I.pc.mesh.tp;  // the worst rank's share under tp and pp
   shape.pp = ppc.pp;
+  shape.cp = I.pc.mesh.cp;
   shape.micro_batches = I.o.grad_accum;
   shape.pp_schedule = ppc.schedule;
   shape.sequence_parallel = I.tp && I.tp->sequence_parallel();

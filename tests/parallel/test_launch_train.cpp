@@ -268,6 +268,45 @@ TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
   EXPECT_NE(f.log("bad").find("fewer than the 2 pipeline stages"), std::string::npos) << f.log("bad");
 }
 
+// pp2 x dp2 under ZeRO-2 through `atoll train` (issue 11): each stage's gradients are
+// reduce-scattered over its dp pair (every parameter's average on the dp rank that steps it), at
+// half the batch per dp rank: the one-rank curve; ZeRO-3 with a pipeline is still refused before
+// step 1, naming the key.
+TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
+  Fixture f;
+  const std::vector<std::string> quick = {"--checkpoint.every=0", "--eval.every=3"};
+  ASSERT_EQ(f.train("one", 1, quick), 0);
+  ASSERT_EQ(f.train("pp_z2", 4, with({"--parallel.pp=2", "--parallel.strategy=zero2", "--train.batch_size=2"}, quick)),
+            0);
+  EXPECT_NE(f.log("pp_z2").find("x zero2 over dp = 2"), std::string::npos) << f.log("pp_z2");
+  expect_close(losses(f.root / "pp_z2"), losses(f.root / "one"), 1e-5, "pp2 x dp2 zero2 loss");
+  expect_close(losses(f.root / "pp_z2", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x dp2 zero2 val");
+  expect_close(losses(f.root / "pp_z2", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x dp2 zero2 gradient norm (summed over the dp ranks' reduced parts and the stages)");
+  EXPECT_NE(f.train("pp_z3", 4, {"--parallel.pp=2", "--parallel.strategy=zero3", "--train.batch_size=2"}, true), 0);
+  EXPECT_NE(f.log("pp_z3").find("parallel.strategy = 'zero3' with parallel.pp = 2"), std::string::npos)
+      << f.log("pp_z3");
+  EXPECT_EQ(f.log("pp_z3").find("step     1/"), std::string::npos) << "refused after training began";
+}
+
+// pp2 x tp2 x dp2 on 8 ranks under ZeRO-1 through `atoll train` (issue 11): each stage's tp pair
+// agrees on which dp rank steps each parameter; at half the batch per dp rank it follows the
+// one-rank curve, and its checkpoint (each moment from its dp owner, gathered over tp) resumes on
+// one rank on the same curve.
+TEST(LaunchTrain, PipelineTimesTensorTimesZero1FollowsOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {"--eval.every=0"}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(f.train("pptpz1", 8, {"--parallel.pp=2", "--parallel.tp=2", "--parallel.strategy=zero1",
+                                  "--train.batch_size=2", "--train.stop_after=3", "--eval.every=0"}), 0);
+  EXPECT_NE(f.log("pptpz1").find(", tp = 2) x zero1 over dp = 2"), std::string::npos) << f.log("pptpz1");
+  ASSERT_EQ(f.train("pptpz1", 1, {"--resume", "--eval.every=0"}), 0);
+  expect_close(losses(f.root / "pptpz1"), one, 1e-5, "pp2 x tp2 x dp2 zero1, then resumed at one rank: loss");
+  expect_close(losses(f.root / "pptpz1", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x tp2 x dp2 zero1, then resumed at one rank: gradient norm");
+}
+
 // Resharding across model-parallel layouts (issue 11): checkpoints hold the whole model under
 // Hugging Face names and the optimizer under one-rank names, whatever layout wrote them, so a
 // run stopped at dp2 x tp2 resumes at pp2 x dp2 (ZeRO-1) and at one rank on the one-rank curve

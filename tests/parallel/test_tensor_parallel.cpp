@@ -31,6 +31,7 @@
 #include "harness.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
@@ -60,8 +61,10 @@ struct Job {
   int tp = 2, dp = 1, steps = 10, batch = 4;
   std::string save, load;  // full-state safetensors: saved after `steps`, loaded before step 1
   std::string strategy = "ddp";  // over dp: ddp (dp_replicate) | zero1 | zero2 (dp_shard)
+  int cp = 1;  // context parallel: ring attention over each tp rank's heads, gradients over dp x cp
   std::string str() const {
-    return fmt::format("{}:{}:{}:{}:{}:{}:{}:{}:{}", model, sp ? 1 : 0, tp, dp, steps, batch, save, load, strategy);
+    return fmt::format("{}:{}:{}:{}:{}:{}:{}:{}:{}:{}", model, sp ? 1 : 0, tp, dp, steps, batch, save, load, strategy,
+                       cp);
   }
   static Job parse(const std::string& s) {
     Job j;
@@ -69,7 +72,7 @@ struct Job {
     std::stringstream ss(s);
     std::string item;
     while (std::getline(ss, item, ':')) f.push_back(item);
-    while (f.size() < 9) f.push_back("");
+    while (f.size() < 10) f.push_back("");
     j.model = f[0];
     j.sp = f[1] == "1";
     j.tp = std::stoi(f[2]);
@@ -79,6 +82,7 @@ struct Job {
     j.save = f[6];
     j.load = f[7];
     if (!f[8].empty()) j.strategy = f[8];
+    if (!f[9].empty()) j.cp = std::stoi(f[9]);
     return j;
   }
 };
@@ -139,11 +143,14 @@ Result run(comm::Communicator* comm, const Job& job, bool tp_ref = false) {
   const std::string strategy = comm ? job.strategy : "ddp";
   MeshShape shape;
   shape.tp = comm ? job.tp : 1;
+  shape.cp = comm ? job.cp : 1;
   (strategy == "ddp" ? shape.dp_replicate : shape.dp_shard) = comm ? job.dp : 1;
   Mesh mesh(comm, shape);
   std::unique_ptr<TensorParallel> tp;
   if (comm || tp_ref) tp = TensorParallel::apply(model, mesh, job.sp);
   model->init_weights(11);
+  // cp x tp: the ring over this tp shard's heads, on the cp ranks of its tp coordinate.
+  std::unique_ptr<nn::ContextAttention> ring = apply_context_parallel(*model, mesh, kT);
   ParallelConfig pc;
   pc.strategy = strategy;
   pc.bucket_mb = 0.004;
@@ -238,10 +245,10 @@ std::string tag_path(const std::string& name) {
   return "/tmp/atoll_tp_" + std::to_string(getpid()) + "_" + name;
 }
 
-// Runs the job on tp*dp ranks; returns rank 0's results (every rank's must be equal).
+// Runs the job on tp*dp*cp ranks; returns rank 0's results (every rank's must be equal).
 Result run_ranks(const Job& job, const std::string& name) {
   std::string tag = tag_path(name);
-  auto codes = test::run_rank_programs(job.tp * job.dp, "TensorParallel.RankProgram",
+  auto codes = test::run_rank_programs(job.tp * job.dp * job.cp, "TensorParallel.RankProgram",
                                        {"ATOLL_TP_JOB=" + job.str(), "ATOLL_TP_TAG=" + tag}, tag, 120);
   auto kinds = test::collect_kinds(tag, codes, {"losses", "grads"}, name);
   return {kinds["losses"], kinds["grads"]};
@@ -405,6 +412,27 @@ TEST(TensorParallel, DataTimesTensorWithZero1AndZero2OnFourRanksMatchesOneRank) 
     job.strategy = s;
     expect_matches(job, std::string("dp2_tp2_sp_") + s);
   }
+}
+
+// cp2 x tp2 on 4 ranks (issue 11): each tp rank's shard runs ring attention over its heads with
+// the other cp rank of its tp coordinate; sequence parallelism, when on, splits each cp rank's
+// head and tail chunks of the batch over the tp pair; gradients are averaged over dp x cp (here
+// the cp pair), tp-replicated ones summed over tp first under SP. Against one rank on the same
+// global batch: GPT-2 style with SP under DDP, Llama style (RoPE at each span's global offset,
+// GQA with one KV head per tp rank) without SP under ZeRO-2 (its chunks over the cp pair). The
+// bound is the tp tests' 1e-6: cp adds the ring's online-softmax merge of two key blocks (one
+// rescaling per block, a few ulps of the attention output) and the cp pair's gradient sum, the
+// same kind and number of reassociations as dp2 x tp2.
+TEST(TensorParallel, ContextTimesTensorOnFourRanksMatchesOneRank) {
+  Job gpt2;
+  gpt2.cp = 2;
+  expect_matches(gpt2, "cp2_tp2_sp");
+  Job llama;
+  llama.model = "llama";
+  llama.cp = 2;
+  llama.sp = false;
+  llama.strategy = "zero2";
+  expect_matches(llama, "cp2_tp2_llama_zero2");
 }
 
 TEST(TensorParallel, VocabParallelCrossEntropyEqualsTheFullOne) {

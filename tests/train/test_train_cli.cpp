@@ -112,6 +112,34 @@ TEST(TrainCli, MemoryEstimateCountsTheTensorAndPipelineSplit) {
   EXPECT_LT(tz.model_states, t.model_states);
 }
 
+// Under context parallelism a rank keeps the activations and logits of its seq_len / cp tokens of
+// every row (the planner's s_local); its weights are the whole model's, or the tp shard's under
+// cp x tp, and ZeRO shards them over dp x cp.
+TEST(TrainCli, MemoryEstimateCountsTheContextSplit) {
+  nn::GPT mc(nn::GPTConfig::preset("gpt2-tiny"));
+  TrainShape one;
+  one.batch_size = 4;
+  one.seq_len = 32;
+  one.world = 4;
+  TrainShape cp = one, cptp = one, cp_zero = one, zero = one;
+  cp.cp = 2;
+  cptp.cp = 2;
+  cptp.tp = 2;
+  zero.strategy = "zero1";
+  cp_zero = cp;
+  cp_zero.strategy = "zero1";
+  MemoryEstimate o = estimate_training_memory(mc, one), c = estimate_training_memory(mc, cp),
+                 ct = estimate_training_memory(mc, cptp), cz = estimate_training_memory(mc, cp_zero),
+                 z = estimate_training_memory(mc, zero);
+  EXPECT_NEAR(c.activations / o.activations, 0.5, 1e-9);  // per token (flash attention's statistics too)
+  EXPECT_NEAR(c.logits / o.logits, 0.5, 1e-9);
+  EXPECT_EQ(c.model_states, o.model_states);
+  EXPECT_NEAR(ct.model_states / o.model_states, 0.5, 1e-9);
+  EXPECT_NEAR(ct.logits / o.logits, 0.25, 1e-9);  // half the tokens, half the vocabulary
+  EXPECT_LT(ct.activations, 0.3 * o.activations);  // and sequence parallelism within the cp share
+  EXPECT_EQ(cz.model_states, z.model_states);  // ZeRO over the 4 ranks of dp x cp
+}
+
 // The repro: `atoll train ... | head -2` died of SIGPIPE (status 141), without a message
 // or a checkpoint.
 TEST(TrainCli, ClosedOutputPipeDoesNotStopTraining) {

@@ -3,7 +3,8 @@
 // Blockwise Transformers"; the ring itself is src/parallel/context_parallel.cpp). Embeddings,
 // norms, MLPs and the head are per token and run unchanged on the local tokens; positions are the
 // tokens' global ones (learned positions gather their rows, RoPE rotates each span at its offset);
-// attention goes through the injected ContextAttention.
+// attention goes through the injected ContextAttention. Under cp x tp the model is the tp shard:
+// the ring runs over this rank's heads, and sequence parallelism splits the cp rank's tokens.
 #include "models/gpt/gpt.h"
 
 namespace atl::nn {
@@ -54,10 +55,17 @@ Tensor GPT::loss_context_parallel(const Tensor& tokens, const Tensor& targets) c
     std::vector<int32_t> pos = span_positions(spans);
     pos_rows = ops::index_select(wpe->weight->value, 0, Tensor::from_vector_i32(pos, {int64_t(pos.size())}));
   }
-  Tensor x = ops::embedding(tok, wte->weight->value, pos_rows);
-  x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
-  Tensor logits = ops::linear_t((*ln_f)(x), head_weight()->value);
-  Tensor loss = ops::cross_entropy(logits, tgt, /*reuse_logits=*/true);
+  Tensor loss;
+  if (tp_) {  // cp x tp: this rank's heads and vocabulary rows over its cp share of every row
+    tp_->begin_forward(tok.size(0), tok.size(1));  // sequence parallelism splits the cp share over tp
+    Tensor x = tp_->vocab_embedding(tok, wte->weight->value, vocab_lo_, pos_rows);
+    x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
+    loss = tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), tgt, vocab_lo_);
+  } else {
+    Tensor x = ops::embedding(tok, wte->weight->value, pos_rows);
+    x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
+    loss = ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), tgt, /*reuse_logits=*/true);
+  }
   int64_t kept = 0;
   for (int64_t i = 0; i < tgt.numel(); ++i) kept += tgt.i32()[i] >= 0;
   const double share = context_->loss_share(kept);
