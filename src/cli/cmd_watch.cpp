@@ -27,7 +27,7 @@ int run_watch(int argc, char** argv) {
   resilience::WatchOptions o;
   int64_t interval_ms = 200, ranks = 0;
   double report_every_s = 10, startup_s = 120;
-  bool stop = false;
+  bool stop = false, quiet = false;
   CLI::App app{"Watch a running job's ranks (their progress records and CPU time) and name a hang"};
   app.add_option("dir", dir, "the directory of the progress records (RUN_DIR/progress)")->required();
   app.add_option("--interval-ms", interval_ms, "sampling period")->check(integer_in(10, 60000));
@@ -39,6 +39,7 @@ int run_watch(int argc, char** argv) {
   app.add_option("--ranks", ranks, "wait for this many ranks' records before judging")->check(integer_in(0, 1 << 20));
   app.add_option("--startup-timeout-s", startup_s, "give up when no record appears within this")
       ->check(CLI::Range(0.1, 86400.0));
+  app.add_flag("--quiet", quiet, "print a rank's state only in the periodic reports, not on every change");
   app.add_flag("--stop", stop, "on a hang, kill the ranks (SIGKILL) after naming it");
   try {
     app.parse(argc, argv);
@@ -71,7 +72,7 @@ int run_watch(int argc, char** argv) {
     for (const auto& v : views) {
       all_done = all_done && v.state == resilience::RankState::finished;
       auto it = last.find(v.rank);
-      if (report || it == last.end() || it->second != v.state) std::printf("watch: [%.1f s] %s\n", since, v.describe().c_str());
+      if (report || (!quiet && (it == last.end() || it->second != v.state))) std::printf("watch: [%.1f s] %s\n", since, v.describe().c_str());
       last[v.rank] = v.state;
     }
     std::fflush(stdout);

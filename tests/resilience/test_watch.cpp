@@ -118,7 +118,8 @@ bool any_says(const std::vector<std::string>& lines, const std::string& what) {
 int watch_rank_program() {
   auto comm = comm::make_communicator("gloo", std::chrono::milliseconds(120000));
   const int r = comm->rank(), world = comm->size();
-  const std::string dir = std::getenv("WATCH_DIR");
+  const char* d = std::getenv("WATCH_DIR");
+  const std::string dir = d ? d : std::getenv("ATOLL_PROGRESS_DIR");  // set by `atoll launch --watch`
   auto& pub = ProgressPublisher::instance();
   pub.open(progress_path(dir, r), r, world);
   const int steps = env_int("WATCH_STEPS", 30), slow = env_int("WATCH_SLOW_RANK", -1);
@@ -210,6 +211,27 @@ TEST(Watcher, ARankBlockedInACollectiveThePeersNeverJoinIsNamedWithItsCollective
                                           ") is deadlocked in all_reduce #5 at step 5"), std::string::npos) << log;
   for (pid_t p : j.ranks) EXPECT_EQ(wait_for(p, 20), 128 + SIGKILL);
   cleanup(tag, j, 3);
+}
+
+// `atoll launch --watch`: the launcher starts the watcher and tears the job down when it names a
+// hang (here rank 1 blocked in a receive at step 5 of 2 ranks: each waits in another collective).
+TEST(Watcher, AtollLaunchWatchStopsAHungJobAndSaysWhy) {
+  const std::string tag = tag_for("launch");
+  const std::string dir = tag + ".progress";
+  fs::remove_all(dir);
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t p = spawn({std::string(ATOLL_BINARY_DIR) + "/atoll", "launch", "--nproc-per-node", "2", "--watch",
+                   "--watch-hang-s", "2", "--watch-dir", dir, "--", self_exe(), "--rank-program", "watch"},
+                  {"WATCH_STEPS=100000", "WATCH_BLOCK_RANK=1", "WATCH_BLOCK_STEP=5", "OMP_NUM_THREADS=1"}, tag + ".log");
+  int rc = wait_for(p, 90);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = read_file(tag + ".log");
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_NE(log.find("rank 1 waits in recv from 0 #5"), std::string::npos) << log;
+  EXPECT_NE(log.find("the watcher named a hang"), std::string::npos) << log;
+  EXPECT_LT(s, 60.0) << log;  // the job's 300 s collective timeout would be the alternative
+  fs::remove(tag + ".log");
+  fs::remove_all(dir);
 }
 
 // The judgement alone, on hand-made views.
