@@ -125,7 +125,6 @@ CodedStepInfo CodedDataParallel::step(int64_t t, const PartitionGrad& grad, floa
   std::vector<int> alive;
   for (auto& [r, v] : got) alive.push_back(r);
   std::sort(alive.begin(), alive.end());
-  if (scheme_ == CodingScheme::ignore) alive.resize(size_t(need));
   std::fill(full, full + len_, 0.f);
   if (scheme_ == CodingScheme::ignore || scheme_ == CodingScheme::uncoded) {
     const double scale = double(n_) / double(alive.size());

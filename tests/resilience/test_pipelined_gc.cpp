@@ -120,7 +120,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 // PGC_CODE fractional|cyclic, PGC_S, PGC_SCHEME, PGC_STEPS, PGC_DIM, PGC_ROWS, PGC_WORK_MS (CPU per
-// partition gradient, standing in for a model's forward and backward), PGC_LR, PGC_CHECK (1: the
+// partition gradient, standing in for a model's forward and backward; PGC_WORK_KIND burn|sleep), PGC_LR, PGC_CHECK (1: the
 // missing-set check), PGC_DELAY_RANK / PGC_DELAY_MS (the straggler), PGC_TARGET (time-to-loss).
 int pgc_rank_program() {
   auto comm = comm::make_communicator("gloo", std::chrono::milliseconds(60000));
@@ -130,6 +130,8 @@ int pgc_rank_program() {
   const bool check = env_num("PGC_CHECK", 0) > 0;
   const double work_ms = env_num("PGC_WORK_MS", 0), lr = env_num("PGC_LR", 0.5), target = env_num("PGC_TARGET", 0);
   const std::string code_name = env_str("PGC_CODE", "fractional");
+  // burn: CPU work (the tests); sleep: compute time that 2 loaded cores cannot stretch (the bench).
+  const bool sleep_work = env_str("PGC_WORK_KIND", "burn") == "sleep";
   const CodingScheme scheme = parse_coding_scheme(env_str("PGC_SCHEME", "pipelined"));
   GradientCode code = code_name == "cyclic" ? GradientCode::cyclic(n, s) : GradientCode::fractional(n, s);
   Problem P(n, m, d);
@@ -160,7 +162,10 @@ int pgc_rank_program() {
         if (scheme == CodingScheme::plain || cdp.source_step(j, t) == t) P.grad(j, th, ref_slot[size_t(j)].data());
     }
     auto info = cdp.step(t, [&](int j, float* out) {
-      burn(work_ms);
+      if (sleep_work)
+        std::this_thread::sleep_for(std::chrono::microseconds(int64_t(work_ms * 1000)));
+      else
+        burn(work_ms);
       P.grad(j, th, out);
     }, full.data());
     computed += info.computed;
