@@ -82,7 +82,7 @@ CodedStepInfo CodedDataParallel::step(int64_t t, const PartitionGrad& grad, floa
     behind = int(next.size()) >= need;
   }
   if (!behind) {
-    if (inj_.rank == w_ && inj_.stop_at > 0 && t >= inj_.stop_at) ::raise(SIGSTOP);
+    if (inj_.rank == w_ && inj_.stop_at > 0 && t == inj_.stop_at) ::raise(SIGSTOP);
     if (inj_.rank == w_ && inj_.delay_ms > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(int64_t(inj_.delay_ms * 1000)));
     info.computed = true;

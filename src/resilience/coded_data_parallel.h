@@ -43,7 +43,7 @@ CodingScheme parse_coding_scheme(const std::string& s);  // "pipelined", "plain"
 const char* coding_scheme_name(CodingScheme s);
 
 // The straggler injector: `rank` sleeps delay_ms in each step it computes; from step stop_at
-// (> 0) on it stops itself (SIGSTOP), as a hung host would; `withhold(step)`: this rank computes
+// (> 0) it stops itself (SIGSTOP), as a hung host would, until continued; `withhold(step)`: this rank computes
 // but sends nothing at that step (a dropped message; tests use it to miss any s ranks).
 struct StragglerInjector {
   int rank = -1;

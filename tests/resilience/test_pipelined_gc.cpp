@@ -12,6 +12,8 @@
 // `test_resilience --rank-program pgc` with PGC_* variables is also bench/gradient_coding.sh's
 // program.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,10 +22,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/tcp_store.h"
 #include "proc.h"
 #include "rank_programs.h"
 #include "resilience/coded_data_parallel.h"
@@ -138,6 +142,10 @@ int pgc_rank_program() {
   StragglerInjector inj;
   inj.rank = int(env_num("PGC_DELAY_RANK", -1));
   inj.delay_ms = env_num("PGC_DELAY_MS", 0);
+  if (env_num("PGC_STOP_AT", 0) > 0) {  // PGC_STOP_RANK stops itself (SIGSTOP) at that step
+    inj.rank = int(env_num("PGC_STOP_RANK", -1));
+    inj.stop_at = int64_t(env_num("PGC_STOP_AT", 0));
+  }
   const auto missing = subsets(n, s);
   inj.catch_up = !check;  // the check decides who is missing; a skip would add a missing rank
   if (check)
@@ -145,7 +153,8 @@ int pgc_rank_program() {
       const auto& set = missing[size_t(t) % missing.size()];
       return std::find(set.begin(), set.end(), rank) != set.end();
     };
-  CodedExchange ex(*comm);
+  auto exchange = std::make_unique<CodedExchange>(*comm);
+  CodedExchange& ex = *exchange;
   CodedDataParallel cdp(ex, code, scheme, d, inj);
   std::vector<float> th(size_t(d), 0.f), full(static_cast<size_t>(d));
   std::vector<std::vector<float>> ref_slot(size_t(n), std::vector<float>(size_t(d), 0.f));
@@ -188,13 +197,19 @@ int pgc_rank_program() {
       t_target = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  auto t_close = std::chrono::steady_clock::now();
+  exchange.reset();  // flushes to the peers (a stopped one is cut after ~2 s)
+  const double close_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_close).count();
   std::printf("pgc: rank %d: %s %s n=%d s=%d: computed %d of %d steps, median step %.1f ms, total %.2f s, "
               "final loss %.6g, params %s\n",
               r, coding_scheme_name(scheme), code_name.c_str(), n, s, computed, steps, median(step_ms), total_s,
               P.loss(th), hash_hex(th.data(), th.size() * sizeof(float)).c_str());
   if (target > 0 && r == 0) std::printf("pgc: rank 0: time to loss %.6g: %.2f s\n", target, t_target);
   if (check) std::printf("pgc: rank %d: worst decode error %.3g of scale; missing ranks used %d times\n", r, worst, wrong_sets);
+  std::printf("pgc: rank %d: exchange closed in %.0f ms\n", r, close_ms);
   std::fflush(stdout);
+  // Gloo's teardown waits ~30 s for a peer that is stopped; what is measured here is done.
+  if (inj.stop_at > 0) std::_Exit(0);
   return check && (worst > 1e-6 || wrong_sets > 0) ? 1 : 0;
 }
 
@@ -266,6 +281,36 @@ TEST(PipelinedGC, AStragglerIsNotWaitedForCatchesUpAndAllRanksEndBitwiseEqual) {
   const int computed = std::atoi(field(run.logs[2], "computed ").c_str());
   EXPECT_LT(computed, 30) << run.logs[2];
   EXPECT_NE(run.logs[0].find("computed 30 of 30"), std::string::npos) << run.logs[0];
+}
+
+// "Stop a rank": rank 3 of 4 stops itself (SIGSTOP) at step 5 of 20. The other three finish all
+// 20 steps without it (it is missing from every decode after step 4); continued after they are
+// gone, it catches up from the messages they left in its socket and ends with their parameters.
+TEST(PipelinedGC, ARankStoppedMidRunIsNotNeededAndCatchesUpWhenContinued) {
+  const std::string tag = (fs::temp_directory_path() / ("atoll_pgc_stop_" + std::to_string(::getpid()))).string();
+  const int world = 4;
+  int port = comm::pick_free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r)
+    pids.push_back(spawn({self_exe(), "--rank-program", "pgc"},
+                         {"RANK=" + std::to_string(r), "WORLD_SIZE=4", "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=4",
+                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1",
+                          "PGC_CODE=fractional", "PGC_S=1", "PGC_SCHEME=pipelined", "PGC_STEPS=20", "PGC_WORK_MS=5",
+                          "PGC_STOP_RANK=3", "PGC_STOP_AT=5"},
+                         tag + ".log" + std::to_string(r)));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(wait_for(pids[size_t(r)], 60), 0) << read_file(tag + ".log" + std::to_string(r));
+  ::kill(pids[3], SIGCONT);
+  EXPECT_EQ(wait_for(pids[3], 60), 0) << read_file(tag + ".log3");
+  std::vector<std::string> logs;
+  for (int r = 0; r < world; ++r) {
+    logs.push_back(read_file(tag + ".log" + std::to_string(r)));
+    fs::remove(tag + ".log" + std::to_string(r));
+  }
+  const std::string hash = field(logs[0], "params ");
+  ASSERT_FALSE(hash.empty()) << logs[0];
+  for (int r = 0; r < world; ++r) EXPECT_EQ(field(logs[size_t(r)], "params "), hash) << logs[size_t(r)];
+  for (int r = 0; r < 3; ++r) EXPECT_NE(logs[size_t(r)].find("computed 20 of 20"), std::string::npos) << logs[size_t(r)];
+  EXPECT_LT(std::atoi(field(logs[3], "computed ").c_str()), 20) << logs[3];
 }
 
 }  // namespace atl::resilience::test
