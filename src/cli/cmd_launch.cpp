@@ -83,6 +83,7 @@ static int run_launch(int argc, char** argv) {
                    fmt::format("{}", watch_hang_s), "--window-s", fmt::format("{}", std::min(2.0, watch_hang_s)),
                    "--report-every-s", "60", "--quiet"};
   }
+  if (ft && !o.watch_cmd.empty()) o.watch_cmd.push_back("--tolerant");  // replicas go on without a dead one
   if (!ft) return comm::launch(o);
   ATOLL_CHECK(o.nnodes == 1, "--ft runs on one node for now (start `atoll lighthouse` and the replicas by hand "
                              "across nodes: docs/fault_tolerance.md)");

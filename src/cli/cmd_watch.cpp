@@ -39,6 +39,8 @@ int run_watch(int argc, char** argv) {
   app.add_option("--ranks", ranks, "wait for this many ranks' records before judging")->check(integer_in(0, 1 << 20));
   app.add_option("--startup-timeout-s", startup_s, "give up when no record appears within this")
       ->check(CLI::Range(0.1, 86400.0));
+  app.add_flag("--tolerant", o.tolerant,
+               "a fault-tolerant job: a dead or stopped rank is reported, and only a job where no rank progresses fails");
   app.add_flag("--quiet", quiet, "print a rank's state only in the periodic reports, not on every change");
   app.add_flag("--stop", stop, "on a hang, kill the ranks (SIGKILL) after naming it");
   try {
@@ -63,7 +65,7 @@ int run_watch(int argc, char** argv) {
     const auto now = Clock::now();
     const double since = std::chrono::duration<double>(now - t0).count();
     if (views.empty() && since > startup_s) {
-      std::fprintf(stderr, "watch: no progress record appeared in %s within %.0f s\n", dir.c_str(), startup_s);
+      std::fprintf(stderr, "watch: no progress record appeared in %s within %.1f s\n", dir.c_str(), startup_s);
       return 1;
     }
     const bool report = report_every_s > 0 && std::chrono::duration<double>(now - last_report).count() >= report_every_s;

@@ -175,6 +175,13 @@ Verdict judge(const std::vector<RankView>& views, const WatchOptions& o) {
       busy_stalled.push_back(&r);
   }
   v.failure = !stopped.empty() || !dead.empty() || !deadlocked.empty();
+  if (o.tolerant) {  // the replicas go on without a dead or stopped one: fail only if none progresses
+    bool someone_progresses = false;
+    for (const auto& r : views)
+      someone_progresses = someone_progresses || (r.state != RankState::dead && r.state != RankState::stopped &&
+                                                  r.state != RankState::finished && r.stalled_s < o.hang_s);
+    v.failure = v.failure && !someone_progresses;
+  }
   if (!v.failure) return v;
   std::vector<std::string> why;
   auto name = [&](const RankView* r, std::string clause) {

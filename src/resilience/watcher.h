@@ -37,6 +37,9 @@ struct WatchOptions {
   double window_s = 2.0;  // the phase shares and the CPU rate are over this window
   double hang_s = 10.0;   // no progress event for this long (and no CPU) is a hang
   double idle_cpu = 0.05; // below this fraction of one core a rank uses "no CPU"
+  // A fault-tolerant job (quorum replicas, `atoll launch --ft`) goes on without a dead or stopped
+  // replica: then only a job where no live rank progresses is a failure.
+  bool tolerant = false;
 };
 
 // What /proc says about a process: state letter ('R', 'S', 'D', 'T', 'Z'; 0 when gone), CPU time

@@ -306,7 +306,8 @@ TrainResult Trainer::run(bool resume) {
   RunDirState run_dir_state;
   if (I.rank == 0) run_dir_state = prepare_run_dir(o.run_dir, resume, I.run_dir_opts);
   if (I.comm) I.comm->barrier();
-  ProgressRecordGuard progress(o, I.rank, I.world);  // issue 14: what `atoll watch` reads
+  // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
+  ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
   int64_t start = 0;
   std::string resumed_from;

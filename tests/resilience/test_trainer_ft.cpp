@@ -206,4 +206,29 @@ TEST(WatchTrainer, AtollTrainPublishesItsPhasesAndCollectivesForTheWatcher) {
   }
 }
 
+// `atoll launch --ft --watch`: the watcher is tolerant of what quorum mode survives. Replica 1 of 3
+// is killed (its pid read from its progress record) after its step-20 checkpoint; the launcher
+// starts it again with --resume, the job ends normally, and the watcher never stops it.
+TEST(WatchTrainer, UnderLaunchFtAKilledReplicaIsNoHangAndTheJobFinishes) {
+  Corpus c;
+  const fs::path dir = c.root / "progress";
+  pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "3", "--ft", "--heartbeat-timeout-ms", "600", "--watch",
+                   "--watch-hang-s", "3", "--watch-dir", dir.string(), "--", atoll_exe(), "train", c.cfg.string(),
+                   "--run.dir=" + (c.root / "run").string()},
+                  {"OMP_NUM_THREADS=1"}, (c.root / "launch.log").string());
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(90)) << read_file((c.root / "launch.log").string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto rec = read_progress((dir / "rank1.progress").string());
+  ASSERT_TRUE(rec.has_value());
+  ASSERT_GT(rec->pid, 0);
+  ::kill(rec->pid, SIGKILL);
+  ASSERT_EQ(wait_for(p, 180), 0) << read_file((c.root / "launch.log").string());
+  const std::string log = read_file((c.root / "launch.log").string());
+  EXPECT_NE(log.find("starting it again"), std::string::npos) << log;
+  EXPECT_EQ(log.find("the watcher named a hang"), std::string::npos) << log;
+}
+
 }  // namespace atl::resilience::test

@@ -266,6 +266,14 @@ TEST(Watcher, JudgeNamesTheCauseOnlyWhenSomeoneHangs) {
   v = judge({view(0, RankState::compute_bound, 0.1), view(1, RankState::dead, 0.1)}, o);
   EXPECT_TRUE(v.failure);
   EXPECT_EQ(v.culprits, std::vector<int>{1});
+  // ... but not in a fault-tolerant job whose other replicas go on; there only a job where no rank
+  // progresses fails.
+  o.tolerant = true;
+  EXPECT_FALSE(judge({view(0, RankState::compute_bound, 0.1), view(1, RankState::dead, 0.1)}, o).failure);
+  EXPECT_FALSE(judge({view(0, RankState::communication_bound, 0.2), view(1, RankState::stopped, 5)}, o).failure);
+  v = judge({view(0, RankState::deadlock, 3, "all_reduce #9", true), view(1, RankState::stopped, 5)}, o);
+  EXPECT_TRUE(v.failure);
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
 }
 
 }  // namespace atl::resilience::test
