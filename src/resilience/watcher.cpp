@@ -174,14 +174,14 @@ Verdict judge(const std::vector<RankView>& views, const WatchOptions& o) {
         r.state != RankState::dead && r.state != RankState::finished)
       busy_stalled.push_back(&r);
   }
-  v.failure = !stopped.empty() || !dead.empty() || !deadlocked.empty();
-  if (o.tolerant) {  // the replicas go on without a dead or stopped one: fail only if none progresses
-    bool someone_progresses = false;
-    for (const auto& r : views)
-      someone_progresses = someone_progresses || (r.state != RankState::dead && r.state != RankState::stopped &&
-                                                  r.state != RankState::finished && r.stalled_s < o.hang_s);
-    v.failure = v.failure && !someone_progresses;
-  }
+  // A hang is the job's: no live rank progressed for hang_s (so that the verdict sees where every
+  // rank ended up, not the first one to stop), with one stopped or deadlocked. A death is a failure
+  // at once, except in a fault-tolerant job, whose replicas go on without it.
+  bool someone_progresses = false;
+  for (const auto& r : views)
+    someone_progresses = someone_progresses || (r.state != RankState::dead && r.state != RankState::stopped &&
+                                                r.state != RankState::finished && r.stalled_s < o.hang_s);
+  v.failure = (!o.tolerant && !dead.empty()) || ((!stopped.empty() || !deadlocked.empty()) && !someone_progresses);
   if (!v.failure) return v;
   std::vector<std::string> why;
   auto name = [&](const RankView* r, std::string clause) {
@@ -212,23 +212,35 @@ Verdict judge(const std::vector<RankView>& views, const WatchOptions& o) {
   if (v.culprits.empty() && !deadlocked.empty()) {
     // Every rank waits: if they wait in different collectives, the ones outside the largest group
     // are the ones that went another way (a collective desync); otherwise none can be singled out.
-    std::map<std::string, std::vector<int>> by_op;
-    for (auto* r : deadlocked) by_op[r->op].push_back(r->rank);
+    std::map<std::string, std::vector<int>> by_op;  // every rank inside a collective, by which one
+    for (const auto& r : views)
+      if (r.in_collective && r.state != RankState::dead && r.state != RankState::finished) by_op[r.op].push_back(r.rank);
     size_t most = 0;
     for (auto& [op, rs] : by_op) most = std::max(most, rs.size());
     size_t at_most = 0;
     for (auto& [op, rs] : by_op) at_most += rs.size() == most;
     for (auto* r : deadlocked)
-      if (by_op.size() > 1 && (by_op[r->op].size() < most || at_most > 1))
+      if (by_op.size() > 1 && by_op.count(r->op) && (by_op[r->op].size() < most || at_most > 1))
         name(r, fmt::format("rank {} waits in {} while {} wait in other collectives (the ranks went different ways)",
                             r->rank, r->op, by_op.size() == 2 ? "the others" : "others"));
     if (v.culprits.empty())
       for (auto* r : deadlocked) v.culprits.push_back(r->rank);
   }
+  // Where every other rank is: the deadlocked ones, and those not yet hang_s into their wait.
   std::vector<std::string> rest;
-  for (auto* r : deadlocked)
-    rest.push_back(fmt::format("rank {} (pid {}) is deadlocked in {} at step {} (no CPU, no progress for {:.1f} s)",
-                               r->rank, r->pid, r->op.empty() ? "a collective" : r->op, r->step, r->stalled_s));
+  for (const auto& r : views) {
+    if (std::find(v.culprits.begin(), v.culprits.end(), r.rank) != v.culprits.end() && r.state != RankState::deadlock)
+      continue;
+    if (r.state == RankState::deadlock)
+      rest.push_back(fmt::format("rank {} (pid {}) is deadlocked in {} at step {} (no CPU, no progress for {:.1f} s)",
+                                 r.rank, r.pid, r.op.empty() ? "a collective" : r.op, r.step, r.stalled_s));
+    else if (r.in_collective && r.state != RankState::dead && r.state != RankState::finished)
+      rest.push_back(fmt::format("rank {} (pid {}) waits in {} at step {} (no progress for {:.1f} s)", r.rank, r.pid,
+                                 r.op, r.step, r.stalled_s));
+    else if (r.state != RankState::dead && r.state != RankState::stopped)
+      rest.push_back(fmt::format("rank {} (pid {}) is {} at step {} in phase {}", r.rank, r.pid, rank_state_name(r.state),
+                                 r.step, phase_name(r.phase)));
+  }
   std::sort(v.culprits.begin(), v.culprits.end());
   v.culprits.erase(std::unique(v.culprits.begin(), v.culprits.end()), v.culprits.end());
   v.message = fmt::format("hang: rank(s) {} named as the cause", ranks_list(v.culprits));

@@ -11,7 +11,8 @@
 //   stopped    the process is stopped (SIGSTOP, a debugger) — state T in /proc
 //   dead       the process is gone without finishing; finished: gone after a normal end
 //
-// and judge() turns a silent hang into a named failure: which rank is the cause (stopped, dead,
+// and judge() turns a silent hang into a named failure (no live rank progressed for hang_s and one
+// is stopped or deadlocked; or a rank died, unless the job is fault tolerant): which rank is the cause (stopped, dead,
 // idle outside a collective, finished while the others wait, or in another collective than the
 // rest), which phase and which collective each rank is in, and for how long.
 #pragma once
