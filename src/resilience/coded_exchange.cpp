@@ -1,5 +1,6 @@
 #include "resilience/coded_exchange.h"
 
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -155,8 +156,7 @@ int CodedExchange::size() const { return impl_->size; }
 
 void CodedExchange::post(int64_t step, std::vector<float> msg) {
   auto& I = *impl_;
-  auto frame = std::make_shared<std::string>("M " + std::to_string(step) + " " + std::to_string(I.rank) + " " +
-                                             std::to_string(msg.size()) + "\n");
+  auto frame = std::make_shared<std::string>(fmt::format("M {} {} {}\n", step, I.rank, msg.size()));
   frame->append(reinterpret_cast<const char*>(msg.data()), msg.size() * sizeof(float));
   {
     std::lock_guard<std::mutex> lk(I.mu);
@@ -177,7 +177,7 @@ CodedExchange::Messages CodedExchange::collect(int64_t step, int k, std::chrono:
   bool ok = I.cv.wait_for(lk, timeout, [&] { return int(I.box[step].size()) >= k; });
   if (!ok) {
     std::string have;
-    for (auto& [r, v] : I.box[step]) have += " " + std::to_string(r);
+    for (auto& [r, v] : I.box[step]) have += fmt::format(" {}", r);
     fail("coded exchange: step {}: {} of the {} messages needed came within {} ms (from ranks:{})", step,
          I.box[step].size(), k, timeout.count(), have.empty() ? " none" : have);
   }

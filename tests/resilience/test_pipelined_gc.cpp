@@ -166,7 +166,6 @@ int pgc_rank_program() {
   for (int t = 0; t < steps; ++t) {
     auto t0 = std::chrono::steady_clock::now();
     if (check) {  // the uncoded reference, at the parameters this step starts from
-      std::vector<float> g(size_t(d));
       for (int j = 0; j < n; ++j)
         if (scheme == CodingScheme::plain || cdp.source_step(j, t) == t) P.grad(j, th, ref_slot[size_t(j)].data());
     }
