@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <unistd.h>
 
 #include "cli/command.h"
 #include "cli/number_checks.h"
@@ -45,6 +47,15 @@ static int run_launch(int argc, char** argv) {
       ->check(integer_in(0, 1 << 20));
   app.add_option("--heartbeat-timeout-ms", ft_timeout_ms, "with --ft: a replica silent this long leaves the quorum")
       ->check(integer_in(10, 3600000));
+  // issue 14: the external watcher (resilience/watcher.h, `atoll watch`).
+  bool watch = false;
+  double watch_hang_s = 60;
+  std::string watch_dir;
+  app.add_flag("--watch", watch, "start `atoll watch` beside the ranks: a hang is named and stops the job");
+  app.add_option("--watch-hang-s", watch_hang_s, "with --watch: seconds without progress (and CPU) that make a hang")
+      ->check(CLI::Range(0.5, 86400.0));
+  app.add_option("--watch-dir", watch_dir, "with --watch: where the ranks publish their progress records "
+                 "(ATOLL_PROGRESS_DIR; default a fresh directory under /tmp)");
   try {
     app.parse(split, argv);
   } catch (const CLI::ParseError& e) {
@@ -62,6 +73,17 @@ static int run_launch(int argc, char** argv) {
   }
   for (int i = split + 1; i < argc; ++i) o.cmd.push_back(argv[i]);
   ATOLL_CHECK(!o.cmd.empty(), "no command: use `atoll launch [options] -- CMD ARGS...`");
+  if (watch) {
+    if (watch_dir.empty()) watch_dir = fmt::format("/tmp/atoll-watch-{}", ::getpid());
+    std::error_code ec;
+    std::filesystem::create_directories(watch_dir, ec);
+    ATOLL_CHECK(!ec, "--watch-dir {}: {}", watch_dir, ec.message());
+    ::setenv("ATOLL_PROGRESS_DIR", watch_dir.c_str(), 1);  // the ranks inherit it (train/fault_hooks.h)
+    o.watch_cmd = {"/proc/self/exe", "watch", watch_dir, "--ranks", std::to_string(o.nproc_per_node), "--hang-s",
+                   fmt::format("{}", watch_hang_s), "--window-s", fmt::format("{}", std::min(2.0, watch_hang_s)),
+                   "--report-every-s", "60", "--quiet"};
+  }
+  if (ft && !o.watch_cmd.empty()) o.watch_cmd.push_back("--tolerant");  // replicas go on without a dead one
   if (!ft) return comm::launch(o);
   ATOLL_CHECK(o.nnodes == 1, "--ft runs on one node for now (start `atoll lighthouse` and the replicas by hand "
                              "across nodes: docs/fault_tolerance.md)");

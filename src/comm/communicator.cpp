@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "comm/collective_observer.h"
 #include "core/log.h"
 
 namespace atl::comm {
@@ -36,6 +37,14 @@ Millis default_timeout() {
 
 void Work::wait() {
   std::unique_lock<std::mutex> lk(mu_);
+  // issue 14's watcher: a caller blocked here is "in a collective" (comm/collective_observer.h).
+  struct Blocked {
+    CollectiveObserver* o = nullptr;
+    ~Blocked() {
+      if (o) o->wait_end();
+    }
+  } blocked;
+  if ((!done_ || (finish_ && !finished_)) && (blocked.o = collective_observer())) blocked.o->wait_begin(name_);
   // A long wait says so now and then (a stopped or unreachable peer used to mean minutes of
   // silence before the timeout's message).
   const Millis note_every = std::clamp(timeout_ / 4, Millis(1000), Millis(30000));
@@ -156,6 +165,12 @@ void Communicator::worker_loop() {
       }
       op_deadline_ = std::chrono::steady_clock::now() + w->timeout_;
       running_seq_ = w->seq_;
+      CollectiveObserver* obs = collective_observer();  // issue 14's watcher
+      if (obs) {
+        int64_t bytes = 0;
+        for (const auto& t : w->keep_) bytes += t.defined() ? int64_t(t.nbytes()) : 0;
+        obs->op_started(w->name_, bytes);
+      }
       try {
         on_op_start(w->name_, w->seq_);
         w->run_(*w);
@@ -165,6 +180,7 @@ void Communicator::worker_loop() {
                                : fmt::format("{} aborted: {}", w->name_, aborted_);
         failed_ = err;
       }
+      if (obs) obs->op_finished(w->name_, err.empty());
     }
     {
       std::lock_guard<std::mutex> lk(qmu_);

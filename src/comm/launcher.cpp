@@ -191,6 +191,22 @@ int launch(const LaunchOptions& o) {
     kids[size_t(i)].pid = spawn(o, kids[size_t(i)], i, port, master_port);
   }
 
+  // issue 14: the watcher, a plain child (its output goes straight to ours).
+  pid_t watcher = 0;
+  if (!o.watch_cmd.empty()) {
+    std::vector<std::string> wc = o.watch_cmd;
+    std::vector<char*> wargv;
+    for (auto& s : wc) wargv.push_back(s.data());
+    wargv.push_back(nullptr);
+    watcher = ::fork();
+    ATOLL_CHECK(watcher >= 0, "fork(): {}", std::strerror(errno));
+    if (watcher == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::execvp(wargv[0], wargv.data());
+      ::_exit(127);
+    }
+  }
   std::string failure;  // the first failure, as reported
   int restarts = 0;     // ranks started again (max_restarts)
   clock::time_point term_at{}, kill_at{};
@@ -261,6 +277,13 @@ int launch(const LaunchOptions& o) {
         }
       }
     }
+    if (watcher > 0) {
+      int st = 0;
+      if (::waitpid(watcher, &st, WNOHANG) == watcher) {
+        watcher = 0;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 3) begin_teardown("the watcher named a hang (its message is above)", true);
+      }
+    }
     if (pfds.empty()) std::this_thread::sleep_for(Millis(50));
     bool all_exited = std::all_of(kids.begin(), kids.end(), [](const Child& c) { return c.exited; });
     bool outputs_closed = std::all_of(kids.begin(), kids.end(),
@@ -299,6 +322,11 @@ int launch(const LaunchOptions& o) {
   for (auto& c : kids)
     for (int s = 0; s < 2; ++s)
       if (c.fds[s] >= 0) ::close(c.fds[s]);
+  if (watcher > 0) {  // the job ended first: the watcher has nothing left to watch
+    ::kill(watcher, SIGTERM);
+    int st = 0;
+    ::waitpid(watcher, &st, 0);
+  }
 
   // Node 0 keeps the store up until every node's launcher is done with it.
   try {

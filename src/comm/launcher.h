@@ -22,6 +22,9 @@ struct LaunchOptions {
   // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
   int max_restarts = 0;
   std::vector<std::string> restart_args;
+  // `atoll launch --watch` (issue 14): a watcher process started beside the ranks (`atoll watch`);
+  // when it exits with status 3 (it named a hang) the job is torn down at once.
+  std::vector<std::string> watch_cmd;
 };
 
 // Runs the job to completion; returns 0 when every rank exited 0, otherwise 1 after printing

@@ -11,8 +11,8 @@
 //    with H 1 = 0; that space has dimension n - s and contains the all-ones vector, and any n - s
 //    rows of B span it (generically), so 1 is a combination a of them: a^T B_F = 1^T.
 //
-// Not built (issue 14 item 5): the pipelined variant that spreads a worker's partitions over
-// steps, and the straggler benchmarks.
+// In a data-parallel loop, pipelined (one partition per worker per step) and with stragglers:
+// coded_data_parallel.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>

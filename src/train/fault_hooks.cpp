@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "resilience/deadpool.h"
 #include "resilience/invariant_gate.h"
+#include "resilience/progress_record.h"
 #include "resilience/step_signature.h"
 #include "tensor/safetensors.h"
 
@@ -21,6 +22,7 @@ void read_fault_options(Config& c, TrainOptions& o) {
   o.fault_signatures = c.get_bool("fault.signatures", o.fault_signatures);
   o.fault_snapshot_every = c.get_int("fault.snapshot_every", o.fault_snapshot_every, 0, 1000000);
   o.fault_spare = c.get_bool("fault.spare", o.fault_spare);
+  o.fault_progress = c.get_bool("fault.progress", o.fault_progress);
   ATOLL_CHECK(o.fault_tolerance == "quorum" || (o.fault_snapshot_every == 0 && !o.fault_spare),
               "fault.{} ({}) is DeadPool's and needs fault.tolerance = \"quorum\"",
               o.fault_spare ? "spare" : "snapshot_every",
@@ -231,6 +233,23 @@ bool QuorumHook::step(int64_t& step, const std::function<double()>& compute, dou
   if (!ok && !data_before.is_null()) task_->set_data_state(data_before, task_env());  // redo the step on the same data
   step = state_.step - 1;
   return ok;
+}
+
+ProgressRecordGuard::ProgressRecordGuard(const TrainOptions& o, int rank, int world) {
+  if (!o.fault_progress) return;
+  const char* env = std::getenv("ATOLL_PROGRESS_DIR");
+  std::string dir = env && *env ? env : (std::filesystem::path(o.run_dir) / "progress").string();
+  try {
+    resilience::ProgressPublisher::instance().open(
+        (std::filesystem::path(dir) / ("rank" + std::to_string(rank) + ".progress")).string(), rank, world);
+    on_ = true;
+  } catch (const Error& e) {  // telemetry only: training goes on without it
+    log::warn("fault.progress: {}; no progress record for `atoll watch`", e.what());
+  }
+}
+
+ProgressRecordGuard::~ProgressRecordGuard() {
+  if (on_) resilience::ProgressPublisher::instance().close(finished_);
 }
 
 }  // namespace atl

@@ -13,6 +13,7 @@
 #include "parallel/data_parallel.h"
 #include "resilience/deadpool.h"
 #include "resilience/phase_guard.h"
+#include "resilience/progress_record.h"
 #include "resilience/quorum.h"
 #include "tensor/rng.h"
 #include "train/task.h"
@@ -31,6 +32,18 @@ void run_pre_run_gate(comm::Communicator& comm, const TrainOptions& o, const std
 
 // [fault] signatures = true (DDP only): SCOUT-style per-step signatures exchanged after the
 // gradient all-reduce; rank 0 names an outlier rank (or says the vote is inconclusive) in the log.
+// [fault] progress: this rank's progress record for `atoll watch` while the loop runs; marked done
+// only by finish() (an exception leaves it as it was, and the watcher sees the process gone).
+class ProgressRecordGuard {
+ public:
+  ProgressRecordGuard(const TrainOptions& o, int rank, int world);
+  ~ProgressRecordGuard();
+  void finish() { finished_ = true; }
+
+ private:
+  bool on_ = false, finished_ = false;
+};
+
 class SignatureHook {
  public:
   void step_start(const nn::Model& model);

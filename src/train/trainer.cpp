@@ -308,6 +308,8 @@ TrainResult Trainer::run(bool resume) {
   RunDirState run_dir_state;
   if (I.rank == 0) run_dir_state = prepare_run_dir(o.run_dir, resume, I.run_dir_opts);
   if (I.comm) I.comm->barrier();
+  // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
+  ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
   int64_t start = 0;
   std::string resumed_from;
@@ -350,6 +352,7 @@ TrainResult Trainer::run(bool resume) {
       log::warn("the run is already at step {} ({}) and train.steps is {}: nothing to train; pass --train.steps "
                 "above {} to go on",
                 start, resumed_from, o.steps, start);
+    progress.finish();
     return res;
   }
   // issue 10: appended, never truncated; the segment line marks what this invocation supersedes.
@@ -417,7 +420,13 @@ TrainResult Trainer::run(bool resume) {
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
+    resilience::ProgressPublisher::instance().set_step(step + 1);
+    resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(*I.comm, "step", step + 1);
+    auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
+      resilience::PhaseScope data(resilience::Phase::data);
+      return I.task->next_batch();
+    };
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
       I.dp->zero_grad();
@@ -431,7 +440,7 @@ TrainResult Trainer::run(bool resume) {
       if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
         std::vector<Tensor> ins, tgts;
         for (int64_t m = 0; m < o.grad_accum; ++m) {
-          const Batch& batch = I.task->next_batch();
+          const Batch& batch = next_batch();
           ins.push_back(batch.input.clone());
           tgts.push_back(batch.target.clone());
         }
@@ -439,7 +448,7 @@ TrainResult Trainer::run(bool resume) {
       }
       const bool tp_first = I.tp && I.tp->sums_before(*I.dp);  // tp x ZeRO-2 (tensor_parallel.h)
       for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
-        const Batch& batch = I.task->next_batch();
+        const Batch& batch = next_batch();
         I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
@@ -500,6 +509,7 @@ TrainResult Trainer::run(bool resume) {
     }
     if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
       if (guard) resilience::check_phase(*I.comm, "eval", step + 1);
+      resilience::PhaseScope in_eval(resilience::Phase::eval);
       double vl = I.evaluate();
       res.final_val_loss = vl;
       rec["val_loss"] = vl;
@@ -507,6 +517,7 @@ TrainResult Trainer::run(bool resume) {
     }
     if (o.sample_every > 0 && (step + 1) % o.sample_every == 0) {
       if (guard) resilience::check_phase(*I.comm, "sample", step + 1);
+      resilience::PhaseScope in_sample(resilience::Phase::eval);
       if (I.pipe) I.pipe->sync_full_model();
       std::string s = I.task->sample(*I.model, I.sample_rng);
       if (s.empty()) s = "(the model does not generate)";
@@ -525,6 +536,7 @@ TrainResult Trainer::run(bool resume) {
     stop_now = stop_now || signalled;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
       if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
+      resilience::PhaseScope in_ckpt(resilience::Phase::checkpoint);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
         std::string p = store.save(step + 1, ck);
@@ -542,6 +554,7 @@ TrainResult Trainer::run(bool resume) {
     }
     if (stop_now) break;
   }
+  progress.finish();
   return res;
 }
 

@@ -55,6 +55,9 @@ struct TrainOptions {
   // (0 = off); a spare waits in the lighthouse's pool and takes a dead replica's place.
   int64_t fault_snapshot_every = 0;
   bool fault_spare = false;
+  // progress: publish RUN_DIR/progress/rank<R>.progress (or under ATOLL_PROGRESS_DIR) for the
+  // external watcher, `atoll watch` (resilience/progress_record.h).
+  bool fault_progress = true;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
   std::string matmul_dtype = "f32";
 

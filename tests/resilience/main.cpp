@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && !std::strcmp(argv[1], "--dp-replica")) return atl::resilience::test::dp_replica_main(argc - 2, argv + 2);
   if (argc >= 2 && !std::strcmp(argv[1], "--dp-bench")) return atl::resilience::test::dp_bench_main(argc - 2, argv + 2);
   if (argc >= 2 && !std::strcmp(argv[1], "--campaign")) return atl::resilience::test::campaign_main(argc - 2, argv + 2);
+  if (argc >= 2 && !std::strcmp(argv[1], "--progress-bench")) return atl::resilience::test::progress_bench_main();
   if (argc >= 3 && !std::strcmp(argv[1], "--rank-program")) return atl::resilience::test::rank_program_main(argv[2]);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -150,6 +150,8 @@ int rank_program_main(const std::string& name) {
   if (name == "signatures") return signatures_rank_program();
   if (name == "replay") return replay_rank_program();
   if (name == "campaign") return campaign_rank_program();
+  if (name == "watch") return watch_rank_program();
+  if (name == "pgc") return pgc_rank_program();
   try {
     auto comm = comm::make_communicator("gloo", std::chrono::milliseconds(30000));
     const int r = comm->rank(), world = comm->size();

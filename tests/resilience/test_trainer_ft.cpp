@@ -13,6 +13,7 @@
 #include "comm/tcp_store.h"
 #include "proc.h"
 #include "resilience/lighthouse.h"
+#include "resilience/progress_record.h"
 
 namespace atl::resilience::test {
 namespace fs = std::filesystem;
@@ -176,6 +177,58 @@ TEST(PreRunGate, AtollTrainRefusesRanksWhoseConfigsDifferBeforeStepOne) {
     EXPECT_EQ(text.find("step     1/"), std::string::npos) << "a step ran:\n" << text;
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+// issue 14's watcher through the trainer: `atoll launch --watch` of two DDP ranks of `atoll train`.
+// Each rank's record ends done at the last step, with time in data, compute and collective waits
+// and the collectives it ran; the watcher raised no alarm on the clean run.
+TEST(WatchTrainer, AtollTrainPublishesItsPhasesAndCollectivesForTheWatcher) {
+  Corpus c;
+  const fs::path dir = c.root / "progress";
+  pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "2", "--watch", "--watch-hang-s", "30", "--watch-dir",
+                   dir.string(), "--", atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
+                   "--train.steps=30"},
+                  {"OMP_NUM_THREADS=1"}, (c.root / "launch.log").string());
+  ASSERT_EQ(wait_for(p, 120), 0) << read_file((c.root / "launch.log").string());
+  const std::string log = read_file((c.root / "launch.log").string());
+  EXPECT_EQ(log.find("hang:"), std::string::npos) << log;
+  for (int r = 0; r < 2; ++r) {
+    auto rec = read_progress((dir / ("rank" + std::to_string(r) + ".progress")).string());
+    ASSERT_TRUE(rec.has_value()) << r;
+    EXPECT_EQ(rec->rank, r);
+    EXPECT_EQ(rec->step, 30);
+    EXPECT_EQ(rec->phase, Phase::done);
+    for (Phase ph : {Phase::data, Phase::compute, Phase::collective, Phase::checkpoint})
+      EXPECT_GT(rec->phase_ns[size_t(ph)], 0) << "rank " << r << " spent no time in " << phase_name(ph);
+    EXPECT_GE(rec->ops_finished, 30);  // at least the gradient all-reduce of every step
+    EXPECT_EQ(rec->ops_failed, 0);
+    EXPECT_EQ(rec->inflight, 0);
+  }
+}
+
+// `atoll launch --ft --watch`: the watcher is tolerant of what quorum mode survives. Replica 1 of 3
+// is killed (its pid read from its progress record) after its step-20 checkpoint; the launcher
+// starts it again with --resume, the job ends normally, and the watcher never stops it.
+TEST(WatchTrainer, UnderLaunchFtAKilledReplicaIsNoHangAndTheJobFinishes) {
+  Corpus c;
+  const fs::path dir = c.root / "progress";
+  pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "3", "--ft", "--heartbeat-timeout-ms", "600", "--watch",
+                   "--watch-hang-s", "3", "--watch-dir", dir.string(), "--", atoll_exe(), "train", c.cfg.string(),
+                   "--run.dir=" + (c.root / "run").string()},
+                  {"OMP_NUM_THREADS=1"}, (c.root / "launch.log").string());
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(90)) << read_file((c.root / "launch.log").string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto rec = read_progress((dir / "rank1.progress").string());
+  ASSERT_TRUE(rec.has_value());
+  ASSERT_GT(rec->pid, 0);
+  ::kill(rec->pid, SIGKILL);
+  ASSERT_EQ(wait_for(p, 180), 0) << read_file((c.root / "launch.log").string());
+  const std::string log = read_file((c.root / "launch.log").string());
+  EXPECT_NE(log.find("starting it again"), std::string::npos) << log;
+  EXPECT_EQ(log.find("the watcher named a hang"), std::string::npos) << log;
 }
 
 }  // namespace atl::resilience::test
