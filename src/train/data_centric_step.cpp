@@ -14,6 +14,7 @@
 #include "parallel/context_parallel.h"
 #include "plan/cluster.h"
 #include "plan/hardware.h"
+#include "plan/predict.h"
 #include "train/trainer.h"
 
 namespace atl {
@@ -95,6 +96,7 @@ DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   s.recompute = cfg.get_string("parallel.dcp_recompute", "auto", {"auto", "none", "selective", "full"});
   s.device = cfg.get_string("parallel.dcp_device", "auto");
   s.memory_gb = cfg.get_float("parallel.dcp_memory_gb", 0.0, 0.0, 1e6);
+  s.margin = cfg.get_float("parallel.dcp_margin", s.margin, 0.0, 10.0);
   return s;
 }
 
@@ -103,7 +105,7 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
   DcpSettings s = DcpSettings::from_config(cfg, o);
   if (s.data.batch_tokens == 0) {
     for (const char* k : {"parallel.dcp_cp", "parallel.dcp_accum", "parallel.dcp_recompute", "parallel.dcp_device",
-                          "parallel.dcp_memory_gb", "data.varlen_lengths", "data.varlen_alpha", "data.varlen_min_len"})
+                          "parallel.dcp_memory_gb", "parallel.dcp_margin", "data.varlen_lengths", "data.varlen_alpha", "data.varlen_min_len"})
       ATOLL_CHECK(!cfg.has(k), "{} ({}) applies to the variable-length corpus only: set data.varlen_tokens > 0", k,
                   cfg.where(k));
     return nullptr;
@@ -180,39 +182,80 @@ std::string DataCentricStep::describe() const {
   return s;
 }
 
+// plan::choose_dcp prices a batch as sequences padded to its longest and split evenly over the dp
+// groups; packed rows are not even (a row of one long document beside a row of a few short ones),
+// so each candidate is priced here as it would run: every dp group's micro-batches, each cut to
+// its own longest row, by plan's model of one micro-batch on one cp group (compute, memory-bound
+// and recompute time, gradient buffers, exposed ring traffic), the step taking the slowest group.
+// The gradient reduction and the optimizer step are the same for every candidate (data
+// parallelism always reduces over all the ranks), so they are left out of the comparison.
+plan::DcpChoice DataCentricStep::price(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum,
+                                       const std::string& rc) const {
+  plan::DcpChoice c;
+  c.cp = cp, c.dp = world_ / cp, c.accum = accum, c.recompute = rc;
+  c.fits = true;
+  // One cp group's devices, each at its share of the machine (the job's cluster divided them).
+  plan::Cluster group = job_.cluster;
+  group.devices_per_node = cp;
+  for (int64_t g = 0; g < c.dp; ++g) {
+    double t = 0;
+    for (const DcpMicroBatch& mb : dcp_rank_share(rows, cp, accum, world_, int(g * cp), quad_)) {
+      plan::ModelSpec m = job_.model;
+      m.seq = mb.T;
+      plan::Layout l;
+      l.dp = 1, l.cp = cp, l.zero = 0;
+      l.micro_batch = l.global_batch = std::max<int64_t>(1, int64_t(mb.rows.size()));
+      l.recompute = rc;
+      l.precision = job_.precision;
+      const plan::Prediction p = plan::predict(m, group, l);
+      t += p.compute + p.memory_bound + p.recompute + p.grad_buffers + p.cp.total();
+      c.fits = c.fits && !p.memory.oom;
+      c.memory_bytes = std::max(c.memory_bytes, p.memory.total);
+      c.micro_batch = std::max<int64_t>(c.micro_batch, int64_t(mb.rows.size()));
+      c.seq = std::max(c.seq, mb.T);
+    }
+    c.step_s = std::max(c.step_s, t);
+  }
+  return c;
+}
+
 plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows) const {
-  std::vector<int64_t> lengths;
-  for (const PackedRow& r : rows) lengths.push_back(r.used());
-  // plan::dcp_candidates' enumeration with the fixed keys held; a fixed accum may exceed the rows
-  // a rank gets (its extra micro-batches are empty).
+  // plan::dcp_candidates' enumeration (cp a power of two dividing the ranks, 1, 2, 4, ... micro-
+  // batches up to the rows a group gets, each recompute policy) with the fixed keys held; a fixed
+  // accum may exceed the rows a rank gets (its extra micro-batches are empty).
   std::vector<plan::DcpChoice> cands;
   for (int64_t cp = 1; cp <= world_; cp *= 2) {
     if (world_ % cp || (s_.cp > 0 && cp != s_.cp)) continue;
-    const int64_t per_rank = (int64_t(lengths.size()) + world_ / cp - 1) / (world_ / cp);
+    const int64_t per_rank = (int64_t(rows.size()) + world_ / cp - 1) / (world_ / cp);
     for (int64_t a = 1; a <= std::max<int64_t>(1, std::min(job_.max_accum, per_rank)); a *= 2) {
       if (s_.accum > 0 && a != 1) break;
       const int64_t accum = s_.accum > 0 ? s_.accum : a;
-      for (const std::string& rc : job_.recompute) cands.push_back(plan::predict_config(job_, lengths, cp, accum, rc));
+      for (const std::string& rc : job_.recompute) cands.push_back(price(rows, cp, accum, rc));
     }
   }
   ATOLL_CHECK(!cands.empty(), "data-centric step: no configuration for {} ranks", world_);
+  // Fitting first, then the fastest (ties: fewer micro-steps); when nothing fits, the smallest
+  // memory. A larger cp must be predicted faster by more than the margin: the model leaves out
+  // the ring's per-exchange software costs (a thread hand-off and a loopback or network message
+  // per block and layer), so a near tie is not worth the ring.
+  auto better = [](const plan::DcpChoice& c, const plan::DcpChoice& b) {
+    if (c.fits != b.fits) return c.fits;
+    if (!c.fits) return c.memory_bytes < b.memory_bytes;
+    return c.step_s < b.step_s || (c.step_s == b.step_s && c.accum < b.accum);
+  };
   const plan::DcpChoice* best = nullptr;
-  for (const plan::DcpChoice& c : cands) {
-    if (!best) {
-      best = &c;
-      continue;
+  for (const plan::DcpChoice& c : cands)
+    if (!best || better(c, *best)) best = &c;
+  if (best->fits)
+    for (int64_t cp = 1; cp < best->cp; cp *= 2) {
+      const plan::DcpChoice* at = nullptr;  // the fastest fitting candidate of this cp
+      for (const plan::DcpChoice& c : cands)
+        if (c.cp == cp && c.fits && (!at || better(c, *at))) at = &c;
+      if (at && at->step_s <= best->step_s * (1 + s_.margin)) {
+        best = at;
+        break;
+      }
     }
-    // Fitting first, then the fastest (ties: smaller cp, fewer micro-steps); when nothing fits,
-    // the smallest memory.
-    if (c.fits != best->fits) {
-      if (c.fits) best = &c;
-      continue;
-    }
-    const bool better = c.fits ? (c.step_s < best->step_s ||
-                                  (c.step_s == best->step_s && (c.cp < best->cp || (c.cp == best->cp && c.accum < best->accum))))
-                               : c.memory_bytes < best->memory_bytes;
-    if (better) best = &c;
-  }
   return *best;
 }
 

@@ -50,6 +50,7 @@ struct DcpSettings {
   std::string recompute = "auto";  // or fixed: none | selective | full
   std::string device = "auto";     // plan device of the cost model
   double memory_gb = 0;            // the cost model's memory per rank (0: the device's)
+  double margin = 0.1;             // a larger cp must be predicted this much faster
   static DcpSettings from_config(Config& cfg, const TrainOptions& o);
 };
 
@@ -75,6 +76,8 @@ class DataCentricStep {
   std::string describe() const;
   // The choice for a batch's rows (the fixed keys held).
   plan::DcpChoice choose(const std::vector<PackedRow>& rows) const;
+  // One candidate's predicted time for these rows (the slowest dp group's micro-batches).
+  plan::DcpChoice price(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum, const std::string& rc) const;
 
  private:
   DcpSettings s_;
