@@ -3,13 +3,15 @@
 # ranks (1 thread each) over the long-tailed variable-length corpus (Debian fortunes' text cut to
 # Pareto lengths, data.varlen_lengths = "pareto"), the same batches in the same order for every
 # run: the chooser's layout per batch (cp, accumulation split, recompute) against each static
-# layout that fits every batch (cp 1 and cp 2, one micro-batch, no recompute). Tokens/s of a run =
+# layout of STATICS ("CPxACCUM" pairs; default 1x1 1x2 1x4 2x1 2x2, no recompute, all fit every
+# batch). Tokens/s of a run =
 # the batches' targets over steps 2..STEPS / their summed step time (step 1 warms up). The runs
 # are taken pair by pair, in rotating order, REPEATS times: the ratio is the median of the per-round
-# ratios dcp / best static of that round (best: the faster static run of the round), so a change
+# ratios dcp / best static of that round (best: the fastest static run of the round), so a change
 # of the machine's load between rounds cancels out. No PyTorch peer: torch has no per-batch
 # context-parallel switching; the peer is atoll's own static configuration, on the same machine.
-# usage: bench/dcp_vs_static.sh [STEPS REPEATS SEQ BATCH_TOKENS N_EMBD N_LAYER ALPHA]
+# usage: [STATICS="1x1 2x1"] [RATE=100mbit LINK_GBPS=0.1] bench/dcp_vs_static.sh [STEPS REPEATS SEQ
+#        BATCH_TOKENS N_EMBD N_LAYER ALPHA]
 # (build first: cmake --build build --target atoll)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,22 +50,40 @@ every = 1
 [hardware]
 peak_gflops = 100.0
 EOF
-declare -A ARGS=([dcp]="" [static_cp1]="--parallel.dcp_cp=1 --parallel.dcp_accum=1 --parallel.dcp_recompute=none"
-                 [static_cp2]="--parallel.dcp_cp=2 --parallel.dcp_accum=1 --parallel.dcp_recompute=none")
-names=(dcp static_cp1 static_cp2)
-loads=()
-for r in $(seq "$REPEATS"); do
-  for k in 0 1 2; do
-    n=${names[$(( (k + r) % 3 ))]}
+# The static layouts: every (cp, accum) of STATICS, no recompute (nothing here is short of memory).
+STATICS=${STATICS:-"1x1 1x2 1x4 2x1 2x2"}
+declare -A ARGS=([dcp]="")
+names=(dcp)
+for sc in $STATICS; do
+  n=static_cp${sc%x*}_accum${sc#*x}
+  names+=("$n")
+  ARGS[$n]="--parallel.dcp_cp=${sc%x*} --parallel.dcp_accum=${sc#*x} --parallel.dcp_recompute=none"
+done
+# RATE (e.g. 100mbit): the 2 ranks on 2 hosts of the network-namespace test bed, their link
+# limited to RATE by tbf, and the cost model told so (parallel.dcp_link_gbps = LINK_GBPS).
+launch() {  # run name, extra args
+  if [ -n "${RATE:-}" ]; then
+    scripts/netns_testbed.sh --hosts 2 --rate "$RATE" -- "$ATOLL launch --nnodes 2 --node-rank \$HOST_INDEX \
+      --nproc-per-node 1 --rdzv \$HOST0_ADDR:29400 -- $ATOLL train $W/dcp.toml --run.dir=$W/$1 \
+      --parallel.dcp_link_gbps=${LINK_GBPS:-0.1} $2"
+  else
     # shellcheck disable=SC2086
-    "$ATOLL" launch --nproc-per-node 2 -- "$ATOLL" train "$W/dcp.toml" --run.dir="$W/$n.$r" ${ARGS[$n]} \
-      > "$W/$n.$r.log" 2>&1 || { cat "$W/$n.$r.log"; exit 1; }
+    "$ATOLL" launch --nproc-per-node 2 -- "$ATOLL" train "$W/dcp.toml" --run.dir="$W/$1" $2
+  fi
+}
+loads=()
+N=${#names[@]}
+for r in $(seq "$REPEATS"); do
+  for k in $(seq 0 $((N - 1))); do
+    n=${names[$(( (k + r) % N ))]}
+    launch "$n.$r" "${ARGS[$n]}" > "$W/$n.$r.log" 2>&1 || { cat "$W/$n.$r.log"; exit 1; }
   done
   loads+=("$(cut -d' ' -f1 /proc/loadavg)")
 done
-/usr/bin/python3 - "$W" "$REPEATS" "$STEPS" "$SEQ" "$TOK" "$C" "$L" "$ALPHA" "${loads[*]}" <<'PY'
+/usr/bin/python3 - "$W" "$REPEATS" "$STEPS" "$SEQ" "$TOK" "$C" "$L" "$ALPHA" "${loads[*]}" "${RATE:-}" "${names[@]}" <<'PY'
 import json, statistics as st, sys, platform, collections
-w, R, steps, seq, tok, C, L, alpha, loads = sys.argv[1:10]
+w, R, steps, seq, tok, C, L, alpha, loads, rate = sys.argv[1:11]
+names = sys.argv[11:]
 R = int(R)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 def run(name, r):
@@ -73,22 +93,24 @@ def run(name, r):
                    (sum(x["step_ms"] for x in body) / 1e3),
             "loss": recs[-1]["loss"], "cps": collections.Counter(x["dcp"]["cp"] for x in recs),
             "recs": recs}
-runs = {(n, r): run(n, r) for n in ("dcp", "static_cp1", "static_cp2") for r in range(1, R + 1)}
+runs = {(n, r): run(n, r) for n in names for r in range(1, R + 1)}
+statics = names[1:]
 print(f"CPU: {cpu}; load average after each round {loads} (a shared machine: figures under load)")
-print(f"GPT L{L} C{C}, 2 ranks x 1 thread, batches of {tok} targets, documents Pareto(32, alpha {alpha}) "
+where = f"2 hosts of the netns test bed, links {rate} (tbf)" if rate else "2 ranks on this machine"
+print(f"GPT L{L} C{C}, {where}, 1 thread per rank, batches of {tok} targets, documents Pareto(32, alpha {alpha}) "
       f"up to {seq}, steps 2..{steps} of each run, {R} rounds")
-print(f"{'round':<7}{'dcp tok/s':>11}{'cp1 tok/s':>11}{'cp2 tok/s':>11}{'dcp/best':>10}   dcp's cp per step")
+short = lambda n: n.replace("static_", "").replace("_accum", "x")
+print(f"{'round':<7}" + "".join(f"{short(n):>10}" for n in names) + f"{'dcp/best':>10}   dcp's cp,accum per step")
 ratios = []
 for r in range(1, R + 1):
-    d, a, b = (runs[(n, r)]["tps"] for n in ("dcp", "static_cp1", "static_cp2"))
-    ratios.append(d / max(a, b))
-    cps = "".join(str(x["dcp"]["cp"]) for x in runs[("dcp", r)]["recs"])
-    print(f"{r:<7}{d:11.0f}{a:11.0f}{b:11.0f}{ratios[-1]:10.2f}   {cps}")
-m = lambda n: st.median(runs[(n, r)]["tps"] for r in range(1, R + 1))
-best = "static_cp1" if m("static_cp1") >= m("static_cp2") else "static_cp2"
-print(f"medians: dcp {m('dcp'):.0f} tok/s, static cp1 {m('static_cp1'):.0f}, static cp2 {m('static_cp2'):.0f}; "
-      f"best static by median: {best}")
-print(f"DCP / best static (median of per-round ratios): {st.median(ratios):.2f}x")
-l = [runs[(n, 1)]["loss"] for n in ("dcp", "static_cp1", "static_cp2")]
-print(f"final loss (round 1): dcp {l[0]:.6f}, cp1 {l[1]:.6f}, cp2 {l[2]:.6f} (same batches, same order)")
+    t = {n: runs[(n, r)]["tps"] for n in names}
+    ratios.append(t["dcp"] / max(t[n] for n in statics))
+    ch = " ".join(f'{x["dcp"]["cp"]},{x["dcp"]["accum"]}' for x in runs[("dcp", r)]["recs"])
+    print(f"{r:<7}" + "".join(f"{t[n]:10.0f}" for n in names) + f"{ratios[-1]:10.2f}   {ch}")
+m = {n: st.median(runs[(n, r)]["tps"] for r in range(1, R + 1)) for n in names}
+best = max(statics, key=lambda n: m[n])
+print("medians (tokens/s): " + ", ".join(f"{short(n)} {m[n]:.0f}" for n in names) + f"; best static: {short(best)}")
+print(f"DCP / best static (median of per-round ratios, best static of each round): {st.median(ratios):.2f}x")
+print("final loss (round 1): " + ", ".join(f"{short(n)} {runs[(n, 1)]['loss']:.6f}" for n in names) +
+      " (same batches, same order)")
 PY

@@ -26,13 +26,14 @@ Recompute recompute_of(const std::string& s) {
 }
 
 // The cost model's device when no calibration file exists: this machine's ranks at the GEMM rate
-// measured now, memory and links at conservative figures for one host (loopback TCP between
-// ranks). Only the ratios between candidates matter to the choice.
-plan::Device estimated_cpu_device() {
+// of hardware.peak_gflops (measured now when unset; then the choices follow the machine's load),
+// memory and links at conservative figures for one host (loopback TCP between ranks). Only the
+// ratios between candidates matter to the choice.
+plan::Device estimated_cpu_device(double peak_gflops) {
   plan::Device d;
   d.name = "cpu (estimated)";
   d.note = "GEMM peak measured at start; memory and loopback figures assumed";
-  d.fp32 = d.tf32 = measure_gemm_peak_gflops() * 1e9;
+  d.fp32 = d.tf32 = (peak_gflops > 0 ? peak_gflops : measure_gemm_peak_gflops()) * 1e9;
   d.mem_bytes = 16.0 * (1ull << 30);
   d.mem_bw = d.host_bw = 10e9;
   d.intra_bw = d.inter_bw = 1e9;
@@ -97,6 +98,8 @@ DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   s.device = cfg.get_string("parallel.dcp_device", "auto");
   s.memory_gb = cfg.get_float("parallel.dcp_memory_gb", 0.0, 0.0, 1e6);
   s.margin = cfg.get_float("parallel.dcp_margin", s.margin, 0.0, 10.0);
+  s.link_gbps = cfg.get_float("parallel.dcp_link_gbps", 0.0, 0.0, 1e6);
+  s.link_latency_us = cfg.get_float("parallel.dcp_link_latency_us", 0.0, 0.0, 1e7);
   return s;
 }
 
@@ -105,7 +108,7 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
   DcpSettings s = DcpSettings::from_config(cfg, o);
   if (s.data.batch_tokens == 0) {
     for (const char* k : {"parallel.dcp_cp", "parallel.dcp_accum", "parallel.dcp_recompute", "parallel.dcp_device",
-                          "parallel.dcp_memory_gb", "parallel.dcp_margin", "data.varlen_lengths", "data.varlen_alpha", "data.varlen_min_len"})
+                          "parallel.dcp_memory_gb", "parallel.dcp_margin", "parallel.dcp_link_gbps", "parallel.dcp_link_latency_us", "data.varlen_lengths", "data.varlen_alpha", "data.varlen_min_len"})
       ATOLL_CHECK(!cfg.has(k), "{} ({}) applies to the variable-length corpus only: set data.varlen_tokens > 0", k,
                   cfg.where(k));
     return nullptr;
@@ -122,7 +125,8 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
 }
 
 DataCentricStep::DataCentricStep(DcpSettings s, const TrainOptions& o, int world)
-    : s_(std::move(s)), world_(world), seq_len_(o.seq_len), data_dir_(o.data_dir), tokenizer_(o.tokenizer) {
+    : s_(std::move(s)), world_(world), seq_len_(o.seq_len), peak_gflops_(o.peak_gflops), data_dir_(o.data_dir),
+      tokenizer_(o.tokenizer) {
   job_.precision = o.matmul_dtype == "bf16" ? "bf16" : "fp32";
 }
 
@@ -159,7 +163,9 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
   job_.model = model_spec(*shape);
   std::string dev = s_.device;
   if (dev == "auto") dev = std::filesystem::exists(plan::calibration_path()) ? "cpu-local" : "";
-  plan::Device d = dev.empty() ? estimated_cpu_device() : plan::find_device(dev);
+  plan::Device d = dev.empty() ? estimated_cpu_device(peak_gflops_) : plan::find_device(dev);
+  if (s_.link_gbps > 0) d.intra_bw = d.inter_bw = s_.link_gbps * 1e9 / 8, d.links_measured = true;
+  if (s_.link_latency_us > 0) d.intra_latency = s_.link_latency_us * 1e-6;
   if (s_.memory_gb > 0) d.mem_bytes = s_.memory_gb * double(1ull << 30) * (d.shared_by_node ? double(world_) : 1.0);
   job_.cluster = plan::make_cluster(d, world_, 1, 1);
   job_.world = world_;

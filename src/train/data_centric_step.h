@@ -51,6 +51,7 @@ struct DcpSettings {
   std::string device = "auto";     // plan device of the cost model
   double memory_gb = 0;            // the cost model's memory per rank (0: the device's)
   double margin = 0.1;             // a larger cp must be predicted this much faster
+  double link_gbps = 0, link_latency_us = 0;  // the ranks' link for the cost model (0: the device's)
   static DcpSettings from_config(Config& cfg, const TrainOptions& o);
 };
 
@@ -83,6 +84,7 @@ class DataCentricStep {
   DcpSettings s_;
   int world_ = 1, rank_ = 0;
   int64_t seq_len_ = 0;
+  double peak_gflops_ = 0;  // hardware.peak_gflops (0: measured at setup)
   double quad_ = 0;
   std::unique_ptr<VarlenCorpus> corpus_;
   plan::DcpJob job_;
