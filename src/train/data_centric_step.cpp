@@ -119,6 +119,11 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
               "ranks; remove parallel.cp, tp, pp, ep and islands (mesh {})", at, m.describe());
   ATOLL_CHECK(o.fault_tolerance != "quorum", "data.varlen_tokens{} with fault.tolerance = \"quorum\" is not supported",
               at);
+  // The step chooses these per batch; a static value goes in parallel.dcp_accum / dcp_recompute.
+  for (const auto& [k, alt] : {std::pair<const char*, const char*>{"train.grad_accum", "parallel.dcp_accum"},
+                               {"train.recompute", "parallel.dcp_recompute"}})
+    ATOLL_CHECK(!cfg.has(k), "{} ({}) with data.varlen_tokens{}: the split and recompute are chosen per batch; to fix "
+                "one, set {}", k, cfg.where(k), at, alt);
   ATOLL_CHECK(s.cp == 0 || world % s.cp == 0, "parallel.dcp_cp = {} ({}) does not divide the {} ranks", s.cp,
               cfg.where("parallel.dcp_cp"), world);
   return std::make_unique<DataCentricStep>(std::move(s), o, world);

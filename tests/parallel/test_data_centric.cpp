@@ -179,6 +179,8 @@ TEST(DataCentricTrain, BadSettingsAreRefusedWithTheKey) {
   EXPECT_NE(f.log("bad_cp").find("data.varlen_tokens"), std::string::npos) << f.log("bad_cp");
   ASSERT_NE(f.train("bad_range", 1, {"--data.varlen_tokens=-3"}, true), 0);
   EXPECT_NE(f.log("bad_range").find("data.varlen_tokens"), std::string::npos) << f.log("bad_range");
+  ASSERT_NE(f.train("bad_accum", 1, {"--train.grad_accum=2"}, true), 0);
+  EXPECT_NE(f.log("bad_accum").find("set parallel.dcp_accum"), std::string::npos) << f.log("bad_accum");
   ASSERT_NE(f.train("bad_alone", 1, {"--data.varlen_tokens=0", "--parallel.dcp_cp=1"}, true), 0);
   EXPECT_NE(f.log("bad_alone").find("applies to the variable-length corpus only"), std::string::npos)
       << f.log("bad_alone");
