@@ -5,7 +5,8 @@
 //    loss (attention depends on relative positions only), and without the mask it does not;
 //  - `atoll launch` on 2 ranks over a long-tailed corpus: the chooser gives short batches data
 //    parallelism and long ones context parallelism, and the run trains to the loss of the static
-//    configuration (cp 1, one micro-batch, no recompute) on the same batches in the same order.
+//    configuration (cp 1, one micro-batch, no recompute) on the same batches in the same order;
+//  - a resumed run takes up at the next batch; bad settings are refused naming the key.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -171,6 +172,24 @@ TEST(DataCentricTrain, ChoosesPerBatchAndTrainsToTheStaticConfigurationsLoss) {
   std::printf("data-centric vs static, 10 steps: largest relative loss difference %.3g\n", worst);
   EXPECT_LT(dcp.back()["loss"].get<double>(), dcp.front()["loss"].get<double>()) << "the loss must fall";
   EXPECT_NE(f.log("dcp").find("data-centric parallel:"), std::string::npos) << f.log("dcp");
+}
+
+// Batch k is a function of (seed, k), so a run stopped after step 3 and resumed from its
+// checkpoint trains steps 4..6 on the batches the uninterrupted run saw, to the same loss (one
+// process: the same operations in the same order, so the same bits).
+TEST(DataCentricTrain, AResumedRunTakesUpAtTheNextBatch) {
+  DcpFixture f;
+  ASSERT_EQ(f.train("whole", 1, {"--train.steps=6"}), 0);
+  ASSERT_EQ(f.train("cut", 1, {"--train.steps=6", "--train.stop_after=3"}), 0);
+  ASSERT_EQ(f.train("cut", 1, {"--train.steps=6", "--resume"}), 0);
+  const auto whole = records(f.root / "whole"), cut = records(f.root / "cut");
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(cut.size(), 6u);
+  for (size_t s = 0; s < 6; ++s) {
+    EXPECT_EQ(cut[s]["dcp"]["docs"], whole[s]["dcp"]["docs"]) << "step " << s + 1;
+    EXPECT_EQ(cut[s]["loss"].get<double>(), whole[s]["loss"].get<double>()) << "step " << s + 1;
+  }
+  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
 }
 
 TEST(DataCentricTrain, BadSettingsAreRefusedWithTheKey) {
