@@ -17,7 +17,8 @@ std::vector<PackedRow> pack_documents(const std::vector<VarlenDocument>& docs, i
   std::vector<size_t> order(docs.size());
   std::iota(order.begin(), order.end(), size_t(0));
   // Longest first; equal lengths keep the batch's order (stable), so packing is deterministic.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return docs[a].targets() > docs[b].targets(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return docs[a].targets() > docs[b].targets(); });
   int64_t longest = 0;
   for (auto& d : docs) longest = std::max(longest, d.targets());
   if (capacity <= 0) capacity = longest;
@@ -40,7 +41,8 @@ std::vector<PackedRow> pack_documents(const std::vector<VarlenDocument>& docs, i
     r->doc_ids.insert(r->doc_ids.end(), size_t(n), id);
     r->doc_lengths.push_back(n);
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const PackedRow& a, const PackedRow& b) { return a.used() > b.used(); });
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const PackedRow& a, const PackedRow& b) { return a.used() > b.used(); });
   return rows;
 }
 

@@ -108,7 +108,9 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
   DcpSettings s = DcpSettings::from_config(cfg, o);
   if (s.data.batch_tokens == 0) {
     for (const char* k : {"parallel.dcp_cp", "parallel.dcp_accum", "parallel.dcp_recompute", "parallel.dcp_device",
-                          "parallel.dcp_memory_gb", "parallel.dcp_margin", "parallel.dcp_link_gbps", "parallel.dcp_link_latency_us", "data.varlen_lengths", "data.varlen_alpha", "data.varlen_min_len"})
+                          "parallel.dcp_memory_gb", "parallel.dcp_margin", "parallel.dcp_link_gbps",
+                          "parallel.dcp_link_latency_us", "data.varlen_lengths", "data.varlen_alpha",
+                          "data.varlen_min_len"})
       ATOLL_CHECK(!cfg.has(k), "{} ({}) applies to the variable-length corpus only: set data.varlen_tokens > 0", k,
                   cfg.where(k));
     return nullptr;

@@ -91,7 +91,8 @@ TEST(DocumentMasks, APackedRowGivesEachDocumentItsOwnLossUnderRope) {
   std::vector<int32_t> in, tg;
   for (int64_t i = 0; i <= a + b + 1; ++i) in.push_back(int32_t(mix(uint64_t(i) + 5) % uint64_t(V)));
   auto doc = [&](int64_t from, int64_t n) {  // inputs [from, from+n), targets shifted by one
-    std::vector<int32_t> x(in.begin() + from, in.begin() + from + n), y(in.begin() + from + 1, in.begin() + from + n + 1);
+    std::vector<int32_t> x(in.begin() + from, in.begin() + from + n);
+    std::vector<int32_t> y(in.begin() + from + 1, in.begin() + from + n + 1);
     return std::make_pair(Tensor::from_vector_i32(x, {1, n}), Tensor::from_vector_i32(y, {1, n}));
   };
   NoGradGuard ng;
