@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <limits>
 
@@ -171,6 +172,31 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
   std::string dev = s_.device;
   if (dev == "auto") dev = std::filesystem::exists(plan::calibration_path()) ? "cpu-local" : "";
   plan::Device d = dev.empty() ? estimated_cpu_device(peak_gflops_) : plan::find_device(dev);
+  if (dev.empty() && comm && world_ > 1) {
+    // Every rank must make the same choice (a ring needs all of its group), so the figures each
+    // rank measured are agreed on: the slowest rank's. The link is timed here too unless given:
+    // small all-reduces for the per-exchange latency (software hand-offs included, which is
+    // what a ring block costs beyond its bytes), 1 MiB ones for the bandwidth.
+    using Clock = std::chrono::steady_clock;
+    auto timed = [&](int64_t n, int reps) {
+      Tensor t = Tensor::zeros({n});
+      comm->all_reduce(t);  // warm the connection
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) comm->all_reduce(t);
+      return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+    };
+    double lat = d.intra_latency, bw = d.intra_bw;
+    if (s_.link_gbps == 0 && s_.link_latency_us == 0) {
+      lat = timed(1, 20);
+      bw = double(1 << 20) / std::max(1e-9, timed(1 << 18, 3) - lat);
+      d.note += "; link timed at start";
+    }
+    Tensor v = Tensor::empty({3});
+    v.f32()[0] = float(-d.fp32), v.f32()[1] = float(lat), v.f32()[2] = float(-bw);  // max of each
+    comm->all_reduce(v, comm::ReduceOp::max);
+    d.fp32 = d.tf32 = -double(v.f32()[0]), d.intra_latency = double(v.f32()[1]);
+    d.intra_bw = d.inter_bw = -double(v.f32()[2]);
+  }
   if (s_.link_gbps > 0) d.intra_bw = d.inter_bw = s_.link_gbps * 1e9 / 8, d.links_measured = true;
   if (s_.link_latency_us > 0) d.intra_latency = s_.link_latency_us * 1e-6;
   if (s_.memory_gb > 0) d.mem_bytes = s_.memory_gb * double(1ull << 30) * (d.shared_by_node ? double(world_) : 1.0);
@@ -182,9 +208,10 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
   int64_t longest = 0, total = 0;
   for (int64_t l : lens) longest = std::max(longest, l), total += l;
   log::info("data-centric parallel: {} documents of {} targets on average, longest {} (lengths: {}); batches of {} "
-            "targets; cost model on {}{}",
+            "targets; cost model on {} ({:.3g} GFLOP/s, link {:.3g} GB/s, {:.3g} us){}",
             lens.size(), lens.empty() ? 0 : total / int64_t(lens.size()), longest, s_.data.lengths,
-            s_.data.batch_tokens, d.name, describe().empty() ? "" : "; fixed: " + describe());
+            s_.data.batch_tokens, d.name, d.fp32 / 1e9, d.intra_bw / 1e9, d.intra_latency * 1e6,
+            describe().empty() ? "" : "; fixed: " + describe());
 }
 
 std::string DataCentricStep::describe() const {

@@ -126,7 +126,9 @@ struct DcpFixture : LaunchFixture {
                       "[model]\npreset = \"gpt2-tiny\"\nblock_size = 256\n"
                       "[train]\nsteps = 10\nseq_len = 256\nwarmup_steps = 2\nthreads = 1\n"
                       "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 0\n"
-                      "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n") {}
+                      "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+                      // The cost model's figures fixed (not timed at start), so the choices are too.
+                      "[parallel]\ndcp_link_gbps = 8.0\ndcp_link_latency_us = 50.0\n") {}
 };
 
 }  // namespace
