@@ -302,7 +302,9 @@ plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows) cons
 double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataParallel& dp) {
   const std::vector<VarlenDocument> docs = corpus_->batch(step);
   const std::vector<PackedRow> rows = pack_documents(docs);
+  const auto t0 = std::chrono::steady_clock::now();
   const plan::DcpChoice c = choose(rows);
+  choose_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t N = 0, longest = 0;
   for (const VarlenDocument& d : docs) N += d.targets(), longest = std::max(longest, d.targets());
   const std::vector<DcpMicroBatch> share = dcp_rank_share(rows, c.cp, c.accum, world_, rank_, quad_);
@@ -342,7 +344,7 @@ nlohmann::json DataCentricStep::record() const {
   return {{"dcp",
            {{"cp", last_.cp}, {"dp", last_.dp}, {"accum", last_.accum}, {"micro_batch", last_.micro_batch},
             {"recompute", last_.recompute}, {"seq", last_.seq}, {"docs", last_docs_}, {"longest", last_longest_},
-            {"predicted_ms", last_.step_s * 1e3}}},
+            {"predicted_ms", last_.step_s * 1e3}, {"choose_ms", choose_s_ * 1e3}}},
           {"tokens", total_tokens_}};
 }
 

@@ -72,7 +72,7 @@ class DataCentricStep {
   double compute(int64_t step, nn::Model& model, parallel::DataParallel& dp);
   int64_t step_tokens() const { return last_tokens_; }  // targets of the last batch (whole job)
   // The last step's choice for its metrics record: "dcp" {cp, dp, accum, micro_batch, recompute,
-  // seq, docs, longest, predicted_ms}, and "tokens" (cumulative over this run).
+  // seq, docs, longest, predicted_ms, choose_ms}, and "tokens" (cumulative over this run).
   nlohmann::json record() const;
   std::string describe() const;
   // The choice for a batch's rows (the fixed keys held).
@@ -92,6 +92,7 @@ class DataCentricStep {
   std::vector<std::unique_ptr<nn::ContextAttention>> rings_;
   std::vector<int64_t> ring_cp_;
   plan::DcpChoice last_;
+  double choose_s_ = 0;  // the last choice's time (packing excluded)
   int64_t last_tokens_ = 0, total_tokens_ = 0, last_docs_ = 0, last_longest_ = 0;
   std::string data_dir_, tokenizer_;
 };
