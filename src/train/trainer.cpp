@@ -26,6 +26,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
+#include "train/data_centric_step.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
 #include "train/memory_budget.h"
@@ -127,6 +128,7 @@ struct Trainer::Impl {
   std::unique_ptr<parallel::TensorParallel> tp;  // tp > 1: the context this rank's model shard computes through
   parallel::PipelineParallel* pipe = nullptr;  // dp, when [parallel] pp > 1 (parallel/pipeline.h)
   std::unique_ptr<parallel::ExpertShards> experts;  // ep > 1: this rank's experts and their dispatcher
+  std::unique_ptr<DataCentricStep> dcp;  // issue 12: data.varlen_tokens > 0 (train/data_centric_step.h)
   MemoryBudget budget;  // issue 12: train.memory_budget_gb, and where the optimizer state lives
   std::string placement_note;  // how the optimizer is placed over the ranks, for the log
   int rank = 0, world = 1;
@@ -215,6 +217,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   comm::Communicator* dp_comm = I.lowcomm ? I.lowcomm->island_comm() : I.comm.get();
   parallel::check_mesh_supported(I.pc.mesh, *I.model);
   I.experts = parallel::apply_expert_parallel(cfg, I.model, *I.mesh, I.comm.get());  // ep > 1: this rank's experts
+  I.dcp = DataCentricStep::from_config(cfg, I.o, I.pc.mesh, I.world);  // issue 12: layout per batch
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
   // On the shard (it is a new model): recomputation, and ring attention over its heads (cp x tp).
@@ -288,6 +291,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   }
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
+  if (I.dcp) I.dcp->setup(*I.model, I.comm.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
 
@@ -437,6 +441,11 @@ TrainResult Trainer::run(bool resume) {
       std::optional<WeightCastScope> casts;
       if (I.pc.strategy != "zero3" && I.pc.strategy != "hsdp") casts.emplace();
       double loss_sum = 0;
+      if (I.dcp) {  // issue 12: this batch's cp degree, split and recompute, chosen from its lengths
+        loss_sum = I.dcp->compute(step, *I.model, *I.dp);
+        I.dp->finish_backward();
+        return loss_sum;
+      }
       if (I.pipe) {  // the schedule runs every micro-batch's forward and backward (parallel/pipeline.h)
         std::vector<Tensor> ins, tgts;
         for (int64_t m = 0; m < o.grad_accum; ++m) {
@@ -491,7 +500,7 @@ TrainResult Trainer::run(bool resume) {
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step_s = step == start ? dt : 0.9 * ema_step_s + 0.1 * dt;
-    double tps = double(tokens_per_step) / dt;
+    double tps = double(I.dcp ? I.dcp->step_tokens() : tokens_per_step) / dt;
     double mfu = flops_tok * tps / (peak * 1e9 * double(I.world));
     res.final_step = step + 1;
     res.final_loss = loss;
@@ -501,6 +510,7 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
+    if (I.dcp) rec.update(I.dcp->record());
     if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_rss_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {

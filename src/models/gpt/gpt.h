@@ -6,6 +6,7 @@
 
 #include "models/gpt/gpt_config.h"
 #include "nn/context_attention.h"
+#include "nn/document_mask.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/model.h"
@@ -28,6 +29,7 @@ class Attention : public Module {
   Linear* c_proj;
   bool recompute_core = false;               // [train] recompute = "selective"
   const ContextAttention* context = nullptr;  // set by GPT::set_context_attention
+  const Tensor* doc_ids = nullptr;            // set by GPT::set_document_ids (packed documents)
 
  private:
   const GPTConfig& c_;
@@ -57,7 +59,12 @@ class Block : public Module {
   MLP* mlp;
 };
 
-class GPT : public Model, public TokenGenerator, public SequenceSharded, public PipelineStages, public PolicyModel {
+class GPT : public Model,
+            public TokenGenerator,
+            public SequenceSharded,
+            public DocumentMasked,
+            public PipelineStages,
+            public PolicyModel {
  public:
   // tp: build rank tp->rank()'s shard of a tensor-parallel group (see parallelize.cpp); the
   // context must outlive the model. Null: the whole model.
@@ -99,6 +106,8 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded, public 
   // row and attention reaches the others through cp; logits() and generation stay local.
   void set_context_attention(const ContextAttention* cp) override;
   void set_recompute(std::vector<Recompute> per_block) override;
+  // Packed documents (nn/document_mask.h; gpt_context.cpp): attention within each document.
+  void set_document_ids(const Tensor& doc_ids) override;
 
   // Weights keep Hugging Face GPT-2 names (the tied head is not written, as in HF's files, and
   // is ignored when a file carries it).
@@ -145,6 +154,7 @@ class GPT : public Model, public TokenGenerator, public SequenceSharded, public 
   Tensor tp_logits(const Tensor& tokens) const;  // [B*T, V_r] under tensor parallelism
   GPTConfig c_;
   const ContextAttention* context_ = nullptr;
+  Tensor doc_ids_;  // set_document_ids
   const TensorParallelContext* tp_ = nullptr;
   int64_t vocab_lo_ = 0;  // first vocabulary row of this rank's tables
 };

@@ -12,9 +12,10 @@ namespace atl::nn {
 Tensor Attention::core(const Tensor& qkv_in) const {
   const int64_t H = heads_, KV = kv_heads_, hd = c_.head_dim();  // this rank's heads under tp
   Tensor qkv = qkv_in;
+  const Tensor docs = doc_ids ? *doc_ids : Tensor();
   if (!context) {
     if (c_.rope) qkv = ops::rope(qkv, H, KV, hd, c_.rope_theta);
-    return ops::attention(qkv, H, KV, hd);
+    return docs.defined() ? ops::attention(qkv, H, KV, hd, /*causal=*/true, docs) : ops::attention(qkv, H, KV, hd);
   }
   const int64_t T = qkv.size(1) * context->ranks();
   if (c_.rope) {
@@ -30,12 +31,17 @@ Tensor Attention::core(const Tensor& qkv_in) const {
       qkv = ops::concat(parts, 1);
     }
   }
-  return context->attention(qkv, H, KV, hd, T, /*causal=*/true, Tensor());
+  return context->attention(qkv, H, KV, hd, T, /*causal=*/true, docs);
 }
 
 void GPT::set_context_attention(const ContextAttention* cp) {
   context_ = cp;
   for (Block* b : h) b->attn->context = cp;
+}
+
+void GPT::set_document_ids(const Tensor& doc_ids) {
+  doc_ids_ = doc_ids;
+  for (Block* b : h) b->attn->doc_ids = doc_ids.defined() ? &doc_ids_ : nullptr;
 }
 
 void GPT::set_recompute(std::vector<Recompute> per_block) {

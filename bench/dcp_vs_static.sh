@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Data-Centric Parallel vs the best static configuration (issue 12, item 5): `atoll train` on 2
+# ranks (1 thread each) over the long-tailed variable-length corpus (Debian fortunes' text cut to
+# Pareto lengths, data.varlen_lengths = "pareto"), the same batches in the same order for every
+# run: the chooser's layout per batch (cp, accumulation split, recompute) against each static
+# layout of STATICS ("CPxACCUM" pairs; default 1x1 1x2 1x4 2x1 2x2, no recompute, all fit every
+# batch). Tokens/s of a run =
+# the batches' targets over steps 2..STEPS / their summed step time (step 1 warms up). The runs
+# are taken pair by pair, in rotating order, REPEATS times: the ratio is the median of the per-round
+# ratios dcp / best static of that round (best: the fastest static run of the round), so a change
+# of the machine's load between rounds cancels out. No PyTorch peer: torch has no per-batch
+# context-parallel switching; the peer is atoll's own static configuration, on the same machine.
+# usage: [STATICS="1x1 2x1"] [RATE=100mbit LINK_GBPS=0.1] bench/dcp_vs_static.sh [STEPS REPEATS SEQ
+#        BATCH_TOKENS N_EMBD N_LAYER ALPHA]
+# (build first: cmake --build build --target atoll)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-8} REPEATS=${2:-3} SEQ=${3:-4096} TOK=${4:-8192} C=${5:-128} L=${6:-2} ALPHA=${7:-1.0}
+BUILD=${BUILD:-build}
+ATOLL=$(realpath "$BUILD/atoll")
+[ -x "$ATOLL" ] || { echo "build first: cmake --build $BUILD --target atoll"; exit 1; }
+W=$(mktemp -d /tmp/atoll_dcp_bench.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cat > "$W/dcp.toml" <<EOF
+[data]
+dir = "${DCP_DATA:-$W/data}"
+varlen_tokens = $TOK
+varlen_lengths = "pareto"
+varlen_alpha = $ALPHA
+varlen_min_len = 32
+[model]
+preset = "gpt2-tiny"
+n_layer = $L
+n_embd = $C
+n_head = $((C / 32))
+block_size = $SEQ
+[train]
+steps = $STEPS
+seq_len = $SEQ
+warmup_steps = 2
+threads = 1
+[eval]
+every = 0
+[sample]
+every = 0
+[checkpoint]
+every = 0
+[log]
+every = 1
+[hardware]
+peak_gflops = 100.0
+EOF
+# The static layouts: every (cp, accum) of STATICS, no recompute (nothing here is short of memory).
+STATICS=${STATICS:-"1x1 1x2 1x4 2x1 2x2"}
+declare -A ARGS=([dcp]="")
+names=(dcp)
+for sc in $STATICS; do
+  n=static_cp${sc%x*}_accum${sc#*x}
+  names+=("$n")
+  ARGS[$n]="--parallel.dcp_cp=${sc%x*} --parallel.dcp_accum=${sc#*x} --parallel.dcp_recompute=none"
+done
+# RATE (e.g. 100mbit): the 2 ranks on 2 hosts of the network-namespace test bed, their link
+# limited to RATE by tbf, and the cost model told so (parallel.dcp_link_gbps = LINK_GBPS).
+launch() {  # run name, extra args
+  if [ -n "${RATE:-}" ]; then
+    scripts/netns_testbed.sh --hosts 2 --rate "$RATE" -- "$ATOLL launch --nnodes 2 --node-rank \$HOST_INDEX \
+      --nproc-per-node 1 --rdzv \$HOST0_ADDR:29400 -- $ATOLL train $W/dcp.toml --run.dir=$W/$1 \
+      --parallel.dcp_link_gbps=${LINK_GBPS:-0.1} $2"
+  else
+    # shellcheck disable=SC2086
+    "$ATOLL" launch --nproc-per-node 2 -- "$ATOLL" train "$W/dcp.toml" --run.dir="$W/$1" $2
+  fi
+}
+loads=()
+N=${#names[@]}
+for r in $(seq "$REPEATS"); do
+  for k in $(seq 0 $((N - 1))); do
+    n=${names[$(( (k + r) % N ))]}
+    launch "$n.$r" "${ARGS[$n]}" > "$W/$n.$r.log" 2>&1 || { cat "$W/$n.$r.log"; exit 1; }
+  done
+  loads+=("$(cut -d' ' -f1 /proc/loadavg)")
+done
+/usr/bin/python3 - "$W" "$REPEATS" "$STEPS" "$SEQ" "$TOK" "$C" "$L" "$ALPHA" "${loads[*]}" "${RATE:-}" "${names[@]}" <<'PY'
+import json, statistics as st, sys, platform, collections
+w, R, steps, seq, tok, C, L, alpha, loads, rate = sys.argv[1:11]
+names = sys.argv[11:]
+R = int(R)
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+def run(name, r):
+    recs = [json.loads(l) for l in open(f"{w}/{name}.{r}/metrics.jsonl") if '"loss"' in l]
+    body = recs[1:]
+    return {"tps": sum((x["tokens"] - p["tokens"]) for p, x in zip(recs, body)) /
+                   (sum(x["step_ms"] for x in body) / 1e3),
+            "loss": recs[-1]["loss"], "cps": collections.Counter(x["dcp"]["cp"] for x in recs),
+            "recs": recs}
+runs = {(n, r): run(n, r) for n in names for r in range(1, R + 1)}
+statics = names[1:]
+print(f"CPU: {cpu}; load average after each round {loads} (a shared machine: figures under load)")
+where = f"2 hosts of the netns test bed, links {rate} (tbf)" if rate else "2 ranks on this machine"
+print(f"GPT L{L} C{C}, {where}, 1 thread per rank, batches of {tok} targets, documents Pareto(32, alpha {alpha}) "
+      f"up to {seq}, steps 2..{steps} of each run, {R} rounds")
+short = lambda n: n.replace("static_", "").replace("_accum", "x")
+print(f"{'round':<7}" + "".join(f"{short(n):>10}" for n in names) + f"{'dcp/best':>10}   dcp's cp,accum per step")
+ratios = []
+for r in range(1, R + 1):
+    t = {n: runs[(n, r)]["tps"] for n in names}
+    ratios.append(t["dcp"] / max(t[n] for n in statics))
+    ch = " ".join(f'{x["dcp"]["cp"]},{x["dcp"]["accum"]}' for x in runs[("dcp", r)]["recs"])
+    print(f"{r:<7}" + "".join(f"{t[n]:10.0f}" for n in names) + f"{ratios[-1]:10.2f}   {ch}")
+m = {n: st.median(runs[(n, r)]["tps"] for r in range(1, R + 1)) for n in names}
+best = max(statics, key=lambda n: m[n])
+print("medians (tokens/s): " + ", ".join(f"{short(n)} {m[n]:.0f}" for n in names) + f"; best static: {short(best)}")
+print(f"DCP / best static (median of per-round ratios, best static of each round): {st.median(ratios):.2f}x")
+print("final loss (round 1): " + ", ".join(f"{short(n)} {runs[(n, 1)]['loss']:.6f}" for n in names) +
+      " (same batches, same order)")
+PY

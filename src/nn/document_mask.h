@@ -1,0 +1,19 @@
+// Document masks as a model sees them: rows that pack several documents (data/varlen_packer.h)
+// carry doc ids [B, T] i32, a maximal run of equal ids being one document, and attention lets a
+// token see only earlier tokens of its own document (ops::attention with doc ids; ring attention
+// under context parallelism takes the whole row's ids). The ids are set before the forward that
+// uses them and stay until replaced; an undefined tensor is plain causal attention (the default).
+#pragma once
+#include "tensor/tensor.h"
+
+namespace atl::nn {
+
+class DocumentMasked {
+ public:
+  virtual ~DocumentMasked() = default;
+  // doc_ids [B, T] of the rows the next loss() calls take (the whole rows, also under context
+  // parallelism, where each rank holds some spans of them); undefined: no document mask.
+  virtual void set_document_ids(const Tensor& doc_ids) = 0;
+};
+
+}  // namespace atl::nn
