@@ -85,6 +85,6 @@ for i, (n, t, m, per) in enumerate(rows):
     print(f"| {n} | {t:.0f} | {100 * m:.1f}% | {prev} | {base} | {per} |")
 print(f"MoE (rung 6) tokens/s over the dense twin's (paired, same round): {paired(5, last):.2f}; "
       f"ratio of medians {rows[5][1] / rows[last][1]:.2f}")
-losses = {tuple(run(i, r)[2]) for i in range(1, 6) for r in range(1, rounds + 1)}
-print("fp32 rungs 2-5 losses identical across rungs and rounds:", len(losses) == 1)
+losses = {tuple(run(i, r)[2]) for i in range(0, 5) for r in range(1, rounds + 1)}
+print("losses of the fp32 rungs 1-5 identical across rungs and rounds:", len(losses) == 1)
 PY
