@@ -15,6 +15,8 @@ void MoEConfig::validate(const std::string& s) const {
   ATOLL_CHECK(score == "softmax" || score == "sigmoid", "{}.router_score = '{}': softmax or sigmoid", s, score);
   ATOLL_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0,
               "{}.capacity_factor = {} must be above 0 (set drop_tokens = false for no dropping)", s, capacity_factor);
+  ATOLL_CHECK(expert_gemm == "grouped" || expert_gemm == "loop", "{}.expert_gemm = '{}': grouped or loop", s,
+              expert_gemm);
   ATOLL_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, "{}: aux_loss_coef and z_loss_coef must not be negative", s);
   ATOLL_CHECK(expert_ranks >= 1 && n_experts % expert_ranks == 0 && expert_rank >= 0 && expert_rank < expert_ranks,
               "{}.n_experts = {} cannot be sharded as rank {} of {} expert-parallel ranks (parallel.ep)", s, n_experts,
@@ -114,9 +116,31 @@ Tensor MoELayer::experts(const Tensor& rows, const std::vector<int64_t>& offsets
               "{}: experts [{}, {}) asked of a layer holding [{}, {})", name(), first, first + int64_t(offsets.size()) - 1,
               first_local_expert(), first_local_expert() + local_experts());
   first -= first_local_expert();  // index into this rank's stacked weights
+  if (c_.expert_gemm == "loop" && rows.size(0) > 0) return experts_loop(rows, offsets, first);
   Tensor h = ops::grouped_linear(rows, w_gate_up->value, offsets, first);
   h = c_.swiglu ? ops::swiglu(h) : ops::gelu(h);
   return ops::grouped_linear(h, w_down->value, offsets, first);
+}
+
+Tensor MoELayer::experts_loop(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const {
+  // `first` indexes this rank's stacked weights. Each expert's weights are a piece of the stack
+  // (split copies them, as a framework without strided views would); experts without rows skip.
+  const int64_t G = int64_t(offsets.size()) - 1, El = w_gate_up->value.size(0);
+  ATOLL_CHECK(rows.size(0) > 0, "{}: a loop of experts over no rows", name());
+  std::vector<int64_t> sizes, ones(size_t(El), 1);
+  for (int64_t g = 0; g < G; ++g) sizes.push_back(offsets[size_t(g + 1)] - offsets[size_t(g)]);
+  std::vector<Tensor> xs = ops::split(rows, sizes, 0), ups = ops::split(w_gate_up->value, ones, 0),
+                      downs = ops::split(w_down->value, ones, 0), ys;
+  const Tensor none;
+  for (int64_t g = 0; g < G; ++g) {
+    if (sizes[size_t(g)] == 0) continue;
+    const Tensor& wu = ups[size_t(first + g)];
+    const Tensor& wd = downs[size_t(first + g)];
+    Tensor h = ops::linear(xs[size_t(g)], ops::reshape(wu, {wu.size(1), wu.size(2)}), none);
+    h = c_.swiglu ? ops::swiglu(h) : ops::gelu(h);
+    ys.push_back(ops::linear(h, ops::reshape(wd, {wd.size(1), wd.size(2)}), none));
+  }
+  return ys.size() == 1 ? ys[0] : ops::concat(ys, 0);
 }
 
 Tensor MoELayer::operator()(const Tensor& x) const { return forward_impl(x, nullptr); }
@@ -143,6 +167,9 @@ Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
                                        int64_t(b.offsets.size()) - 1 == local_experts()),
               "{}: the dispatcher hands experts from {} ({} of them) to a layer holding [{}, {})", name(),
               b.first_expert, int64_t(b.offsets.size()) - 1, first_local_expert(), first_local_expert() + local_experts());
+  ATOLL_CHECK(expert || !d.overlaps_experts() || c_.expert_gemm == "grouped",
+              "{}: model.expert_gemm = '{}' cannot run with the tile-overlapped dispatcher (parallel.ep_overlap), "
+              "which computes the experts as grouped GEMMs", name(), c_.expert_gemm);
   Tensor y;  // [M, C]
   if (!expert && d.overlaps_experts()) y = d.experts_and_combine(b, w_gate_up->value, w_down->value, c_.swiglu);
   else y = d.combine(expert ? (*expert)(b.rows, b.offsets, b.first_expert) : experts(b.rows, b.offsets, b.first_expert), b);

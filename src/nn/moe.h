@@ -44,6 +44,10 @@ struct MoEConfig {
   bool drop_tokens = false;  // capacity with dropping; false: no-drop
   double capacity_factor = 1.25;
   bool swiglu = true;        // else GELU experts
+  // How the routed experts compute: "grouped" (one grouped GEMM per projection, the default) or
+  // "loop" (one dense linear per expert with rows, the naive baseline the optimisation ladder
+  // starts from, bench/moe_ladder.sh; same results to rounding, tested).
+  std::string expert_gemm = "grouped";
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.001;
   // Sharded expert storage (expert parallelism, src/parallel/expert_parallel.h): the layer holds
@@ -126,6 +130,8 @@ class MoELayer : public Module {
   Tensor forward_with(const Tensor& x, const ExpertFn& expert) const;
   // The routed experts over rows sorted by expert (one grouped GEMM per projection).
   Tensor experts(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const;
+  // The same as a loop of one ops::linear per expert (expert_gemm = "loop").
+  Tensor experts_loop(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const;
   Routing route(const Tensor& x2) const;
 
   // Coefficient-weighted aux + z loss of the last forward (a scalar in its graph), and its parts.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "autograd/graph.h"
 #include "kernels/dispatch.h"
 #include "tensor/allocator.h"
@@ -125,7 +127,11 @@ struct Tile {
 
 class AllToAllDispatcher final : public nn::ExpertDispatcher {
  public:
-  AllToAllDispatcher(comm::Communicator* ep, bool overlap) : ep_(ep), overlap_(overlap && ep && ep->size() > 1) {}
+  AllToAllDispatcher(comm::Communicator* ep, bool overlap, OverlapGrain grain)
+      : ep_(ep), overlap_(overlap && ep && ep->size() > 1), grain_(grain) {
+    ATOLL_CHECK(grain_.tile_rows >= 1 && grain_.messages >= 0, "expert parallel: tiles of {} rows in {} messages "
+                "per destination (parallel.ep_overlap_messages must not be negative)", grain_.tile_rows, grain_.messages);
+  }
   std::string name() const override { return "all_to_all"; }
   int64_t growths() const { return growths_; }
 
@@ -187,7 +193,10 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
   // the communicator's own thread): each rank first posts receives for every tile it will get
   // back, then computes its tiles, those bound for other ranks first, each handed to the
   // communicator thread (send_async) the moment it is done while the next one computes; its own
-  // rows are copied in place last. A tile is one (source, expert) block of at most kTileRows rows.
+  // rows are copied in place last. A tile is one (source, expert) block of at most
+  // OverlapGrain::tile_rows rows; a destination's tiles go in OverlapGrain::messages sends of
+  // consecutive tiles (one per tile with 0: the first version, whose many small messages cost
+  // about what they hid across a shaped link, docs/moe.md).
   // The expert math is the grouped GEMM per tile (a row's result does not depend on the rows it
   // is computed with) and the elementwise activation, so outputs equal the plain path's bit for
   // bit; backward is one node running exactly the plain path's backward kernels on the whole
@@ -208,18 +217,37 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
         const int64_t g = d * L + e, n = m.at(s, g);
         int64_t o0 = 0;  // on the expert side: the block's first row within expert e
         for (int64_t r = 0; r < s; ++r) o0 += m.at(r, g);
-        for (int64_t c = 0; c < n; c += kTileRows) fn(Tile{s, e, o0 + c, std::min(kTileRows, n - c), m.before(s, g) + c});
+        for (int64_t c = 0; c < n; c += grain_.tile_rows)
+          fn(Tile{s, e, o0 + c, std::min(grain_.tile_rows, n - c), m.before(s, g) + c});
       }
     };
-    // Receives first: every tile other ranks compute for my rows lands in place in `out`.
+    // Messages: runs of consecutive tiles of one (expert rank, source) pair, closed once they hold
+    // ceil(rows / messages) rows (every tile its own with messages = 0). A run's rows are
+    // contiguous on the source side (its rows sorted by global expert), so it lands in place in
+    // `out`. Both ends walk the same tiles with the same rule; a message's tag is its index in the
+    // pair's enumeration (every message of a call is waited for before the next call).
+    auto messages_between = [&](int64_t d, int64_t s, auto&& on_tile, auto&& on_message) {
+      int64_t total = 0;
+      tiles_between(d, s, [&](const Tile& t) { total += t.n; });
+      const int64_t close_at = grain_.messages > 0 ? (total + grain_.messages - 1) / grain_.messages : 0;
+      int64_t first = -1, rows = 0, seen = 0;
+      uint32_t k = 0;
+      tiles_between(d, s, [&](const Tile& t) {
+        on_tile(t);
+        if (first < 0) first = t.start;
+        rows += t.n, seen += t.n;
+        if (rows >= close_at || seen == total) {
+          on_message(first, rows, int(k++ & 0xfffff));
+          first = -1, rows = 0;
+        }
+      });
+    };
+    // Receives first: every message other ranks send for my rows lands in place in `out`.
     std::vector<comm::WorkPtr> recvs, sends;
-    // A tile's tag: its index in the (expert rank, source) pair's enumeration, which both ends
-    // walk in the same order (every message of a call is waited for before the next call).
     for (int64_t d = 0; d < m.P; ++d) {
       if (d == m.me) continue;
-      uint32_t k = 0;
-      tiles_between(d, m.me, [&](const Tile& t) {
-        recvs.push_back(ep_->recv_async(out.slice(0, t.start, t.start + t.n), int(d), int(k++ & 0xfffff)));
+      messages_between(d, m.me, [](const Tile&) {}, [&](int64_t start, int64_t n, int tag) {
+        recvs.push_back(ep_->recv_async(out.slice(0, start, start + n), int(d), tag));
       });
     }
     auto compute = [&](const Tile& t) {
@@ -230,16 +258,31 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
       K.moe.grouped_forward(y.f32() + o * C, act.f32() + o * F, w2.f32() + (first + t.e) * F * C, one, 1, F, C);
       return o;
     };
+    // A destination's results are staged in its own order (the source's sorted rows), so that a
+    // message of several tiles is one contiguous send; the stage lives until the sends are done.
+    std::vector<Tensor> stage(size_t(m.P));
     for (int64_t k = 1; k <= m.P; ++k) {  // other ranks' tiles first, mine last
       const int64_t s = (m.me + k) % m.P;
-      uint32_t i = 0;
-      tiles_between(m.me, s, [&](const Tile& t) {
-        const int64_t o = compute(t);
-        if (s == m.me)
+      if (s == m.me) {
+        tiles_between(m.me, s, [&](const Tile& t) {
+          const int64_t o = compute(t);
           std::memcpy(out.f32() + t.start * C, y.f32() + o * C, size_t(t.n * C) * sizeof(float));
-        else
-          sends.push_back(ep_->send_async(y.slice(0, o, o + t.n), int(s), int(i++ & 0xfffff)));
-      });
+        });
+        continue;
+      }
+      const int64_t base = m.before(s, m.me * L);  // where my experts' rows start in s's order
+      int64_t rows_to_s = 0;
+      tiles_between(m.me, s, [&](const Tile& t) { rows_to_s += t.n; });
+      Tensor& st_s = stage[size_t(s)];
+      st_s = Tensor::empty({rows_to_s, C});
+      messages_between(m.me, s,
+                       [&](const Tile& t) {
+                         const int64_t o = compute(t);
+                         std::memcpy(st_s.f32() + (t.start - base) * C, y.f32() + o * C, size_t(t.n * C) * sizeof(float));
+                       },
+                       [&](int64_t start, int64_t n, int tag) {
+                         sends.push_back(ep_->send_async(st_s.slice(0, start - base, start - base + n), int(s), tag));
+                       });
     }
     for (auto& w : sends) w->wait();
     for (auto& w : recvs) w->wait();
@@ -267,7 +310,6 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
   }
 
  private:
-  static constexpr int64_t kTileRows = 64;
 
 
   // Differentiable: forward along `fwd`, gradient back along `bwd`.
@@ -288,6 +330,7 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
 
   comm::Communicator* ep_;
   bool overlap_;
+  OverlapGrain grain_;
   int64_t cap_ = 0, growths_ = 0;
   Tensor send_, recv_;  // persistent, [P * cap * width] at least; used only within one exchange
 };
@@ -370,8 +413,8 @@ class AllGatherDispatcher final : public nn::ExpertDispatcher {
 }  // namespace
 
 std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& kind, comm::Communicator* ep,
-                                                             bool overlap) {
-  if (kind == "all_to_all") return std::make_unique<AllToAllDispatcher>(ep, overlap);
+                                                             bool overlap, OverlapGrain grain) {
+  if (kind == "all_to_all") return std::make_unique<AllToAllDispatcher>(ep, overlap, grain);
   ATOLL_CHECK(!overlap, "parallel.ep_overlap = true overlaps the all-to-all's return: it needs ep_dispatcher = "
               "'all_to_all', not '{}'", kind);
   if (kind == "all_gather") return std::make_unique<AllGatherDispatcher>(ep);
@@ -387,6 +430,8 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
                                                     comm::Communicator* world) {
   const std::string kind = cfg.get_string("parallel.ep_dispatcher", "all_to_all", {"all_to_all", "all_gather"});
   const bool overlap = cfg.get_bool("parallel.ep_overlap", false);
+  OverlapGrain grain;
+  grain.messages = cfg.get_int("parallel.ep_overlap_messages", grain.messages, 0, 1 << 20);
   const MeshShape& m = mesh.shape();
   if (m.ep == 1) return nullptr;
   check_expert_layout(m, *model);
@@ -402,11 +447,13 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(coord), world->rank()) : nullptr;
   model = dynamic_cast<nn::ExpertModel&>(*model).expert_shard(m.ep, coord);
   allocator_for(Device::cpu()).release_cache();  // the whole model's buffers go back, not to the cache
-  auto d = make_expert_dispatcher(kind, ep, overlap);
+  auto d = make_expert_dispatcher(kind, ep, overlap, grain);
   dynamic_cast<nn::ExpertModel&>(*model).set_expert_dispatcher(d.get());
   log::info("expert parallel: {} experts per layer over ep = {} ({} stored on each rank, replicated over {} ranks), "
             "{} dispatcher{}", E, m.ep, E / m.ep, replicas ? replicas->size() : 1, kind,
-            overlap ? ", experts tiled and overlapped with the return exchange" : "");
+            overlap ? fmt::format(", experts tiled and overlapped with the return exchange ({} messages per "
+                                  "destination{})", grain.messages, grain.messages == 0 ? ": one per tile" : "")
+                    : std::string());
   return std::make_unique<ExpertShards>(*model, std::move(d), ep, std::move(replicas));
 }
 

@@ -39,12 +39,22 @@ namespace atl::parallel {
 // experts), naming the keys; before any communication.
 void check_expert_layout(const MeshShape& mesh, const nn::Model& model);
 
+// The tile overlap's granularity: experts compute in tiles of at most tile_rows rows; the tiles
+// bound for one destination are sent in `messages` messages of consecutive tiles (each closed
+// once it holds ceil(rows / messages) rows), or one message per tile with messages = 0. Fewer,
+// larger messages pay the per-message cost (latency, a shaped link's bursts) fewer times; more of
+// them start the return exchange sooner. Numerics do not depend on either.
+struct OverlapGrain {
+  int64_t tile_rows = 64;
+  int64_t messages = 4;
+};
+
 // The dispatcher over an ep group (ep: its communicator, null for one process).
 std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& kind, comm::Communicator* ep,
-                                                             bool overlap = false);
+                                                             bool overlap = false, OverlapGrain grain = {});
 
 // [parallel] ep > 1: checks the layout, reads parallel.ep_dispatcher (all_to_all | all_gather)
-// and parallel.ep_overlap, replaces `model` by this rank's expert shard (only its experts
+// and parallel.ep_overlap (with parallel.ep_overlap_messages, OverlapGrain::messages), replaces `model` by this rank's expert shard (only its experts
 // allocated; call before anything else holds the model) with the dispatcher injected, and returns
 // the shards' state (the caller keeps it as long as the model runs; attach() it once the
 // data-parallel strategy exists). world: the job's communicator (the replica groups are split

@@ -76,6 +76,7 @@ MoEModelConfig MoEModelConfig::from_config(Config& cfg, const std::string& s) {
                 cf, cfg.where(s + ".capacity_factor"));
     m.capacity_factor = cf;
   }
+  m.expert_gemm = cfg.get_string(s + ".expert_gemm", m.expert_gemm, {"grouped", "loop"});
   m.aux_loss_coef = cfg.get_float(s + ".aux_loss_coef", m.aux_loss_coef, 0.0, 1e3);
   m.z_loss_coef = cfg.get_float(s + ".z_loss_coef", m.z_loss_coef, 0.0, 1e3);
   c.validate();

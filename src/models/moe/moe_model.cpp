@@ -84,13 +84,42 @@ std::vector<Parameter*> MoEModel::sharded_expert_parameters() const {
   return v;
 }
 
+void MoEModel::set_recompute(std::vector<Recompute> per_block) {
+  full_moe_.assign(layers.size(), false);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i]->self_attn->recompute_core = i < per_block.size() && per_block[i] == Recompute::selective;
+    if (i < per_block.size() && per_block[i] == Recompute::full && layers[i]->moe) {
+      full_moe_[i] = true;
+      per_block[i] = Recompute::none;  // hidden() checkpoints it, not run_blocks
+    }
+  }
+  Model::set_recompute(std::move(per_block));
+}
+
 Tensor MoEModel::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.attn.block_size, "sequence length {} exceeds block_size {}", tokens.size(1),
               c_.attn.block_size);
   begin_forward();
   Tensor x = ops::embedding(tokens, embed_tokens->weight->value, Tensor());
-  x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) { return (*layers[i])(in); });
+  aux_.assign(layers.size(), Tensor());
+  x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) {
+    MoEBlock* b = layers[i];
+    if (!b->moe || i >= full_moe_.size() || !full_moe_[i] || !grad_enabled()) {
+      Tensor y = (*b)(in);
+      if (b->moe) aux_[i] = b->moe->aux_loss();
+      return y;
+    }
+    // Full recompute of an MoE block: the checkpoint's one output carries the block's output and
+    // its auxiliary loss, so that the loss's gradient reaches the recomputed router too.
+    Tensor packed = checkpoint("recompute_block", in, [b](const Tensor& xi) {
+      Tensor y = (*b)(xi);
+      return ops::concat({ops::reshape(y, {y.numel()}), ops::reshape(b->moe->aux_loss(), {1})}, 0);
+    });
+    std::vector<Tensor> parts = ops::split(packed, {in.numel(), 1}, 0);
+    aux_[i] = ops::reshape(parts[1], b->moe->aux_loss().shape());
+    return ops::reshape(parts[0], in.shape());
+  });
   return (*norm)(x);
 }
 
@@ -105,7 +134,8 @@ Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {
   Tensor l = ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
   // The auxiliary losses train the router; an evaluation (no gradients) scores the cross-entropy alone.
   if (grad_enabled())
-    for (MoELayer* m : moe_layers()) l = ops::add(l, m->aux_loss());
+    for (const Tensor& a : aux_)
+      if (a.defined()) l = ops::add(l, a);
   return l;
 }
 

@@ -38,6 +38,10 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
   Tensor loss(const Tensor& tokens, const Tensor& targets) const override;
   Tensor forward(const Tensor& tokens) const override;
   std::vector<Module*> blocks() override { return {layers.begin(), layers.end()}; }
+  // "selective" recomputes a block's attention core (as GPT's); "full" is run_blocks' checkpoint
+  // for a dense block, and for an MoE block one that also returns the layer's auxiliary loss
+  // (hidden()), without which the recomputed router would get no balance or z-loss gradient.
+  void set_recompute(std::vector<Recompute> per_block) override;
   bool head_reads_lower_root() const override { return lm_head == nullptr; }
   ParallelPlan parallelize() const override;  // parallelize.cpp
   std::map<std::string, std::string> config_metadata() const override;
@@ -61,6 +65,8 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
 
  private:
   MoEModelConfig c_;
+  std::vector<bool> full_moe_;       // MoE blocks under "full" recompute (checkpointed in hidden())
+  mutable std::vector<Tensor> aux_;  // each MoE block's auxiliary loss of the last forward, in its graph
 };
 
 }  // namespace atl::nn
