@@ -138,7 +138,7 @@ void expect_qkv_close(const A& got, const B& ref, const Shape& s, double tol, co
 // Every kernel's results on one shape, through the dispatching entry points.
 struct Results {
   std::vector<float> causal_out, causal_lse, causal_dqkv, ranged_out, ranged_lse, ranged_dqkv, block_out,
-      block_lse, block_dq, block_dkv, cached_out;
+      block_lse, block_dq, block_dkv, block_dkv_alone, cached_out;
 };
 
 Results run_all(const Shape& s, uint64_t seed) {
@@ -181,6 +181,11 @@ Results run_all(const Shape& s, uint64_t seed) {
   r.block_dq.assign(qkv.size(), 0.0f);
   r.block_dkv.assign(kv.size(), 0.0f);
   cpu::attention_block_backward(r.block_dq.data(), r.block_dkv.data(), dout.data(), D.data(), r.block_lse.data(),
+                                qkv.data(), S, kv.data(), docs.view(), B, T, T, s.H, s.KV, s.hd);
+  // Without dQ the dK/dV pass computes every pair's P and dS itself (dot_row per key) instead of
+  // reading what the dQ pass stored (dot products kLanes keys at a time): the bits must agree.
+  r.block_dkv_alone.assign(kv.size(), 0.0f);
+  cpu::attention_block_backward(nullptr, r.block_dkv_alone.data(), dout.data(), D.data(), r.block_lse.data(),
                                 qkv.data(), S, kv.data(), docs.view(), B, T, T, s.H, s.KV, s.hd);
 
   // Cached: row 0 as a prefill of all its positions, every other row as a decode of its last 3
@@ -257,6 +262,26 @@ TEST(AttentionPaths, EveryKernelMatchesTheReferenceOnEverySupportedPath) {
       SCOPED_TRACE(testing::Message() << cpu::isa_name(i) << " B=" << s.B << " T=" << s.T << " H=" << s.H
                                       << " KV=" << s.KV << " hd=" << s.hd);
       check_against_reference(run_all(s, uint64_t(s.T + s.hd)), s, uint64_t(s.T + s.hd));
+    }
+  }
+  cpu::set_isa(saved);
+}
+
+// The ring block kernels read the block's keys transposed and take kLanes dot products at a time
+// (kernels/cpu/attention_block.inc), in dot_row's order: over a block holding the whole row they
+// give the row-wise ranged kernel's bits (the same dot products, softmax and P·V), and the dK/dV
+// pass gives the same bits whether it reads the dQ pass's P and dS or recomputes them per key.
+// Exact equality: context parallelism's parity tests were tuned on the row-wise order.
+TEST(AttentionPaths, RingBlockKernelsKeepTheRowWiseBits) {
+  const Isa saved = cpu::active_isa();
+  for (Isa i : variant_paths()) {
+    cpu::set_isa(i);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(testing::Message() << cpu::isa_name(i) << " T=" << s.T << " hd=" << s.hd);
+      const Results r = run_all(s, uint64_t(s.T + s.hd));
+      EXPECT_EQ(r.block_out, r.ranged_out);
+      EXPECT_EQ(r.block_lse, r.ranged_lse);
+      EXPECT_EQ(r.block_dkv, r.block_dkv_alone);
     }
   }
   cpu::set_isa(saved);
