@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/activations_bf16.h"
+#include "autograd/attention_bf16.h"
 #include "autograd/linear_bf16.h"
 #include "autograd/ops_util.h"
 
@@ -165,6 +166,7 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t KV, int64_t hd) {
   ATOLL_CHECK(qkv.dim() == 3 && qkv.size(2) == (H + 2 * KV) * hd, "attention: qkv {} is not [B,T,(H+2KV)*hd]",
               shape_str(qkv.shape()));
   ATOLL_CHECK(KV > 0 && H % KV == 0, "attention: {} query heads not divisible by {} kv heads", H, KV);
+  if (ops_bf16::attention_applies(qkv, H, KV)) return ops_bf16::attention(qkv, H, hd);
   int64_t B = qkv.size(0), T = qkv.size(1);
   Tensor out = empty_like_dev({B, T, H * hd}, qkv), lse = empty_like_dev({B, H, T}, qkv);
   K(qkv).attention.causal_forward(out.f32(), lse.f32(), qkv.f32(), B, T, H, KV, hd);

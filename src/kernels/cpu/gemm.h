@@ -41,6 +41,18 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The same over `batch` matrices at fixed element strides (sa, sb, sc): one oneDNN batched
+// matmul on the amx path, atoll's AVX-512 BF16 kernel per matrix (matrices spread over the
+// threads) on avx512_bf16, widened to fp32 per matrix elsewhere. The _onednn form is callable
+// directly, and onednn_matmul_impl names the kernel oneDNN picks for a dense bf16 product.
+void gemm_bf16_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                       int64_t lda, int64_t sa, const bf16* B, int64_t ldb, int64_t sb, float beta, float* C,
+                       int64_t ldc, int64_t sc, int64_t batch);
+void gemm_bf16_batched_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const bf16* A, int64_t lda, int64_t sa, const bf16* B, int64_t ldb, int64_t sb,
+                              float beta, float* C, int64_t ldc, int64_t sc, int64_t batch);
+std::string onednn_matmul_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t batch);
+
 // The path gemm_bf16 takes on CPUs without AVX-512 BF16 (widen to fp32, then sgemm); callable
 // directly so that tests cover it on any machine.
 void gemm_bf16_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
