@@ -32,8 +32,9 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t hd) {
     record("attention_bf16", out, {in}, [B, T, H, hd, packed, lse](Node& n) {
       const Tensor& q = n.inputs[0];
       if (!requires_grad(q)) return;
-      cpu::attention_bf16_backward(grad_buffer(q).f32(), grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B,
-                                   T, H, hd);
+      bool fresh;
+      float* g = grad_buffer_for_write(q, &fresh).f32();
+      cpu::attention_bf16_backward(g, grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B, T, H, hd, !fresh);
     });
   }
   return out;

@@ -138,8 +138,17 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (should_record({&a, &b})) {
     record("add", out, {grad_handle(a), grad_handle(b)}, [](Node& n) {
       const Tensor& g = grad_of(n.output);
-      for (auto& in : n.inputs)
-        if (requires_grad(in)) K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
+      for (auto& in : n.inputs) {
+        if (!requires_grad(in)) continue;
+        if (!g.device().is_cpu()) {
+          K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
+          continue;
+        }
+        bool fresh;
+        Tensor& gi = grad_buffer_for_write(in, &fresh);
+        if (fresh) gi.copy_from(g);  // one pass instead of zeroing and adding
+        else K(g).elem.add_inplace(gi.f32(), g.f32(), g.numel());
+      }
     });
   }
   return out;

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -24,7 +23,9 @@ namespace atl::cpu {
 
 namespace {
 
-constexpr int64_t kChunkBytes = int64_t(24) << 20;
+// About L2-sized: at d384 (T=256) 2 heads per chunk; 0.8-6 MiB measured alike, 24 MiB 35% slower
+// in backward (bench_kernels, one thread, loaded).
+constexpr int64_t kChunkBytes = int64_t(2) << 20;
 
 // Rows per causal block: the whole sequence. Blocks of 64 rows would skip most of the masked
 // triangle (5/8 of the square at T=256), but their operands (the first kend rows of each head's
@@ -32,10 +33,7 @@ constexpr int64_t kChunkBytes = int64_t(24) << 20;
 // brgemm kernel for gemm:jit: measured 2.5x slower in all (bench_kernels, one thread).
 int64_t row_block(int64_t T) { return T; }
 
-int64_t chunk_heads(int64_t BH, int64_t T) {
-  static const int64_t bytes = std::getenv("ATOLL_ATTN_CHUNK_KB") ? std::atoll(std::getenv("ATOLL_ATTN_CHUNK_KB")) * 1024 : kChunkBytes;
-  return std::clamp<int64_t>(bytes / (12 * T * T), 1, BH);
-}
+int64_t chunk_heads(int64_t BH, int64_t T) { return std::clamp<int64_t>(kChunkBytes / (12 * T * T), 1, BH); }
 
 inline uint16_t round_bf16(float f) {
   uint32_t u;
@@ -119,7 +117,7 @@ void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t 
 }
 
 void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed, const float* lse, int64_t B,
-                             int64_t T, int64_t H, int64_t hd) {
+                             int64_t T, int64_t H, int64_t hd, bool accumulate) {
   const int64_t BH = B * H, n = BH * T * hd, TT = T * T, S3 = 3 * H * hd;
   const bf16 *Q = packed, *Kh = packed + n, *V = packed + 2 * n;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -180,11 +178,17 @@ void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed,
       const int64_t t = row % T, bh = h0 + row / T, b = bh / H, h = bh % H;
       float* d = dqkv + (b * T + t) * S3 + h * hd;
       const float *gq = dQ + row * hd, *gk = dK + row * hd, *gv = dV + row * hd;
+      if (accumulate) {
 #pragma omp simd
-      for (int64_t e = 0; e < hd; ++e) {
-        d[e] += gq[e];
-        d[H * hd + e] += gk[e];
-        d[2 * H * hd + e] += gv[e];
+        for (int64_t e = 0; e < hd; ++e) {
+          d[e] += gq[e];
+          d[H * hd + e] += gk[e];
+          d[2 * H * hd + e] += gv[e];
+        }
+      } else {
+        std::memcpy(d, gq, size_t(hd) * sizeof(float));
+        std::memcpy(d + H * hd, gk, size_t(hd) * sizeof(float));
+        std::memcpy(d + 2 * H * hd, gv, size_t(hd) * sizeof(float));
       }
     }
   }

@@ -23,8 +23,8 @@ void attention_bf16_pack(bf16* packed, const float* qkv, int64_t B, int64_t T, i
 // out [B,T,H·hd] fp32; lse [B,H,T] (the rows' log-sum-exp of the scaled scores, for backward).
 void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd);
 
-// dqkv [B,T,3·H·hd] += the gradient for dout [B,T,H·hd].
+// dqkv [B,T,3·H·hd] += the gradient for dout [B,T,H·hd] (= when accumulate is false).
 void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed, const float* lse, int64_t B,
-                             int64_t T, int64_t H, int64_t hd);
+                             int64_t T, int64_t H, int64_t hd, bool accumulate = true);
 
 }  // namespace atl::cpu

@@ -32,6 +32,13 @@ std::string select_gemm_f32(const std::string& name, const std::string& where);
 void set_gemm_f32(const std::string& name);
 const char* gemm_f32_choice(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
 
+// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
+// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+
 // The same over `batch` matrices at fixed element strides.
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
@@ -40,6 +47,13 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 // bf16 operands, fp32 accumulation and output.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
+// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
 
 // The same over `batch` matrices at fixed element strides (sa, sb, sc): one oneDNN batched
 // matmul on the amx path, atoll's AVX-512 BF16 kernel per matrix (matrices spread over the

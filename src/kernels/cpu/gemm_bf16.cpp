@@ -208,4 +208,13 @@ void gemm_bf16_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
   }
 }
 
+void gemm_bf16_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+                    int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (active_isa() == Isa::amx) return gemm_bf16_bias_onednn(ta, tb, M, N, K, A, lda, B, ldb, bias, C, ldc);
+#pragma omp parallel for schedule(static) if(parallel : M * N >= detail::kMinParallelWork)
+  for (int64_t i = 0; i < M; ++i) std::memcpy(C + i * ldc, bias, size_t(N) * sizeof(float));
+  gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
 }  // namespace atl::cpu

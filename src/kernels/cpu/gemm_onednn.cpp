@@ -28,13 +28,14 @@ struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   uint32_t alpha, beta;  // bit patterns
   int64_t batch = 1, sa = 0, sb = 0, sc = 0;  // batched products: matrices at these element strides
+  bool bias = false;                          // an fp32 row vector added to every row of C
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = size_t(k.kind * 4096 + k.threads) * 0x9e3779b97f4a7c15ull;
     for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc, int64_t(k.alpha), int64_t(k.beta),
-                      int64_t(k.ta) * 2 + int64_t(k.tb), k.batch, k.sa, k.sb, k.sc})
+                      int64_t(k.ta) * 2 + int64_t(k.tb) + 4 * int64_t(k.bias), k.batch, k.sa, k.sb, k.sc})
       h = (h ^ size_t(v)) * 0x100000001b3ull;
     return h;
   }
@@ -94,20 +95,28 @@ dnnl::matmul& primitive(const Key& k, dt a_dt, dt b_dt, dt c_dt) {
     attr.set_post_ops(po);
   }
   try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, e.eng);
+    dnnl::matmul::primitive_desc pd(
+        k.bias ? dnnl::matmul::desc(a, b, dnnl::memory::desc({1, k.N}, dt::f32, {k.N, 1}), c) : dnnl::matmul::desc(a, b, c),
+        attr, e.eng);
     return e.cache.emplace(k, dnnl::matmul(pd)).first->second;
   } catch (const dnnl::error& err) {
     fail("oneDNN matmul {}x{}x{} (ta={}, tb={}): {}", k.M, k.N, k.K, k.ta, k.tb, err.what());
   }
 }
 
-void run(dnnl::matmul& p, const Key& k, dt a_dt, dt b_dt, dt c_dt, const void* A, const void* B, void* C) {
+void run(dnnl::matmul& p, const Key& k, dt a_dt, dt b_dt, dt c_dt, const void* A, const void* B, void* C,
+         const float* bias = nullptr) {
   Engine& e = engine();
   dnnl::memory::desc ad, bd, cd;
   descs(k, a_dt, b_dt, c_dt, ad, bd, cd);
   dnnl::memory am(ad, e.eng, const_cast<void*>(A)), bm(bd, e.eng, const_cast<void*>(B)), cm(cd, e.eng, C);
   thread_local dnnl::stream s(e.eng);
-  p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  if (bias) {
+    dnnl::memory biasm(dnnl::memory::desc({1, k.N}, dt::f32, {k.N, 1}), e.eng, const_cast<float*>(bias));
+    p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_BIAS, biasm}, {DNNL_ARG_DST, cm}});
+  } else {
+    p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  }
   s.wait();
 }
 
@@ -149,6 +158,18 @@ void gemm_bf16_batched_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   k.sb = sb;
   k.sc = sc;
   run(primitive(k, dt::bf16, dt::bf16, dt::f32), k, dt::bf16, dt::bf16, dt::f32, A, B, C);
+}
+
+void gemm_bf16_bias_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) std::memcpy(C + i * ldc, bias, size_t(N) * sizeof(float));
+    return;
+  }
+  Key k{1, num_threads(), ta, tb, M, N, K, lda, ldb, ldc, bits(1.0f), bits(0.0f)};
+  k.bias = true;
+  run(primitive(k, dt::bf16, dt::bf16, dt::f32), k, dt::bf16, dt::bf16, dt::f32, A, B, C, bias);
 }
 
 std::string onednn_matmul_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch) {
