@@ -63,9 +63,9 @@ TEST(MixedPrecision, Bf16LossAndGradientsTrackFp32) {
 // trajectory by an amount that accumulates in absolute terms, so relative to a loss that
 // memorisation drives towards 0 it grows without meaning (that ratio went from 0.4% to 3.2% on
 // this machine when an unrelated kernel changed its rounding by a few ulps).
-// Measured on the Intel Xeon (AMX) dev machine: worst gaps 0.16% (portable), 0.22% (AVX-512
-// BF16), 0.25% (AMX) of the starting loss, attention's products in bf16 on the last two (before
-// that: 0.13%, 0.29%); the bound 1% leaves room for other CPUs' summation
+// Measured on the Intel Xeon (AMX) dev machine: worst gaps 0.23% (portable), 0.19% (AVX-512
+// BF16), 0.27% (AMX) of the starting loss, attention's products in bf16 on the last two (before
+// that: 0.16%, 0.13%, 0.29%); the bound 1% leaves room for other CPUs' summation
 // orders, which the chaotic dynamics of 100 steps amplify. One thread: the tiny matmuls do not
 // need more, and a loaded machine would otherwise spend the test spinning in OpenMP barriers.
 TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {

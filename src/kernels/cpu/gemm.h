@@ -30,6 +30,7 @@ void gemm_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 const std::vector<std::string>& gemm_f32_choices();
 std::string select_gemm_f32(const std::string& name, const std::string& where);
 void set_gemm_f32(const std::string& name);
+const char* gemm_f32_setting();  // the current setting's name: "auto", "openblas" or "onednn"
 const char* gemm_f32_choice(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
 
 // C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
