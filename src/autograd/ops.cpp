@@ -5,6 +5,7 @@
 #include "autograd/activations_bf16.h"
 #include "autograd/attention_bf16.h"
 #include "autograd/linear_bf16.h"
+#include "autograd/norm_bf16.h"
 #include "autograd/ops_util.h"
 
 namespace atl::ops {
@@ -70,6 +71,7 @@ Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   check_f32(w, "layernorm", "weight");
   int64_t C = x.size(-1), N = rows(x);
   ATOLL_CHECK(w.numel() == C, "layernorm: weight of {} for {} features", w.numel(), C);
+  if (matmul_dtype() == DType::bf16 && x.device().is_cpu()) return ops_bf16::layernorm(x, w, b, eps);  // saves bf16 x̂
   Tensor out = empty_like_dev(x.shape(), x), mean = empty_like_dev({N}, x), rstd = empty_like_dev({N}, x);
   K(x).norm.layernorm_forward(out.f32(), mean.f32(), rstd.f32(), x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, N, C,
                          eps);
