@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/op_set.h"
 
@@ -69,6 +70,29 @@ int main(int argc, char** argv) {
     std::printf("attention B=%lld T=%lld H=%lld hd=%lld  fwd %8.3f ms (%5.1f GFLOP/s)  bwd %8.3f ms (%5.1f GFLOP/s)\n",
                 (long long)B, (long long)T, (long long)H, (long long)hd, fwd, f / fwd / 1e6, bwd,
                 2.5 * f / bwd / 1e6);
+  }
+  {
+    // The bf16 kernels (bf16 mixed precision) at d384's layer shape, against the fp32 ones.
+    const int64_t B = 8, T = 256, H = 6, hd = 64, S = 3 * H * hd;
+    auto qkv = rnd(B * T * S), dout = rnd(B * T * H * hd);
+    std::vector<float> out(B * T * H * hd), lse(B * H * T), dqkv(qkv.size(), 0.0f);
+    std::vector<bf16> packed(qkv.size());
+    const double f = 2.0 * 2.0 * B * H * hd * (T * (T + 1) / 2.0);
+    const double f32f = median_ms([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, hd); });
+    const double f32b = median_ms([&] {
+      cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, H, hd);
+    });
+    std::printf("attention f32  B=%lld T=%lld H=%lld hd=%lld  fwd %8.3f ms (%5.1f GFLOP/s)  bwd %8.3f ms\n",
+                (long long)B, (long long)T, (long long)H, (long long)hd, f32f, f / f32f / 1e6, f32b);
+    if (cpu::attention_bf16_supported()) {
+      const double pk = median_ms([&] { cpu::attention_bf16_pack(packed.data(), qkv.data(), B, T, H, hd); });
+      const double bf = median_ms([&] { cpu::attention_bf16_forward(out.data(), lse.data(), packed.data(), B, T, H, hd); });
+      const double bb = median_ms(
+          [&] { cpu::attention_bf16_backward(dqkv.data(), dout.data(), packed.data(), lse.data(), B, T, H, hd); });
+      std::printf("attention bf16 B=%lld T=%lld H=%lld hd=%lld  pack %6.3f ms  fwd %8.3f ms (%5.1f GFLOP/s)  bwd %8.3f ms\n",
+                  (long long)B, (long long)T, (long long)H, (long long)hd, pk, bf, f / bf / 1e6, bb);
+    }
+    if (std::getenv("ATOLL_BENCH_ATTN_ONLY")) return 0;
   }
   {
     const int64_t N = 4 * 256, C = 768;

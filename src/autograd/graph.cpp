@@ -45,6 +45,13 @@ Tensor& grad_buffer(const Tensor& t) {
   return m.grad;
 }
 
+Tensor& grad_buffer_for_write(const Tensor& t, bool* fresh) {
+  AutogradMeta& m = meta(t);
+  *fresh = !m.grad.defined();
+  if (*fresh) m.grad = Tensor::empty(t.shape(), DType::f32, t.device());
+  return m.grad;
+}
+
 void add_grad_hook(Tensor& leaf, std::function<void(const Tensor&)> hook) {
   ATOLL_CHECK(requires_grad(leaf), "add_grad_hook on a tensor that does not require grad");
   meta(leaf).hooks.push_back(std::move(hook));

@@ -54,8 +54,11 @@ Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
     record("head_loss_bf16", out, {xb, w}, [N, C, V, xb, wb, dlog](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1];
       const float s = grad_of(n.output).item();
-      if (requires_grad(xi))
-        cpu::gemm_bf16(false, false, N, C, V, s, dlog.data<bf16>(), V, wb.data<bf16>(), C, 1.f, grad_buffer(xi).f32(), C);
+      if (requires_grad(xi)) {
+        bool fresh;
+        float* gx = grad_buffer_for_write(xi, &fresh).f32();
+        cpu::gemm_bf16(false, false, N, C, V, s, dlog.data<bf16>(), V, wb.data<bf16>(), C, fresh ? 0.f : 1.f, gx, C);
+      }
       if (requires_grad(wi))
         cpu::gemm_bf16(true, false, V, C, N, s, dlog.data<bf16>(), V, xb.data<bf16>(), C, 1.f, grad_buffer(wi).f32(), C);
     });

@@ -9,6 +9,9 @@
 
 #include "autograd/weight_cast_cache.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
@@ -29,10 +32,26 @@ Tensor stand_in(const Tensor& t, const Tensor& copy) {
   return s;
 }
 
-// dbias[OC] += column sums of dout[N,OC]
-void bias_grad(float* db, const float* dout, int64_t N, int64_t OC) {
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t o = 0; o < OC; ++o) db[o] += dout[i * OC + o];
+// out = bf16(g) and db[OC] += column sums of g[N,OC], in one pass over g. Blocks of 64 rows are
+// summed (rows in order) into their own partials, which are then added to db in block order: the
+// same order for any thread count.
+void to_bf16_with_column_sums(bf16* out, float* db, const float* g, int64_t N, int64_t OC) {
+  constexpr int64_t kRows = 64;
+  const int64_t nblk = (N + kRows - 1) / kRows;
+  std::vector<float> part(size_t(nblk * OC), 0.0f);
+#pragma omp parallel for schedule(static) if(parallel : N * OC >= (int64_t(1) << 15))
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    float* p = part.data() + blk * OC;
+    for (int64_t i = blk * kRows; i < std::min(N, (blk + 1) * kRows); ++i) {
+      const float* gi = g + i * OC;
+      cpu::f32_to_bf16(gi, out + i * OC, OC);
+#pragma omp simd
+      for (int64_t o = 0; o < OC; ++o) p[o] += gi[o];
+    }
+  }
+  for (int64_t blk = 0; blk < nblk; ++blk)
+#pragma omp simd
+    for (int64_t o = 0; o < OC; ++o) db[o] += part[size_t(blk * OC + o)];
 }
 }  // namespace
 
@@ -48,22 +67,23 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int6
   Tensor xb = to_bf16(x), wb = bf16_weight(w);
   Tensor out = Tensor::empty(out_shape);
   float* o = out.f32();
-  if (b.defined()) {
-    const float* bp = b.f32();
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < OC; ++j) o[i * OC + j] = bp[j];
-  }
-  cpu::gemm_bf16(false, false, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), OC, b.defined() ? 1.f : 0.f, o, OC);
+  if (b.defined()) cpu::gemm_bf16_bias(false, false, N, OC, C, xb.data<bf16>(), C, wb.data<bf16>(), OC, b.f32(), o, OC);
+  else cpu::gemm_bf16(false, false, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), OC, 0.f, o, OC);
   if (should_record({&x, &w, &b})) {
     record("linear_bf16", out, {stand_in(x, xb), w, b}, [N, C, OC, xb, wb](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1], &bi = n.inputs[2];
       const Tensor& g = grad_of(n.output);
-      Tensor gb = to_bf16(g);
-      if (requires_grad(xi))
-        cpu::gemm_bf16(false, true, N, C, OC, 1.f, gb.data<bf16>(), OC, wb.data<bf16>(), OC, 1.f, grad_buffer(xi).f32(), C);
+      const bool bias = bi.defined() && requires_grad(bi);
+      Tensor gb = Tensor::empty(g.shape(), DType::bf16);
+      if (bias) to_bf16_with_column_sums(gb.data<bf16>(), grad_buffer(bi).f32(), g.f32(), N, OC);  // one pass over g
+      else cpu::f32_to_bf16(g.f32(), gb.data<bf16>(), g.numel());
+      if (requires_grad(xi)) {
+        bool fresh;
+        float* gx = grad_buffer_for_write(xi, &fresh).f32();
+        cpu::gemm_bf16(false, true, N, C, OC, 1.f, gb.data<bf16>(), OC, wb.data<bf16>(), OC, fresh ? 0.f : 1.f, gx, C);
+      }
       if (requires_grad(wi))
         cpu::gemm_bf16(true, false, C, OC, N, 1.f, xb.data<bf16>(), C, gb.data<bf16>(), OC, 1.f, grad_buffer(wi).f32(), OC);
-      if (bi.defined() && requires_grad(bi)) bias_grad(grad_buffer(bi).f32(), g.f32(), N, OC);
     });
   }
   return out;
@@ -77,8 +97,11 @@ Tensor linear_t(const Tensor& x, const Tensor& w, int64_t N, int64_t C, int64_t 
     record("linear_t_bf16", out, {stand_in(x, xb), w}, [N, C, OC, xb, wb](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1];
       Tensor gb = to_bf16(grad_of(n.output));
-      if (requires_grad(xi))
-        cpu::gemm_bf16(false, false, N, C, OC, 1.f, gb.data<bf16>(), OC, wb.data<bf16>(), C, 1.f, grad_buffer(xi).f32(), C);
+      if (requires_grad(xi)) {
+        bool fresh;
+        float* gx = grad_buffer_for_write(xi, &fresh).f32();
+        cpu::gemm_bf16(false, false, N, C, OC, 1.f, gb.data<bf16>(), OC, wb.data<bf16>(), C, fresh ? 0.f : 1.f, gx, C);
+      }
       if (requires_grad(wi))
         cpu::gemm_bf16(true, false, OC, C, N, 1.f, gb.data<bf16>(), OC, xb.data<bf16>(), C, 1.f, grad_buffer(wi).f32(), C);
     });

@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "autograd/activations_bf16.h"
+#include "autograd/attention_bf16.h"
 #include "autograd/linear_bf16.h"
+#include "autograd/norm_bf16.h"
 #include "autograd/ops_util.h"
 
 namespace atl::ops {
@@ -69,6 +71,7 @@ Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   check_f32(w, "layernorm", "weight");
   int64_t C = x.size(-1), N = rows(x);
   ATOLL_CHECK(w.numel() == C, "layernorm: weight of {} for {} features", w.numel(), C);
+  if (matmul_dtype() == DType::bf16 && x.device().is_cpu()) return ops_bf16::layernorm(x, w, b, eps);  // saves bf16 x̂
   Tensor out = empty_like_dev(x.shape(), x), mean = empty_like_dev({N}, x), rstd = empty_like_dev({N}, x);
   K(x).norm.layernorm_forward(out.f32(), mean.f32(), rstd.f32(), x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, N, C,
                          eps);
@@ -137,8 +140,17 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (should_record({&a, &b})) {
     record("add", out, {grad_handle(a), grad_handle(b)}, [](Node& n) {
       const Tensor& g = grad_of(n.output);
-      for (auto& in : n.inputs)
-        if (requires_grad(in)) K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
+      for (auto& in : n.inputs) {
+        if (!requires_grad(in)) continue;
+        if (!g.device().is_cpu()) {
+          K(g).elem.add_inplace(grad_buffer(in).f32(), g.f32(), g.numel());
+          continue;
+        }
+        bool fresh;
+        Tensor& gi = grad_buffer_for_write(in, &fresh);
+        if (fresh) gi.copy_from(g);  // one pass instead of zeroing and adding
+        else K(g).elem.add_inplace(gi.f32(), g.f32(), g.numel());
+      }
     });
   }
   return out;
@@ -165,6 +177,7 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t KV, int64_t hd) {
   ATOLL_CHECK(qkv.dim() == 3 && qkv.size(2) == (H + 2 * KV) * hd, "attention: qkv {} is not [B,T,(H+2KV)*hd]",
               shape_str(qkv.shape()));
   ATOLL_CHECK(KV > 0 && H % KV == 0, "attention: {} query heads not divisible by {} kv heads", H, KV);
+  if (ops_bf16::attention_applies(qkv, H, KV)) return ops_bf16::attention(qkv, H, hd);
   int64_t B = qkv.size(0), T = qkv.size(1);
   Tensor out = empty_like_dev({B, T, H * hd}, qkv), lse = empty_like_dev({B, H, T}, qkv);
   K(qkv).attention.causal_forward(out.f32(), lse.f32(), qkv.f32(), B, T, H, KV, hd);

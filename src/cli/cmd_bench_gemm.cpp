@@ -204,6 +204,7 @@ int run_bench_gemm(int argc, char** argv) {
     j["cpu"] = cpu::cpu_features().model;
     j["isa"] = cpu::isa_name(cpu::active_isa());
     j["bf16_path"] = bf16_path;
+    j["fp32_gemm"] = cpu::gemm_f32_setting();  // per shape, "fp32_gflops" is the library this setting takes
     j["fp32_gflops"] = peak32;
     j["bf16_gflops"] = peak16;
     j["threads"] = num_threads();
@@ -218,8 +219,8 @@ int run_bench_gemm(int argc, char** argv) {
   if (save) {
     const std::string cache = gemm_peak_cache_path();
     save_gemm_peak(cache, current_gemm_peak_key(num_threads()), peak32, peak16, bf16_path);
-    std::printf("saved the peaks for %s, %s, %d threads in %s\n", cpu::cpu_features().model.c_str(),
-                cpu::isa_name(cpu::active_isa()), num_threads(), cache.c_str());
+    std::printf("saved the peaks for %s, %s, %d threads, fp32 gemm %s in %s\n", cpu::cpu_features().model.c_str(),
+                cpu::isa_name(cpu::active_isa()), num_threads(), cpu::gemm_f32_setting(), cache.c_str());
   }
   return 0;
 }

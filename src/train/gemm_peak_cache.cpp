@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
 namespace atl {
@@ -16,7 +17,7 @@ namespace atl {
 namespace fs = std::filesystem;
 
 GemmPeakKey current_gemm_peak_key(int threads) {
-  return {cpu::cpu_features().model, cpu::isa_name(cpu::active_isa()), threads};
+  return {cpu::cpu_features().model, cpu::isa_name(cpu::active_isa()), threads, cpu::gemm_f32_setting()};
 }
 
 std::string gemm_peak_cache_path() {
@@ -30,7 +31,7 @@ namespace {
 
 bool same_key(const nlohmann::json& e, const GemmPeakKey& k) {
   return e.value("cpu", std::string()) == k.cpu && e.value("isa", std::string()) == k.isa &&
-         e.value("threads", -1) == k.threads;
+         e.value("threads", -1) == k.threads && e.value("fp32_lib", std::string()) == k.fp32_lib;
 }
 
 // The file's entries; throws with the reason when it exists but is not a peak cache.
@@ -60,7 +61,8 @@ void save_gemm_peak(const std::string& path, const GemmPeakKey& key, double fp32
   const std::time_t now = std::time(nullptr);
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  kept.push_back({{"cpu", key.cpu}, {"isa", key.isa}, {"threads", key.threads}, {"fp32_gflops", fp32_gflops},
+  kept.push_back({{"cpu", key.cpu}, {"isa", key.isa}, {"threads", key.threads}, {"fp32_lib", key.fp32_lib},
+                  {"fp32_gflops", fp32_gflops},
                   {"bf16_gflops", bf16_gflops}, {"bf16_path", bf16_path}, {"saved", when}});
   const fs::path p(path);
   std::error_code ec;

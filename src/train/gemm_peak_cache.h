@@ -5,8 +5,9 @@
 //
 // The cache is one JSON file: ATOLL_PEAK_CACHE if set, else $XDG_CACHE_HOME/atoll/gemm_peaks.json,
 // else ~/.cache/atoll/gemm_peaks.json. An entry is keyed by the CPU model (cpuid's brand string),
-// the active ISA path and the thread count, and holds the fp32 and bf16 peaks of the GEMM paths
-// that ISA uses.
+// the active ISA path, the thread count and the fp32 library setting (hardware.gemm_f32 /
+// ATOLL_GEMM_F32: the fp32 peak is that library's), and holds the fp32 and bf16 peaks of the GEMM
+// paths in use. Entries saved before the library was recorded match no key (re-measured).
 #pragma once
 #include <optional>
 #include <string>
@@ -16,9 +17,10 @@ namespace atl {
 struct GemmPeakKey {
   std::string cpu, isa;
   int threads = 0;
+  std::string fp32_lib = "auto";
 };
 
-// This process's key: the detected CPU, the active path, `threads` threads.
+// This process's key: the detected CPU, the active path, `threads` threads, the fp32 library setting.
 GemmPeakKey current_gemm_peak_key(int threads);
 std::string gemm_peak_cache_path();
 

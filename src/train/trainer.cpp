@@ -372,7 +372,7 @@ TrainResult Trainer::run(bool resume) {
     if (auto c = cached_gemm_peak(cache, key, o.matmul_dtype, &note)) {
       peak = *c;
       peak_dtype = o.matmul_dtype == "bf16" ? "bf16" : "fp32";
-      peak_from = fmt::format("cached for {}, {} threads in {}", key.isa, key.threads, cache);
+      peak_from = fmt::format("cached for {}, {} threads, fp32 gemm {} in {}", key.isa, key.threads, key.fp32_lib, cache);
     } else {
       peak = measure_gemm_peak_gflops();
       peak_from = note.empty() ? "measured now; `atoll bench gemm --save` caches it" : "measured now; " + note;

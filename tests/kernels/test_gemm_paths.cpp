@@ -131,6 +131,33 @@ TEST(GemmPaths, Bf16PathsHonourAlphaBetaStridesAndOddSizes) {
   }
 }
 
+// The biased bf16 product the linear layers' forward takes (bias in oneDNN's epilogue on AMX, a
+// fill and an accumulating product elsewhere) against sgemm on the same bf16-rounded operands plus
+// the bias: only the summation order differs (bound 1e-5, as above), on every path this CPU has.
+TEST(GemmPaths, Bf16BiasedProductMatchesFp32OnEveryPath) {
+  const cpu::Isa saved = cpu::active_isa();
+  const Case shapes[] = {{"qkv fwd", 2048, 1152, 384, false, false}, {"odd", 37, 70, 161, false, false}};
+  for (Isa isa : {Isa::avx2, Isa::avx512_bf16, Isa::amx}) {
+    std::string why;
+    if (!cpu::isa_supported(isa, &why)) {
+      std::printf("[ SKIPPED  ] biased bf16 product on %s: %s\n", cpu::isa_name(isa), why.c_str());
+      continue;
+    }
+    cpu::set_isa(isa);
+    for (const Case& c : shapes) {
+      auto A = randn(size_t(c.M * c.K), 81), B = randn(size_t(c.K * c.N), 82), bias = randn(size_t(c.N), 83);
+      auto Ah = round_bf16(A), Bh = round_bf16(B);
+      std::vector<float> ref(size_t(c.M * c.N)), out(ref.size(), NAN);
+      for (int64_t i = 0; i < c.M; ++i)
+        for (int64_t j = 0; j < c.N; ++j) ref[size_t(i * c.N + j)] = bias[size_t(j)];
+      cpu::gemm(false, false, c.M, c.N, c.K, 1.f, A.data(), c.K, B.data(), c.N, 1.f, ref.data(), c.N);
+      cpu::gemm_bf16_bias(false, false, c.M, c.N, c.K, Ah.data(), c.K, Bh.data(), c.N, bias.data(), out.data(), c.N);
+      EXPECT_LT(rel_l2(out, ref), 1e-5) << cpu::isa_name(isa) << " " << c.what;
+    }
+  }
+  cpu::set_isa(saved);
+}
+
 TEST(GemmPaths, Fp32OnednnMatchesOpenblasOnTrainingShapes) {
   for (const Case& c : kTrainingShapes) {
     const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;

@@ -1,4 +1,4 @@
-// The GEMM peak cache (train/gemm_peak_cache.h): entries keyed by CPU, ISA path and thread count,
+// The GEMM peak cache (train/gemm_peak_cache.h): entries keyed by CPU, ISA path, thread count and fp32 library,
 // replaced in place, an unreadable file reported and left alone; and `atoll train` taking its
 // MFU peak from the cache instead of measuring at start-up, and `bench gemm --save --quick` refused.
 #include <gtest/gtest.h>
@@ -33,10 +33,22 @@ TEST(GemmPeakCache, EntriesAreKeyedByCpuPathAndThreadsAndReplacedInPlace) {
   EXPECT_EQ(cached_gemm_peak(file, b, "f32"), 150.0);
   EXPECT_FALSE(cached_gemm_peak(file, c, "f32").has_value()) << "another path is another entry";
   EXPECT_FALSE(cached_gemm_peak(file, {"Other CPU", "avx512", 1}, "f32").has_value());
+  // The fp32 library is part of the key: an OpenBLAS-only peak is not the auto setting's.
+  EXPECT_FALSE(cached_gemm_peak(file, {"Some CPU", "avx512", 1, "openblas"}, "f32").has_value());
+  save_gemm_peak(file, {"Some CPU", "avx512", 1, "openblas"}, 90.0, 200.0, "onednn-amx");
+  EXPECT_EQ(cached_gemm_peak(file, {"Some CPU", "avx512", 1, "openblas"}, "f32"), 90.0);
+  EXPECT_EQ(cached_gemm_peak(file, a, "f32"), 100.0);
   save_gemm_peak(file, a, 110.0, 210.0, "onednn-amx");  // re-measured: replaces, keeps b
   EXPECT_EQ(cached_gemm_peak(file, a, "f32"), 110.0);
   EXPECT_EQ(cached_gemm_peak(file, b, "f32"), 150.0);
-  EXPECT_EQ(nlohmann::json::parse(slurp(file)).at("entries").size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(slurp(file)).at("entries").size(), 3u);
+  // An entry saved before the library was recorded matches no key (its fp32 peak's library is unknown).
+  {
+    nlohmann::json j = nlohmann::json::parse(slurp(file));
+    for (auto& e : j["entries"]) e.erase("fp32_lib");
+    std::ofstream(file) << j.dump();
+  }
+  EXPECT_FALSE(cached_gemm_peak(file, a, "f32").has_value());
   EXPECT_THROW(save_gemm_peak(file, a, 0.0, 1.0, "x"), Error);
   fs::remove_all(root);
 }
@@ -61,7 +73,7 @@ TEST(GemmPeakCache, AnUnreadableFileIsReportedAndLeftAsItWas) {
 }
 
 // The trainer's first lines say where its peak came from: the cache entry of its own key (forced
-// path avx2, train.threads = 2) when there is one, a start-up measurement otherwise.
+// path avx2, train.threads = 2, fp32 library auto) when there is one, a start-up measurement otherwise.
 TEST(GemmPeakCache, TrainReadsThePeakOfItsPathAndThreadsFromTheCache) {
   const fs::path root = scratch("peak_cache_train");
   const std::string data = make_data(root);
@@ -74,7 +86,12 @@ TEST(GemmPeakCache, TrainReadsThePeakOfItsPathAndThreadsFromTheCache) {
                           (root / "tiny.toml").string() + " --overwrite";
   CmdResult r = run_shell(cmd);
   ASSERT_EQ(r.exit_code(), 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "fp32 GEMM peak 12345.0 GFLOP/s (cached for avx2, 2 threads in " + file)) << r.out;
+  EXPECT_TRUE(contains(r.out, "fp32 GEMM peak 12345.0 GFLOP/s (cached for avx2, 2 threads, fp32 gemm auto in " + file))
+      << r.out;
+  // Another fp32 library has no entry either: its peak is another library's.
+  r = run_shell("ATOLL_GEMM_F32=openblas " + cmd);
+  ASSERT_EQ(r.exit_code(), 0) << r.out;
+  EXPECT_FALSE(contains(r.out, "12345.0")) << r.out;
   // Another thread count has no entry: measured at start-up, and the message says how to cache it.
   r = run_shell(cmd + " --train.threads=1");
   ASSERT_EQ(r.exit_code(), 0) << r.out;

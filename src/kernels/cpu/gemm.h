@@ -30,7 +30,15 @@ void gemm_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 const std::vector<std::string>& gemm_f32_choices();
 std::string select_gemm_f32(const std::string& name, const std::string& where);
 void set_gemm_f32(const std::string& name);
+const char* gemm_f32_setting();  // the current setting's name: "auto", "openblas" or "onednn"
 const char* gemm_f32_choice(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
+
+// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
+// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
 
 // The same over `batch` matrices at fixed element strides.
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -40,6 +48,25 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 // bf16 operands, fp32 accumulation and output.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
+// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+
+// The same over `batch` matrices at fixed element strides (sa, sb, sc): one oneDNN batched
+// matmul on the amx path, atoll's AVX-512 BF16 kernel per matrix (matrices spread over the
+// threads) on avx512_bf16, widened to fp32 per matrix elsewhere. The _onednn form is callable
+// directly, and onednn_matmul_impl names the kernel oneDNN picks for a dense bf16 product.
+void gemm_bf16_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                       int64_t lda, int64_t sa, const bf16* B, int64_t ldb, int64_t sb, float beta, float* C,
+                       int64_t ldc, int64_t sc, int64_t batch);
+void gemm_bf16_batched_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const bf16* A, int64_t lda, int64_t sa, const bf16* B, int64_t ldb, int64_t sb,
+                              float beta, float* C, int64_t ldc, int64_t sc, int64_t batch);
+std::string onednn_matmul_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t batch);
 
 // The path gemm_bf16 takes on CPUs without AVX-512 BF16 (widen to fp32, then sgemm); callable
 // directly so that tests cover it on any machine.

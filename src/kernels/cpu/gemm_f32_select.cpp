@@ -66,6 +66,8 @@ std::string select_gemm_f32(const std::string& name, const std::string& where) {
   return fmt::format("fp32 gemm: {}{}", gemm_path(), env && *env ? " (ATOLL_GEMM_F32)" : "");
 }
 
+const char* gemm_f32_setting() { return kNames[int(active())]; }
+
 void set_gemm_f32(const std::string& name) { g_lib.store(int(parse(name, "set_gemm_f32"))); }
 
 const char* gemm_f32_choice(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
