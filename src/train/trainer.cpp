@@ -415,7 +415,7 @@ TrainResult Trainer::run(bool resume) {
   int64_t last_good_ckpt = start;
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = Clock::now();
-    if (guard) resilience::check_phase(*I.comm, "step", step + 1);
+    if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
       I.dp->zero_grad();
