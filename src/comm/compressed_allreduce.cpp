@@ -70,7 +70,18 @@ CompressedAllReducer::CompressedAllReducer(Communicator* comm, CodecSpec spec, b
   codec_ = make_codec(spec_.codec, w);
 }
 
-CompressedAllReducer::~CompressedAllReducer() = default;
+CompressedAllReducer::~CompressedAllReducer() {
+  // Steps still queued on the communicator hold `this`: the last one done, all are (issue order).
+  WorkPtr last;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    last = last_;
+  }
+  if (last) try {
+      last->wait();
+    } catch (const std::exception&) {  // its caller reports failures; here only the lifetime matters
+    }
+}
 
 CompressedAllReducer::State& CompressedAllReducer::state(const std::string& key, int64_t n,
                                                          const std::vector<MatrixSpan>& mats) {
@@ -218,6 +229,10 @@ std::function<void()> CompressedAllReducer::start_all_reduce(const Tensor& t, Re
   q.push_back(comm_->run_async("codec sum", [this, f] { gather_step(*f); }));
   q.push_back(comm_->all_gather_async(f->mine, f->all));
   q.push_back(comm_->run_async("codec decode", [this, f] { finish_step(*f); }));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_ = q.back();
+  }
   return [q] {
     for (const WorkPtr& w : q) w->wait();
   };

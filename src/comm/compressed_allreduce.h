@@ -92,6 +92,7 @@ class CompressedAllReducer {
   std::map<std::string, std::unique_ptr<State>> states_;
   CompressionStats stats_;
   std::mutex mu_;  // states_ (inserted by callers, walked by finish_step) and stats_
+  WorkPtr last_;   // the last step queued by start_all_reduce (the destructor waits for it)
 };
 
 // Collective: all-gathers spec.describe() (and a hash of it) and fails on every rank, naming each
