@@ -20,7 +20,7 @@ H/5, outer SGD lr 1 without momentum (plain parameter averaging), and outer lr 0
 ratios to DDP (per seed and of the means).
 
 usage: bench/islands_bench.py [--out DIR] [--steps N] [--inner H] [--only local|wan|codecs] [--layers L]
-       [--embd D] [--codecs int8,fp8_e4m3,nvfp4] [--seeds N]
+       [--embd D] [--codecs int8,fp8_e4m3,nvfp4] [--seeds N] [--no-wan]
 (build first: cmake --build build --target atoll)"""
 import argparse
 import json
@@ -190,6 +190,7 @@ def main():
     ap.add_argument("--only", choices=["local", "wan", "codecs", "sweep"], default=None)
     ap.add_argument("--codecs", default="int8,fp8_e4m3,nvfp4")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--no-wan", action="store_true", help="--only codecs: the local runs only (no WAN test bed)")
     a = ap.parse_args()
     if a.only == "codecs":
         return codecs_main(a)
@@ -347,12 +348,14 @@ def codecs_main(a):
         if c != "fp32":
             res[f"{k}_vs_diloco4_val_loss_ratio"] = R[k]["val_loss_mean"] / R["diloco4"]["val_loss_mean"]
             res[f"diloco4_vs_{k}_bytes_ratio_atoll"] = R["diloco4"]["job_bytes_atoll"] / R[k]["job_bytes_atoll"]
+    if a.no_wan:
+        res["wan_skipped"] = "--no-wan"
     # The WAN test bed: bytes on the wire per outer step, from the veth counters.
     topo = os.path.join(a.out, "wan.toml")
     open(topo, "w").write('islands = 4\nranks_per_island = 1\n[link]\nrate = "20mbit"\nlatency_ms = 20\njitter_ms = 2\n')
     short = max(H, (a.steps // 3) // H * H)
     outer = a.steps // H - short // H
-    for c in ["fp32"] + codecs:
+    for c in ([] if a.no_wan else ["fp32"] + codecs):
         k = "diloco4" if c == "fp32" else f"diloco4_{c}"
         ex = dl + ([] if c == "fp32" else [f"--lowcomm.exchange={c}"]) + ["--eval.every=0"]
         got = []

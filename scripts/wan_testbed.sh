@@ -15,7 +15,9 @@
 #   "[island k] ". Afterwards prints the bytes each island's link carried, read from the veth
 #   counters (/sys/class/net/eth0/statistics in the island), and the total received (the sender's
 #   counter sees segmentation-offloaded packets with one header for many segments); with WAN_STATS=FILE
-#   also writes them there as JSON. Tears everything down on exit.
+#   also writes them there as JSON; with WAN_SOCKETS=FILE each island's TCP connections are sampled
+#   (ss -tin, every 0.2 s, into FILE.<k>) and scripts/wan_sockets.py attributes the payload to the
+#   store and the collectives (FILE.json). Tears everything down on exit.
 #   Exit status: 0 if every island's command succeeded, 1 otherwise, 2 for a bad topology file
 #   (the reason is printed), 77 when this machine cannot build the test bed (reason printed).
 #
@@ -125,6 +127,13 @@ for k in $(seq 0 $((ISLANDS - 1))); do
   RX0[$k]=$(counter "${TAG}i$k" rx_bytes)
 done
 t0=$(date +%s.%N)
+samplers=()
+if [ -n "${WAN_SOCKETS:-}" ]; then  # per-connection counters, attributed by scripts/wan_sockets.py
+  for k in $(seq 0 $((ISLANDS - 1))); do
+    ip netns exec "${TAG}i$k" sh -c 'while :; do ss -tinH; echo ---; sleep 0.2; done' > "$WAN_SOCKETS.$k" 2>/dev/null &
+    samplers+=($!)
+  done
+fi
 pids=()
 for k in $(seq 0 $((ISLANDS - 1))); do
   ip netns exec "${TAG}i$k" env ISLAND_INDEX="$k" NISLANDS="$ISLANDS" RANKS_PER_ISLAND="$RANKS_PER_ISLAND" \
@@ -136,6 +145,8 @@ for k in "${!pids[@]}"; do
   wait "${pids[$k]}" || { echo "wan_testbed: island $k's command failed" >&2; rc=1; }
 done
 secs=$(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo 0)
+for p in "${samplers[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+[ -n "${WAN_SOCKETS:-}" ] && python3 "$HERE/wan_sockets.py" "$WAN_SOCKETS" "$ISLANDS" --out "$WAN_SOCKETS.json" >&2
 total=0
 json="{\"islands\": $ISLANDS, \"ranks_per_island\": $RANKS_PER_ISLAND, \"rate\": \"$RATE\", \"latency_ms\": $LATENCY_MS, \"seconds\": ${secs:-0}, \"links\": ["
 for k in $(seq 0 $((ISLANDS - 1))); do

@@ -130,6 +130,32 @@ void GiftTransform::observe(const float* g) {
                         : 1.0;
 }
 
+std::vector<double> GiftTransform::save() const {
+  std::vector<double> v = {double(rows_), double(cols_), double(k_), seen_ ? 1.0 : 0.0, active_ ? 1.0 : 0.0,
+                           anisotropy_, ref2_};
+  v.insert(v.end(), d_.begin(), d_.end());
+  std::vector<double> s2 = sig2_;
+  s2.resize(size_t(k_), 0.0);
+  v.insert(v.end(), s2.begin(), s2.end());
+  v.insert(v.end(), q_.begin(), q_.end());
+  return v;
+}
+
+void GiftTransform::load(const std::vector<double>& v, const std::string& what) {
+  const size_t k = size_t(k_), want = 7 + 2 * k + q_.size();
+  ATOLL_CHECK(v.size() == want && v[0] == double(rows_) && v[1] == double(cols_) && v[2] == double(k_),
+              "{}: GIFT geometry for a {} x {} matrix of rank {} expected ({} values), got {} values", what, rows_,
+              cols_, k_, want, v.size());
+  seen_ = v[3] != 0;
+  active_ = v[4] != 0;
+  anisotropy_ = v[5];
+  ref2_ = v[6];
+  d_.assign(v.begin() + 7, v.begin() + 7 + long(k));
+  sig2_.assign(v.begin() + 7 + long(k), v.begin() + 7 + 2 * long(k));
+  if (!seen_) sig2_.clear();
+  q_.assign(v.begin() + 7 + 2 * long(k), v.end());
+}
+
 namespace {
 CodecRegistrar r1("gift_fp8", {nullptr, "gift", "fp8_e4m3"});
 CodecRegistrar r2("gift_e5m2", {nullptr, "gift", "fp8_e5m2"});

@@ -18,6 +18,7 @@
 // min(rows, cols) > 2k) and anisotropic enough (sigma_1 / sigma_ref >= min_anisotropy).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace atl::comm {
@@ -43,6 +44,10 @@ class GiftTransform {
   void observe(const float* g);
   double anisotropy() const { return anisotropy_; }  // sigma_1 / sigma_ref at the last observe()
   double max_ratio() const;  // largest 1/d_i: how much inverse() may amplify rounding
+  // The learned geometry as doubles (flags, spectrum EMAs, d, Q), for a bit-exact resume, and its
+  // inverse (the same shape and options, else refused naming `what`).
+  std::vector<double> save() const;
+  void load(const std::vector<double>& v, const std::string& what);
 
  private:
   void apply(float* g, bool inverse) const;

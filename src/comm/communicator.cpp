@@ -316,6 +316,10 @@ WorkPtr Communicator::barrier_async() {
   return enqueue("barrier", {}, [this](Work&) { run_barrier(); });
 }
 
+WorkPtr Communicator::run_async(const std::string& what, std::function<void()> fn) {
+  return enqueue(what, {}, [fn = std::move(fn)](Work&) { fn(); });
+}
+
 void Communicator::abort(const std::string& why) {
   std::vector<WorkPtr> fail_now;
   {

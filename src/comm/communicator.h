@@ -93,6 +93,12 @@ class Communicator {
   WorkPtr send_async(const Tensor& t, int peer, int tag = 0);
   WorkPtr recv_async(const Tensor& t, int peer, int tag = 0);
   WorkPtr barrier_async();
+  // A local step (no traffic) run on the worker in issue order, between the operations issued
+  // before and after it: e.g. a codec's decode-and-sum between its all_to_all and its all_gather
+  // (comm/compressed_allreduce.h), so a whole compressed exchange can be queued at once and
+  // overlap the caller's compute. fn must touch only what the caller leaves alone until wait();
+  // if it throws, the communicator fails like a failed collective.
+  WorkPtr run_async(const std::string& what, std::function<void()> fn);
 
   // ---- blocking: the same operations, waited for ----
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) { all_reduce_async(t, op)->wait(); }

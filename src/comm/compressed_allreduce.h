@@ -10,7 +10,9 @@
 // Bytes sent per rank are counted (what this rank puts on the wire, payload only), next to what a
 // ring all-reduce of the same tensor in f32 would send: 2 (W-1) ceil(n/W) 4 bytes.
 #pragma once
+#include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +48,13 @@ class CompressedAllReducer {
   // every rank. key names the tensor for its error-feedback residual and GIFT state; mats (used on
   // a key's first call) are the matrices within t that GIFT may transform.
   void all_reduce(const Tensor& t, ReduceOp op, const std::string& key, const std::vector<MatrixSpan>& mats = {});
+  // The same all-reduce, queued whole on the communicator's worker (encode, all_to_all, decode
+  // and sum, re-encode, all_gather, decode: comm::Communicator::run_async between the
+  // collectives) and returned at once; the function waits for it. t must stay untouched until
+  // then. all_reduce() is start_all_reduce()(), so both give the same bits. Several may be in
+  // flight (they run in issue order); state_tensors() / load_state_tensors() only when none is.
+  std::function<void()> start_all_reduce(const Tensor& t, ReduceOp op, const std::string& key,
+                                         const std::vector<MatrixSpan>& mats = {});
   // In place of comm.reduce_scatter(in, out, op) (ZeRO-2): in holds W equal chunks of
   // out.numel(); this rank's out gets the sum (or avg) of every rank's DECODED chunk, summed in
   // f32 in rank order (steps 1 and 2 above). Error feedback as all_reduce's local encode; no GIFT
@@ -54,7 +63,7 @@ class CompressedAllReducer {
   const CompressionStats& stats() const { return stats_; }
   // What a bit-exact resume needs, per key: "<key>.meta" (i64 [n, calls]: the call count seeds
   // stochastic rounding) and, with error feedback, "<key>.residual" / "<key>.residual2" (f32).
-  // Refused with GIFT (its geometry is not exported).
+  // With GIFT, "<key>.gift" too: its matrices and their learned geometry (bit-exact).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   // The inverse, replacing every key's state; `what` names the source for messages.
   void load_state_tensors(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& what);
@@ -66,16 +75,24 @@ class CompressedAllReducer {
   struct State;
   State& state(const std::string& key, int64_t n, const std::vector<MatrixSpan>& mats);
   RoundingRng rng(uint64_t call, int phase, int chunk) const;
-  // Steps 1 and 2 on x (W chunks of c, transformed): adds and updates the local residual, encodes,
-  // exchanges, and returns this rank's f32 sum of the decoded chunk. Returns the words per chunk.
-  int64_t scatter_sum(State& st, uint64_t call, std::vector<float>& x, int64_t n, int64_t c, ReduceOp op,
-                      std::vector<float>& acc);
+  struct Flight;
+  // Step 1 on x (W chunks of c, transformed): adds and updates the local residual, encodes into
+  // send (W chunks of `words`). Step 2: this rank's f32 sum of the decoded chunks in recv.
+  void encode_chunks(State& st, uint64_t call, std::vector<float>& x, int64_t n, int64_t c, int64_t words,
+                     const Tensor& send) const;
+  void sum_chunks(const Tensor& recv, int64_t c, int64_t words, ReduceOp op, std::vector<float>& acc) const;
+  // start_all_reduce's local steps, on the communicator's worker.
+  void encode_step(Flight& f);
+  void gather_step(Flight& f);
+  void finish_step(Flight& f);
   Communicator* comm_;
   CodecSpec spec_;
   bool gift_ = false;
   std::unique_ptr<Codec> codec_;
   std::map<std::string, std::unique_ptr<State>> states_;
   CompressionStats stats_;
+  std::mutex mu_;  // states_ (inserted by callers, walked by finish_step) and stats_
+  WorkPtr last_;   // the last step queued by start_all_reduce (the destructor waits for it)
 };
 
 // Collective: all-gathers spec.describe() (and a hash of it) and fails on every rank, naming each

@@ -24,6 +24,7 @@ class DiLoCo : public LowComm {
   virtual void merge(Tensor& delta) {}
 
   Tensor delta_;
+  std::vector<comm::MatrixSpan> mats_;  // the model's matrices in the flat buffer (for GIFT)
 };
 
 std::unique_ptr<LowComm> make_diloco(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world,

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -111,6 +112,14 @@ nlohmann::json LowComm::after_step(int64_t step) {
   return j;
 }
 
+comm::Communicator* LowComm::guard_comm(int64_t step) {
+  if (!guarded_once_ || round_end(step - 1) || !island_comm_) {
+    guarded_once_ = true;
+    return world_;
+  }
+  return island_comm_.get();
+}
+
 double LowComm::world_average(double x) {
   if (!world_ || world_->size() == 1) return x;
   Tensor t = Tensor::empty({2});
@@ -120,7 +129,23 @@ double LowComm::world_average(double x) {
   return (double(t.f32()[0]) + double(t.f32()[1])) / double(world_->size());
 }
 
-std::function<void()> LowComm::start_average(const Tensor& buf, const std::string& key) {
+std::vector<comm::MatrixSpan> LowComm::matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  std::vector<comm::MatrixSpan> out;
+  const float* base = flat_.f32();
+  for (nn::Parameter* p : model_->parameters()) {
+    if (p->shape.size() != 2) continue;
+    const int64_t o = p->value.f32() - base, n = p->shape[0] * p->shape[1];
+    int64_t at = 0;
+    for (const auto& [lo, hi] : ranges) {
+      if (o >= lo && o + n <= hi) out.push_back({at + o - lo, p->shape[0], p->shape[1]});
+      at += hi - lo;
+    }
+  }
+  return out;
+}
+
+std::function<void()> LowComm::start_average(const Tensor& buf, const std::string& key,
+                                             const std::vector<comm::MatrixSpan>& mats) {
   const int64_t n = buf.numel();
   const int k = island_comm_ ? island_comm_->size() : 1;
   if (!across_ || across_->size() == 1) return [] {};
@@ -131,13 +156,16 @@ std::function<void()> LowComm::start_average(const Tensor& buf, const std::strin
     std::this_thread::sleep_for(across_->timeout() * 2);
     std::_Exit(3);
   }
-  if (k == 1) return exchange_->start(buf, across_, key);
+  if (k == 1) return exchange_->start(buf, across_, key, mats);
   // This rank's share: chunk l of the buffer padded to k equal chunks.
   const int64_t chunk = (n + k - 1) / k, l = island_comm_->rank();
   const int64_t lo = std::min(n, l * chunk), hi = std::min(n, lo + chunk);
   Tensor mine = Tensor::zeros({chunk});
   if (hi > lo) std::memcpy(mine.f32(), buf.f32() + lo, size_t(hi - lo) * sizeof(float));
-  auto fin = exchange_->start(mine, across_, key);
+  std::vector<comm::MatrixSpan> in_share;  // the matrices wholly inside this rank's share
+  for (const comm::MatrixSpan& m : mats)
+    if (m.offset >= lo && m.offset + m.rows * m.cols <= hi) in_share.push_back({m.offset - lo, m.rows, m.cols});
+  auto fin = exchange_->start(mine, across_, key, in_share);
   comm::Communicator* ic = island_comm_.get();
   return [fin, mine, buf, ic, chunk, n, k] {
     fin();
@@ -260,20 +288,27 @@ void LowComm::save_exchange(std::vector<std::pair<std::string, Tensor>>& extra) 
     for (auto& [n, t] : mine) extra.emplace_back(name(0, n), t);
     return;
   }
-  Tensor count = Tensor::zeros({2}, DType::i64), counts = Tensor::zeros({2 * int64_t(W)}, DType::i64);
+  Tensor count = Tensor::zeros({1}, DType::i64), counts = Tensor::zeros({int64_t(W)}, DType::i64);
   count.data<int64_t>()[0] = int64_t(mine.size());
-  for (auto& [n, t] : mine) count.data<int64_t>()[1] += t.numel();
   world_->all_gather(count, counts);
-  const int64_t* c = counts.data<int64_t>();
   for (int r = 1; r < W; ++r)
-    ATOLL_CHECK(c[2 * r] == c[0] && c[2 * r + 1] == c[1],
-                "lowcomm: rank {}'s exchange state ({} tensors, {} values) does not match rank 0's ({}, {})", r,
-                c[2 * r], c[2 * r + 1], c[0], c[1]);
+    ATOLL_CHECK(counts.data<int64_t>()[r] == counts.data<int64_t>()[0],
+                "lowcomm: rank {}'s exchange state ({} tensors) does not match rank 0's ({})", r,
+                counts.data<int64_t>()[r], counts.data<int64_t>()[0]);
+  // Sizes may differ by rank (GIFT's geometry covers the matrices of each rank's share): each
+  // tensor travels padded to the longest.
   for (auto& [n, t] : mine) {
-    Tensor all = Tensor::empty({int64_t(W) * t.numel()}, t.dtype());
-    world_->all_gather(t.contiguous(), all);
+    Tensor len = Tensor::zeros({1}, DType::i64), lens = Tensor::zeros({int64_t(W)}, DType::i64);
+    len.data<int64_t>()[0] = t.numel();
+    world_->all_gather(len, lens);
+    const int64_t* l = lens.data<int64_t>();
+    const int64_t L = *std::max_element(l, l + W);
+    Tensor padded = Tensor::zeros({L}, t.dtype()), all = Tensor::empty({int64_t(W) * L}, t.dtype());
+    Tensor tc = t.contiguous();
+    std::memcpy(padded.raw(), tc.raw(), tc.nbytes());
+    world_->all_gather(padded, all);
     if (me != 0) continue;
-    for (int r = 0; r < W; ++r) extra.emplace_back(name(r, n), all.slice(0, r * t.numel(), (r + 1) * t.numel()).clone());
+    for (int r = 0; r < W; ++r) extra.emplace_back(name(r, n), all.slice(0, r * L, r * L + l[r]).clone());
   }
 }
 

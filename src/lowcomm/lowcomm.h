@@ -85,6 +85,14 @@ class LowComm {
   // Whether the islands agree on something this step (the trainer's stop decision): the end of
   // an outer round, when every island waits for the others anyway.
   bool round_end(int64_t step) const { return due_step_ == step; }
+  // The communicator for the trainer's per-step phase guard (resilience/phase_guard.h) before
+  // `step`: the world at a run's first step and at the first step of each outer round, the
+  // island's own ranks otherwise. Over the world every step, its 24-byte all-gather crossed the
+  // WAN each inner step: 3 round trips, and 11 KB per step on the veth counters for 4 islands with
+  // the store heartbeats its progress notes set off (0.57 MB per outer step at H = 50, more than
+  // int8's whole exchange gained; docs/islands.md). The eval, sample and checkpoint checks stay
+  // on the world; a desync across islands is caught at the next round's start.
+  comm::Communicator* guard_comm(int64_t step);
   // The mean of x over every rank of the job (collective over the world).
   double world_average(double x);
 
@@ -112,7 +120,12 @@ class LowComm {
   // Averages buf (contiguous f32) in place over the islands, each rank sending its 1/k share;
   // returns what completes it (then buf holds the mean on every rank).
   // key names buf for the exchange's error feedback (the same tensor each round).
-  std::function<void()> start_average(const Tensor& buf, const std::string& key);
+  // mats: the whole matrices inside buf (for GIFT), e.g. matrices_within().
+  std::function<void()> start_average(const Tensor& buf, const std::string& key,
+                                      const std::vector<comm::MatrixSpan>& mats = {});
+  // The model's 2-D parameters that lie wholly inside the concatenation of the flat ranges
+  // [lo, hi) (in order), as spans of that concatenation.
+  std::vector<comm::MatrixSpan> matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
   int64_t wan_bytes(int64_t numel) const;  // what start_average(numel) sends from this rank
   // One sync's record; blocked_s is the time the inner steps waited for it.
   nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
@@ -141,6 +154,7 @@ class LowComm {
   int64_t exchanges_ = 0;
   bool window_open_ = false;
   bool loaded_plain_ = false;
+  bool guarded_once_ = false;
 };
 
 using MethodMaker = std::function<std::unique_ptr<LowComm>(const LowCommConfig&, parallel::Mesh&,

@@ -106,7 +106,9 @@ class StreamingDiLoCo final : public LowComm {
       const float *x = flat_.f32(), *g = global_.f32();
       for (auto& r : frags_[size_t(p)])
         for (int64_t i = r.lo; i < r.hi; ++i) *d++ = g[i] - x[i];
-      pd.finish = start_average(pd.buf, fmt::format("fragment{}", p));
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (auto& r : frags_[size_t(p)]) ranges.push_back({r.lo, r.hi});
+      pd.finish = start_average(pd.buf, fmt::format("fragment{}", p), matrices_within(ranges));
       if (c_.overlap_steps == 0) {
         pd.finish();
         apply(pd);

@@ -426,7 +426,7 @@ TrainResult Trainer::run(bool resume) {
     auto t0 = Clock::now();
     resilience::ProgressPublisher::instance().set_step(step + 1);
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
-    if (guard) resilience::check_phase(*I.comm, "step", step + 1);
+    if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
       return I.task->next_batch();

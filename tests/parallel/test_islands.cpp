@@ -172,8 +172,9 @@ TEST(Islands, AfterEveryOuterStepAllIslandsHoldTheSameParameters) {
 // Stopped mid-round (step 4 of rounds of 3; Streaming with an exchange in flight), resumed:
 // the same parameters and the same losses, bit for bit, as the run that never stopped. With a
 // codec too (nvfp4: error feedback and stochastic rounding, whose residuals and counters every
-// rank saves — 2 islands of 2 ranks; int8 per Streaming fragment): without them in the
-// checkpoint, the outer step after the resume would differ.
+// rank saves — 2 islands of 2 ranks; int8 per Streaming fragment, its exchange in flight over
+// the resume point; gift_int8, whose learned geometry is saved too, every matrix transformed):
+// without them in the checkpoint, the outer step after the resume would differ.
 TEST(Islands, StoppedAndResumedIsBitExact) {
   Islands f;
   for (auto method : std::vector<std::vector<std::string>>{
@@ -181,7 +182,8 @@ TEST(Islands, StoppedAndResumedIsBitExact) {
            {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1"},
            {"--lowcomm.method=diloco", "--lowcomm.exchange=nvfp4"},
            {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1",
-            "--lowcomm.exchange=int8"}}) {
+            "--lowcomm.exchange=int8"},
+           {"--lowcomm.method=diloco", "--lowcomm.gift_min_anisotropy=1", "--lowcomm.exchange=gift_int8"}}) {
     std::string tag = method[0].substr(method[0].find('=') + 1);
     if (method.back().rfind("--lowcomm.exchange=", 0) == 0) tag += "_" + method.back().substr(19);
     const int ranks = tag == "diloco_nvfp4" ? 4 : 2;
@@ -196,6 +198,8 @@ TEST(Islands, StoppedAndResumedIsBitExact) {
             n.find(".residual") != std::string::npos)
           residuals += t.numel();
       EXPECT_GT(residuals, 0) << tag << ": the last rank's error feedback is not in the checkpoint";
+      if (tag == "diloco_gift_int8")
+        EXPECT_NE(opt.find("lowcomm.exchange.rank1.pseudo_gradient.gift"), nullptr) << "GIFT's geometry is not in the checkpoint";
     }
     ASSERT_EQ(f.train(tag + "_cut", ranks, with(args, {"--resume"})), 0);
     EXPECT_NE(f.log(tag + "_cut").find("resumed from"), std::string::npos) << f.log(tag + "_cut");

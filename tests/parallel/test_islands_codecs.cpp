@@ -2,14 +2,17 @@
 // DiLoCo calls them: the mean every rank gets back is bit-identical on every rank and within the
 // format's stated bound (docs/codecs.md) of the exact f32 mean; error feedback carries what was
 // lost into the next exchange and survives state()/load(); the [lowcomm] keys are read and
-// checked. (Whole runs — islands bitwise equal after every outer step, bit-exact resume with a
+// checked; encoded exchanges overlap (start() returns before the peers arrive) with the
+// synchronous path's bits, GIFT's included. (Whole runs — islands bitwise equal after every outer step, bit-exact resume with a
 // codec, a codec mismatch across islands refused — are in test_islands.cpp.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "comm/communicator.h"
 #include "core/config.h"
@@ -155,6 +158,146 @@ int check_exchanges(comm::Communicator* comm, const std::string& out) {
   return failed;
 }
 
+// A rows x cols matrix of rank 2 (the same directions every round, as a gradient's geometry
+// persists) plus 1% noise that differs by rank and round, row-major: anisotropic, so GIFT
+// transforms it.
+std::vector<float> low_rank(int q, int64_t rows, int64_t cols, int salt) {
+  std::vector<float> v(size_t(rows * cols));
+  auto u = [&](uint64_t i) { return double(mix(i * 7919 + 104729) >> 11) / 9.007199254740992e15 - 0.5; };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      v[size_t(r * cols + c)] =
+          float(u(uint64_t(r)) * u(uint64_t(c) + 5000) * 4 + u(uint64_t(r) + 900) * u(uint64_t(c) + 7000) +
+                0.01 * u(uint64_t(q) * 1000003 + uint64_t(salt) * 7777777 + uint64_t(r * cols + c) + 99));
+  return v;
+}
+
+// Overlap: start() returns while a peer has not started yet (rank 1 arrives 2 s late), the
+// exchange completes in the function it returns, and exchanges left in flight while other
+// collectives run on the same communicator give the synchronous path's bits (int8 with error
+// feedback over two rounds of two keys; GIFT's gift_int8 over one key holding a 64 x 96 matrix
+// of rank 2 plus noise between two vectors). GIFT's round trip: once its transform is active the
+// mean is the exact mean within a loose 3% (relative Frobenius; the int8 grid alone gives ~0.3%,
+// and T^-1 amplifies its rounding by at most max_shrink along k directions only — a transform
+// not undone would be off by O(1)); its geometry goes through state()/load() bit-exact.
+int check_overlap(comm::Communicator* comm, const std::string& out) {
+  const int me = comm->rank(), W = comm->size();
+  int failed = 0;
+  const Case k8{"int8", "nearest"};
+  {
+    auto ex = make(k8, true, comm);
+    Tensor t = Tensor::from_vector(input_of(me, 1001, 7), {1001});
+    if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    auto t0 = std::chrono::steady_clock::now();
+    auto fin = ex->start(t, comm, "late");
+    double started = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fin();
+    double done = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (me == 0) {
+      std::printf("rank 0: start() returned after %.3f s, the exchange completed after %.3f s\n", started, done);
+      EXPECT_LT(started, 1.0) << "start() waited for the late peer: the encoded exchange is synchronous";
+      EXPECT_GT(done, 1.0) << "the exchange completed before the late peer had started";
+      failed += started >= 1.0 || done <= 1.0;
+    }
+  }
+  auto rounds = [&](lowcomm::PseudoGradientExchange& ex, bool overlap) {
+    std::vector<float> got;
+    for (int round = 0; round < 2; ++round) {
+      Tensor a = Tensor::from_vector(input_of(me, 1001, 11 + round), {1001});
+      Tensor b = Tensor::from_vector(input_of(me, 517, 13 + round), {517});
+      if (overlap) {
+        auto fa = ex.start(a, comm, "f0");
+        auto fb = ex.start(b, comm, "f1");
+        Tensor other = Tensor::full({64}, float(me + 1));
+        comm->all_reduce(other);  // traffic of its own while both are in flight (DDP's, say)
+        EXPECT_EQ(other.f32()[0], float(W * (W + 1) / 2));
+        fb();
+        fa();
+      } else {
+        ex.start(a, comm, "f0")();
+        ex.start(b, comm, "f1")();
+      }
+      auto va = a.to_vector(), vb = b.to_vector();
+      got.insert(got.end(), va.begin(), va.end());
+      got.insert(got.end(), vb.begin(), vb.end());
+    }
+    return got;
+  };
+  auto sync_ex = make(k8, true, comm), async_ex = make(k8, true, comm);
+  std::vector<float> s1 = rounds(*sync_ex, false), s2 = rounds(*async_ex, true);
+  EXPECT_EQ(max_rel(s1, s2), 0.0) << "overlapped int8 exchanges differ from synchronous ones";
+  failed += max_rel(s1, s2) != 0.0;
+  write_floats(out + ".overlap." + std::to_string(me), s2);
+
+  // GIFT: [40 values | 64 x 96 matrix | 23 values].
+  const int64_t R = 64, C = 96, n = 40 + R * C + 23;
+  const std::vector<comm::MatrixSpan> mats = {{40, R, C}};
+  auto gift_input = [&](int q, int round) {
+    std::vector<float> v = input_of(q, n, 20 + round), m = low_rank(q, R, C, round);
+    std::copy(m.begin(), m.end(), v.begin() + 40);
+    return v;
+  };
+  const Case kg{"gift_int8", "nearest"};
+  auto g_sync = make(kg, true, comm), g_async = make(kg, true, comm);
+  std::vector<float> gs, ga;
+  for (int round = 0; round < 3; ++round) {
+    Tensor a = Tensor::from_vector(gift_input(me, round), {n}), b = a.clone();
+    g_sync->start(a, comm, "pg", mats)();
+    auto fin = g_async->start(b, comm, "pg", mats);
+    Tensor other = Tensor::full({8}, 1.f);
+    comm->all_reduce(other);
+    fin();
+    auto va = a.to_vector(), vb = b.to_vector();
+    gs.insert(gs.end(), va.begin(), va.end());
+    ga.insert(ga.end(), vb.begin(), vb.end());
+    // The exact mean of the matrix, against what came back.
+    double num = 0, den = 0;
+    std::vector<double> mean(size_t(R * C), 0.0);
+    for (int q = 0; q < W; ++q) {
+      std::vector<float> x = gift_input(q, round);
+      for (int64_t i = 0; i < R * C; ++i) mean[size_t(i)] += double(x[size_t(40 + i)]) / W;
+    }
+    for (int64_t i = 0; i < R * C; ++i) {
+      double e = double(va[size_t(40 + i)]) - mean[size_t(i)];
+      num += e * e;
+      den += mean[size_t(i)] * mean[size_t(i)];
+    }
+    const double rel = std::sqrt(num / den);
+    if (me == 0) std::printf("gift_int8 round %d: relative error of the matrix mean %.5f\n", round, rel);
+    EXPECT_LT(rel, 0.03) << "GIFT's round trip in the exchange, round " << round;
+    EXPECT_GT(rel, 0.0) << "the codec did not run";
+    failed += rel >= 0.03 || rel == 0.0;
+  }
+  EXPECT_EQ(max_rel(gs, ga), 0.0) << "overlapped GIFT exchanges differ from synchronous ones";
+  failed += max_rel(gs, ga) != 0.0;
+  // The transform is active (the state's geometry says so) and survives state()/load().
+  auto st = g_sync->state();
+  bool active = false, has_gift = false;
+  for (auto& [name, t] : st)
+    if (name == "pg.gift") {
+      has_gift = true;
+      const int64_t* p = t.data<int64_t>();
+      double flag;
+      std::memcpy(&flag, p + 1 + 4 + 4, 8);  // [matrices | offset rows cols len | rows cols k seen active ...]
+      active = p[0] == 1 && flag != 0;
+      double aniso;
+      std::memcpy(&aniso, p + 1 + 4 + 5, 8);
+      if (me == 0) std::printf("gift state: %lld matrices, active %g, anisotropy %g\n", (long long)p[0], flag, aniso);
+    }
+  EXPECT_TRUE(has_gift) << "no GIFT geometry in the exchange's state";
+  EXPECT_TRUE(active) << "GIFT's transform never became active on a rank-2 matrix";
+  failed += !active;
+  auto resumed = make(kg, true, comm);
+  resumed->load(st, "test state");
+  Tensor a = Tensor::from_vector(gift_input(me, 3), {n}), b = a.clone();
+  g_sync->start(a, comm, "pg", mats)();
+  resumed->start(b, comm, "pg", {})();  // the matrices come from the state
+  EXPECT_EQ(max_rel(a.to_vector(), b.to_vector()), 0.0) << "GIFT's exchange after state()/load() differs";
+  failed += max_rel(a.to_vector(), b.to_vector()) != 0.0;
+  write_floats(out + ".gift." + std::to_string(me), ga);
+  return failed;
+}
+
 }  // namespace
 
 TEST(IslandExchange, RankProgram) {
@@ -175,12 +318,17 @@ TEST(IslandExchange, RankProgram) {
     }
     for (const char* n : {"fp32", "int8", "fp8_e4m3", "fp8_e5m2", "nvfp4"})
       EXPECT_TRUE(lowcomm::exchange_registry().has(n)) << n;
-    EXPECT_FALSE(lowcomm::exchange_registry().has("gift_fp8")) << "GIFT's state is not checkpointed";
+    for (const char* n : {"gift_fp8", "gift_e5m2", "gift_int8", "gift_nvfp4"})
+      EXPECT_TRUE(lowcomm::exchange_registry().has(n)) << n;
+    Config d = Config::parse("[lowcomm]\nexchange = \"gift_nvfp4\"\ngift_rank = 2\n", "d.toml");
+    s = lowcomm::exchange_spec(d);
+    EXPECT_TRUE(s.stochastic && s.gift.rank == 2) << s.describe();
     return;
   }
   set_num_threads(1);
   auto c = comm::make_communicator("gloo", std::chrono::milliseconds(20000));
-  check_exchanges(c.get(), tag);
+  if (std::getenv("ATOLL_EXCHANGE_OVERLAP")) check_overlap(c.get(), tag);
+  else check_exchanges(c.get(), tag);
 }
 
 TEST(IslandExchange, CodecMeansAreWithinTheFormatsBoundAndEqualOnEveryRank) {
@@ -196,4 +344,12 @@ TEST(IslandExchange, CodecMeansAreWithinTheFormatsBoundAndEqualOnEveryRank) {
     auto res = collect_kinds(tag, codes, kinds, fmt::format("codec exchanges on {} ranks", world));
     EXPECT_EQ(res.size(), kinds.size()) << "every rank must succeed and agree bitwise";
   }
+}
+
+TEST(IslandExchange, EncodedExchangesOverlapAndGiveTheSynchronousBitsWithGiftToo) {
+  std::string tag = fmt::format("/tmp/atoll_isxo_{}", getpid());
+  std::vector<int> codes = run_rank_programs(2, "IslandExchange.RankProgram",
+                                             {"ATOLL_EXCHANGE_JOB=" + tag, "ATOLL_EXCHANGE_OVERLAP=1"}, tag, 60);
+  auto res = collect_kinds(tag, codes, {"overlap", "gift"}, "overlapped codec exchanges on 2 ranks");
+  EXPECT_EQ(res.size(), 2u) << "every rank must succeed and agree bitwise";
 }
