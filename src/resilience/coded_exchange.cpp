@@ -85,18 +85,9 @@ CodedExchange::CodedExchange(comm::Communicator& comm, const std::string& host) 
   I.size = comm.size();
   int port = 0;
   I.listen_fd = listen_on(host, port);
-  I.acceptor = std::thread([&I] {
-    for (;;) {
-      int fd = ::accept4(I.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard<std::mutex> lk(I.mu);
-      if (I.stop) {
-        if (fd >= 0) ::close(fd);
-        return;
-      }
-      if (fd < 0) continue;
-      I.in_fds.push_back(fd);
-      I.readers.emplace_back([&I, fd] { I.read_loop(fd); });
-    }
+  I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
+    I.in_fds.push_back(fd);
+    I.readers.emplace_back([&I, fd] { I.read_loop(fd); });
   });
   Tensor ports = Tensor::zeros({int64_t(I.size)}, DType::i64), mine = Tensor::zeros({1}, DType::i64);
   mine.data<int64_t>()[0] = port;

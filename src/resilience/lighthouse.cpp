@@ -312,18 +312,9 @@ Lighthouse::Lighthouse(const LighthouseOptions& o) : impl_(std::make_unique<Impl
   I.port = o.port;
   I.listen_fd = listen_on(o.host, I.port);
   I.store = std::make_unique<comm::TcpStoreServer>(o.host, 0);
-  I.acceptor = std::thread([&I] {
-    for (;;) {
-      int fd = ::accept4(I.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard<std::mutex> lk(I.mu);
-      if (I.stop) {
-        if (fd >= 0) ::close(fd);
-        return;
-      }
-      if (fd < 0) continue;
-      I.conn_fds.push_back(fd);
-      I.conns.emplace_back([&I, fd] { I.serve(fd); });
-    }
+  I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
+    I.conn_fds.push_back(fd);
+    I.conns.emplace_back([&I, fd] { I.serve(fd); });
   });
   // Heartbeats that stop arriving change nothing by themselves: this notices them.
   I.monitor = std::thread([&I] {

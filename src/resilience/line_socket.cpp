@@ -160,4 +160,19 @@ bool LineConn::read_line(std::string& line, Millis within) {
   }
 }
 
+std::thread accept_loop(int listen_fd, std::mutex& mu, const bool& stop, std::function<void(int fd)> on_conn) {
+  return std::thread([listen_fd, &mu, &stop, on_conn = std::move(on_conn)] {
+    for (;;) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      std::lock_guard<std::mutex> lk(mu);
+      if (stop) {
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      if (fd < 0) continue;
+      on_conn(fd);
+    }
+  });
+}
+
 }  // namespace atl::resilience

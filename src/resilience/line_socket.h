@@ -3,7 +3,10 @@
 // over the communicator.
 #pragma once
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 namespace atl::resilience {
 
@@ -13,6 +16,10 @@ using Millis = std::chrono::milliseconds;
 int listen_on(const std::string& host, int& port);
 // Connects to host:port, retrying for `within`; throws atl::Error naming the address.
 int connect_to(const std::string& host, int port, Millis within);
+// A thread that accepts on listen_fd and hands each connection to on_conn, both under `mu`, until
+// `stop` (read under `mu`) is set; the owner sets it, then shuts listen_fd down to wake the accept.
+// A connection accepted while stopping is closed, so no handler starts after the owner's join.
+std::thread accept_loop(int listen_fd, std::mutex& mu, const bool& stop, std::function<void(int fd)> on_conn);
 
 class LineConn {
  public:

@@ -99,18 +99,9 @@ SnapshotHolder::SnapshotHolder(const std::string& host, int port) : impl_(std::m
   auto& I = *impl_;
   I.port = port;
   I.listen_fd = listen_on(host, I.port);
-  I.acceptor = std::thread([&I] {
-    for (;;) {
-      int fd = ::accept4(I.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard<std::mutex> lk(I.mu);
-      if (I.stop) {
-        if (fd >= 0) ::close(fd);
-        return;
-      }
-      if (fd < 0) continue;
-      I.conn_fds.push_back(fd);
-      I.conns.emplace_back([&I, fd] { I.serve(fd); });
-    }
+  I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
+    I.conn_fds.push_back(fd);
+    I.conns.emplace_back([&I, fd] { I.serve(fd); });
   });
 }
 
