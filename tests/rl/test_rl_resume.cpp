@@ -7,6 +7,8 @@
 // across the stop are in the checkpoint too.
 #include <gtest/gtest.h>
 
+#include "tiny_model.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,14 +24,7 @@ namespace {
 std::string config(const std::filesystem::path& dir, int steps, const std::string& rl_extra) {
   return R"(
 [run]
-dir = ")" + dir.string() + R"("
-[model]
-preset = "gpt2"
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
+dir = ")" + dir.string() + R"(")" + rl::rltest::kTinyModel + R"(
 [train]
 task = "rl"
 steps = )" + std::to_string(steps) + R"(
