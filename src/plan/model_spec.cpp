@@ -119,6 +119,9 @@ void ModelSpec::validate() const {
               hidden, heads);
   ATOLL_CHECK(ffn_type == "gelu" || ffn_type == "swiglu", "model '{}': ffn_type must be gelu or swiglu",
               name);
+  ATOLL_CHECK(attention_kernel == "flash2" || (attention_kernel == "triton" && attention == "flash"),
+              "model '{}': attention_kernel \"{}\" is a flash-attention kernel (\"flash2\" or \"triton\", with "
+              "attention = \"flash\")", name, attention_kernel);
   if (is_moe())
     ATOLL_CHECK(top_k > 0 && top_k <= experts && expert_ffn > 0,
                 "model '{}': MoE needs 0 < top_k ({}) <= experts ({}) and expert_ffn > 0", name, top_k,
@@ -210,6 +213,7 @@ ModelSpec load_model(Config& cfg, const std::string& s) {
   m.position = cfg.get_string(s + ".position", m.position, {"learned", "rope"});
   m.qk_norm = cfg.get_bool(s + ".qk_norm", m.qk_norm);
   m.attention = cfg.get_string(s + ".attention", m.attention, {"flash", "standard"});
+  m.attention_kernel = cfg.get_string(s + ".attention_kernel", m.attention_kernel, {"flash2", "triton"});
   m.dropout = cfg.get_bool(s + ".dropout", m.dropout);
   m.q_lora_rank = cfg.get_int(s + ".q_lora_rank", m.q_lora_rank, 0, big);
   m.kv_lora_rank = cfg.get_int(s + ".kv_lora_rank", m.kv_lora_rank, 0, big);

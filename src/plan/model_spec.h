@@ -26,6 +26,10 @@ struct ModelSpec {
   bool qk_norm = false;             // per-head RMSNorm on q and k (Qwen3)
   // Execution properties that shape activation memory (Korthikanti et al. 2022, Table 2):
   std::string attention = "flash";  // "standard" keeps the [b,a,s,s] softmax, "flash" does not
+  // Which fused kernel runs flash attention (time only; memory is the same): "flash2"
+  // (FlashAttention-2, Dao 2023) or "triton" (the Triton FlashAttention of flash-attn 1.x, which
+  // llm-foundry runs for attn_impl: triton). predict.cpp says what each one's ceilings are.
+  std::string attention_kernel = "flash2";
   bool dropout = false;             // dropout masks are stored when on
   // Multi-head latent attention (DeepSeek-V2 §2.1): used when kv_lora_rank > 0.
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_rope_dim = 0, qk_nope_dim = 0, v_head_dim = 0;

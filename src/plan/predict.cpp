@@ -37,6 +37,18 @@ static constexpr double kFlashBackwardRatio = 2.5;
 // the causal mask" (Dao 2023, §3.1.1): the kernel takes 1/1.75 of the non-causal time, which is
 // what this fraction of the non-causal FLOPs at the kernel's rate stands for.
 static constexpr double kFlashCausalFraction = 1.0 / 1.75;
+// The Triton FlashAttention (flash-attn 1.x's flash_attn_triton.py, which llm-foundry copies and
+// runs for attn_impl: triton, the default of its benchmark script, scripts/train/benchmarking/
+// submit_benchmarks.py) is slower than FlashAttention-2: "FlashAttention-2 is around 1.3-1.5×
+// faster than FlashAttention in Triton in the forward pass and around 2× faster in the backward
+// pass" (Dao 2023, §4.1, A100 80GB, head dims 64 and 128, with and without the causal mask). So
+// its ceilings are the device's FlashAttention-2 ceilings divided by 1.4 (the middle of
+// 1.3-1.5) forward and by 2 backward. Its own header agrees on the shape: "Triton forward is
+// generally faster than CUDA forward, while Triton backward is generally slower than CUDA
+// backward" (CUDA: FlashAttention 1, whose forward reaches 30-50% of an A100 and backward 25-35%,
+// Dao 2023 §1: 73/1.4 = 52% and 63/2 = 32%).
+static constexpr double kTritonFlashFwdSlowdown = 1.4;
+static constexpr double kTritonFlashBwdSlowdown = 2.0;
 // Communication that overlaps compute is not free: its kernels occupy SMs the GEMMs then lack.
 // DeepSeek-V3 dedicates 20 of an H800's 132 SMs to communication, enough to saturate InfiniBand
 // and NVLink (DeepSeek-AI 2024, §3.2.2). While a hidden collective runs, compute proceeds at
@@ -106,15 +118,27 @@ std::string nonlinear_precision(const std::string& p) { return p == "fp8" ? "bf1
 // Forward + backward time of a flash-attention core over three forward times at efficiency
 // e_fwd (the unit the layer's 1 + 2 accounting uses): (1/e_fwd + 2.5/e_bwd) / (3/e_fwd), with
 // e_bwd the backward kernel's efficiency, min(its ceiling, the curve's at the call's FLOPs).
-double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision) {
-  const double e_bwd = std::min(d.attention_backward_efficiency(), d.gemm_efficiency(kFlashBackwardRatio * fwd_flops, precision));
+double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision,
+                             double bwd_ceiling) {
+  const double cap = bwd_ceiling > 0 ? bwd_ceiling : d.attention_backward_efficiency();
+  const double e_bwd = std::min(cap, d.gemm_efficiency(kFlashBackwardRatio * fwd_flops, precision));
   return (1.0 + kFlashBackwardRatio * e_fwd / e_bwd) / 3.0;
+}
+double flash_forward_ceiling(const Device& d, const ModelSpec& m) {
+  return m.attention_kernel == "triton" ? d.attention_eff_max / kTritonFlashFwdSlowdown : d.attention_eff_max;
+}
+double flash_backward_ceiling(const Device& d, const ModelSpec& m) {
+  const double e = d.attention_backward_efficiency();
+  return m.attention_kernel == "triton" ? e / kTritonFlashBwdSlowdown : e;
 }
 double flash_causal_fraction() { return kFlashCausalFraction; }
 
 namespace {
 
-void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const Device& d, double act_e) {
+// backward = false: the forward alone (what recompute repeats); true: forward with the backward
+// folded in (flash_backward_factor).
+void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const Device& d, double act_e,
+                         bool backward = true) {
   Timer x{d, nonlinear_precision(l.precision), act_e};
   const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp;
   const double heads_local = b * m.heads / t;
@@ -134,8 +158,8 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
     // layer's backward is taken as 2× its forward.
     const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
     const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
-    const double e_fwd = std::min(d.attention_eff_max, d.gemm_efficiency(f, x.prec));
-    x.launch_at(f, bytes, e_fwd, flash_backward_factor(d, e_fwd, f, x.prec));
+    const double e_fwd = std::min(flash_forward_ceiling(d, m), d.gemm_efficiency(f, x.prec));
+    x.launch_at(f, bytes, e_fwd, backward ? flash_backward_factor(d, e_fwd, f, x.prec, flash_backward_ceiling(d, m)) : 1.0);
   } else {
     // Megatron-style: baddbmm writes the s×s scores (the softmax's traffic is element-wise work),
     // and bmm reads the probabilities with V.
@@ -147,7 +171,9 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
 
 // Forward time of one transformer layer for one micro-batch on one device.
 struct LayerTime {
-  Timer full, core;  // whole layer; the attention core alone (for selective recompute)
+  // Whole layer; its attention core alone (ring attention hides behind it); that core's forward
+  // only (flash folds its backward into the core, and recompute repeats only the forward).
+  Timer full, core, core_fwd;
   // Backward-pass gradient-buffer traffic of the layer: zero-filled activation gradients and
   // bias-gradient reads (see bias_grad_bytes).
   double grad_zero = 0, grad_bias = 0;
@@ -167,7 +193,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   const std::string prec = l.precision;
   const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp, h = double(m.hidden);
   const double T = b * s;
-  LayerTime lt{Timer{d, prec, act_e}, Timer{d, prec, act_e}};
+  LayerTime lt{Timer{d, prec, act_e}, Timer{d, prec, act_e}, Timer{d, prec, act_e}};
   Timer& g = lt.full;
   // Projections.
   if (m.is_mla()) {
@@ -177,6 +203,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.gemm(T, h, m.value_dim() / t);
   }
   for (Timer* x : {&g, &lt.core}) time_attention_core(*x, m, l, d, act_e);
+  time_attention_core(lt.core_fwd, m, l, d, act_e, false);
   // FFN.
   const double mult = m.ffn_type == "swiglu" ? 2.0 : 1.0;
   if (moe) {
@@ -208,6 +235,7 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   if (m.attention == "standard") {
     double core_bytes = b * s * m.heads / t * double(m.seq) * (act_e + (m.dropout ? 1 + act_e : 0));
     lt.core.stream(kTrafficFactor * core_bytes);
+    lt.core_fwd.stream(kTrafficFactor * core_bytes);
   }
   return lt;
 }
@@ -375,12 +403,15 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
   const double fwd_m = n_dense * dense.full.memory + n_moe * moe.full.memory + head.memory;
   double rc_c = 0, rc_m = 0;
+  // Recompute repeats forwards only: the attention core at its forward time, not with the flash
+  // backward that the layer's forward carries folded in (core − core_fwd; zero for standard).
+  const double fold_c = dense.core.compute - dense.core_fwd.compute, fold_m = dense.core.memory - dense.core_fwd.memory;
   if (l.recompute == "full") {
-    rc_c = n_dense * dense.full.compute + n_moe * moe.full.compute;
-    rc_m = n_dense * dense.full.memory + n_moe * moe.full.memory;
+    rc_c = n_dense * (dense.full.compute - fold_c) + n_moe * (moe.full.compute - fold_c);
+    rc_m = n_dense * (dense.full.memory - fold_m) + n_moe * (moe.full.memory - fold_m);
   } else if (l.recompute == "selective") {
-    rc_c = (n_dense + n_moe) * dense.core.compute;
-    rc_m = (n_dense + n_moe) * dense.core.memory;
+    rc_c = (n_dense + n_moe) * dense.core_fwd.compute;
+    rc_m = (n_dense + n_moe) * dense.core_fwd.memory;
   }
   // Backward: twice the forward (input and weight gradients).
   const double mb_compute = 3 * fwd_c + rc_c, mb_memory = 3 * fwd_m + rc_m;
@@ -647,17 +678,24 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         if (m.attention == "flash") f *= kFlashCausalFraction;
         const std::string ap = nonlinear_precision(l.precision);
-        const double e_fwd = std::min(d.attention_eff_max, d.gemm_efficiency(f, ap));
+        const double cap_f = flash_forward_ceiling(d, m), cap_b = flash_backward_ceiling(d, m);
+        const double e_fwd = std::min(cap_f, d.gemm_efficiency(f, ap));
+        const std::string kernel =
+            m.attention_kernel == "triton"
+                ? fmt::format("Triton FlashAttention: the device's FlashAttention-2 ceilings {:g} / {:.3g} ÷ 1.4 "
+                              "forward, ÷ 2 backward (Dao 2023 §4.1)",
+                              d.attention_eff_max, d.attention_backward_efficiency())
+                : std::string("FlashAttention-2: 73% / 63% of an A100");
         attn = fmt::format(
             "; attention: all {} local heads in one launch ({:.4g} FLOPs, eff {:.3f}{})", b * m.heads / t, f,
             m.attention == "flash" ? e_fwd : d.gemm_efficiency(f / 2, ap),
             m.attention == "flash"
                 ? fmt::format(", flash: causal = 1/1.75 of the non-causal time (FlashAttention-2's 1.7-1.8× causal "
-                              "speed-up), forward capped at {:g}, backward (2.5× the forward's FLOPs) at {:.3g} "
-                              "(FlashAttention-2: 73% / 63% of an A100), so forward+backward = {:.3f} × 3 forward "
-                              "times; Q/K/V/O traffic only",
-                              d.attention_eff_max, std::min(d.attention_backward_efficiency(), d.gemm_efficiency(2.5 * f, ap)),
-                              flash_backward_factor(d, e_fwd, f, ap))
+                              "speed-up), forward capped at {:.3g}, backward (2.5× the forward's FLOPs) at {:.3g} "
+                              "({}), so forward+backward = {:.3f} × 3 forward times, recompute 1 forward time; "
+                              "Q/K/V/O traffic only",
+                              cap_f, std::min(cap_b, d.gemm_efficiency(2.5 * f, ap)), kernel,
+                              flash_backward_factor(d, e_fwd, f, ap, cap_b))
                 : std::string(", standard: s×s scores written and read"));
       }
       std::string stages = l.pp > 1 && m.layers % (l.pp * int64_t(v)) != 0

@@ -107,8 +107,16 @@ double attention_core_time(const ModelSpec& m, const Layout& l, const Device& d)
 // backward at its own ceiling (Device::attention_backward_efficiency: FlashAttention-2's 63% vs
 // 73% forward on an A100, Dao 2023 §1). And the causal share of the non-causal kernel time, 1/1.75
 // (FlashAttention-2's measured 1.7-1.8× causal speed-up, §3.1.1).
-double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision);
+// bwd_ceiling > 0 replaces the device's backward ceiling (the Triton kernel's, below).
+double flash_backward_factor(const Device& d, double e_fwd, double fwd_flops, const std::string& precision,
+                             double bwd_ceiling = 0);
 double flash_causal_fraction();
+// The fused kernel's forward and backward ceilings for m.attention_kernel: the device's
+// FlashAttention-2 figures ("flash2"), or those ÷ 1.4 forward and ÷ 2 backward for the Triton
+// FlashAttention ("triton"; FlashAttention-2 is "around 1.3-1.5× faster than FlashAttention in
+// Triton in the forward pass and around 2× faster in the backward pass", Dao 2023 §4.1).
+double flash_forward_ceiling(const Device& d, const ModelSpec& m);
+double flash_backward_ceiling(const Device& d, const ModelSpec& m);
 
 // The training step's own collectives beyond the layers' activations and the gradients (atoll's
 // trainer and Megatron alike): a few bytes to one activation each, so they cost latency, which is

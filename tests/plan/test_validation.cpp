@@ -35,9 +35,13 @@ TEST(PlanValidation, MedianErrorAtMostTenPercentWorstAtMostTwenty) {
   for (auto& x : r) std::printf("  %-26s published %8.3f predicted %8.3f  %+5.1f%%\n", x.run.id.c_str(), x.run.published, x.predicted, 100 * x.rel_error);
   EXPECT_LE(med, 0.10) << "median |error| " << med;
   EXPECT_LE(worst, 0.20) << "worst |error| " << worst;
-  // Issue 16: no worse on these tables than before its corrections (median 5.2%, worst 14.7%).
+  // Issue 16: no worse on these tables than before its corrections (median 5.2%, worst 14.7%),
+  // nor than session 6 left them (3.0%, 13.8%; the flash-kernel terms of session 7 do not touch
+  // these standard-attention runs).
   EXPECT_LE(med, 0.052) << "median |error| " << med;
   EXPECT_LE(worst, 0.147) << "worst |error| " << worst;
+  EXPECT_LE(med, 0.031) << "median |error| " << med;
+  EXPECT_LE(worst, 0.139) << "worst |error| " << worst;
 }
 
 TEST(PlanValidation, SelectiveRecomputeSpeedupHasThePublishedSize) {
@@ -55,9 +59,9 @@ TEST(PlanValidation, SelectiveRecomputeSpeedupHasThePublishedSize) {
 
 // The extended set (configs/plan/validation/extended.toml): ZeRO-3/FSDP at scale, 3D parallelism
 // and context parallelism on H100s (Llama 3), an MoE run (DeepSeek-V3), small-lab runs. Its error
-// is reported separately from the Megatron tables; the issue's target (median ≤ 10%, worst ≤ 25%)
-// is not met yet (docs/plan.md says where and why), so this asserts coverage and guards against
-// regressions at today's level instead of claiming the target.
+// is reported separately from the Megatron tables and held to the issue's target (median ≤ 10%,
+// worst ≤ 25%), met since session 7 with the kernel the MosaicML tables ran (Triton
+// FlashAttention) and recompute charged forwards only (docs/plan.md, "The extended set").
 TEST(PlanValidation, ExtendedSetCoversTheIssuesCategories) {
   auto ext = validate_published(load_extended(std::string(ATOLL_SOURCE_DIR) + "/configs/plan/validation/extended.toml"));
   ASSERT_GE(ext.size(), 10u);
@@ -81,6 +85,6 @@ TEST(PlanValidation, ExtendedSetCoversTheIssuesCategories) {
   EXPECT_GE(small, 2);
   const double med = median_abs_error(ext), worst = max_abs_error(ext);
   std::printf("  extended set: median |error| %.1f%%, worst %.1f%%\n", 100 * med, 100 * worst);
-  EXPECT_LE(med, 0.20) << "regression guard (today's level), not the issue's target";
-  EXPECT_LE(worst, 0.35) << "regression guard (today's level: 27.6%), not the issue's target (25%)";
+  EXPECT_LE(med, 0.10) << "the issue's target: median |error| <= 10%";
+  EXPECT_LE(worst, 0.25) << "the issue's target: worst |error| <= 25%";
 }
