@@ -58,10 +58,14 @@ void validate_layout(const Layout& l, const ModelSpec& m, const Cluster& c) {
   if (l.schedule == "interleaved") {
     ATOLL_CHECK(l.pp > 1, "layout: the interleaved schedule needs pp > 1");
     // Uneven stages are allowed (Llama 3 runs 126 layers on 16 stages): every model chunk needs at
-    // least one layer, and the heaviest chunk sets the pace (layers_per_stage).
-    ATOLL_CHECK(l.pp * l.virtual_stages <= m.layers,
-                "layout: interleaved needs at least one layer per model chunk: pp×virtual_stages ({}×{}) must not "
-                "exceed the layers ({})", l.pp, l.virtual_stages, m.layers);
+    // least one layer, except that the first chunk may hold only the embedding and the last only
+    // the output head (Llama 3, Dubey et al. 2024 §3.3.2: "the first model chunk on the first stage
+    // has only the embedding, and the last model chunk on the last stage has only output
+    // projection and loss calculation"); the heaviest chunk sets the pace (layers_per_stage).
+    ATOLL_CHECK(l.pp * l.virtual_stages <= m.layers + 2,
+                "layout: interleaved needs at least one layer per model chunk (the first may hold only the "
+                "embedding, the last only the head): pp×virtual_stages ({}×{}) must not exceed the layers ({}) + 2",
+                l.pp, l.virtual_stages, m.layers);
     ATOLL_CHECK(l.micro_batches() % l.pp == 0,
                 "layout: interleaved needs the micro-batches per pipeline ({}) to be a multiple of pp ({})",
                 l.micro_batches(), l.pp);
@@ -116,6 +120,7 @@ Layout load_layout(Config& cfg, const std::string& s) {
   l.overlap_dp = cfg.get_bool(s + ".overlap_dp", true);
   l.overlap_tp = cfg.get_bool(s + ".overlap_tp", false);
   l.overlap_ep = cfg.get_bool(s + ".overlap_ep", false);
+  l.overlap_pp = cfg.get_bool(s + ".overlap_pp", false);
   l.diloco_h = cfg.get_int(s + ".diloco_h", 0, 0, big);
   l.diloco_compression = cfg.get_float(s + ".diloco_compression", 1.0, 1e-6, 1.0);
   l.gossip_peers = cfg.get_int(s + ".gossip_peers", 0, 0, big);

@@ -39,6 +39,10 @@ struct Layout {
   // Expert-parallel all-to-alls overlap another micro-batch's compute (DeepSeek-V3's DualPipe,
   // §3.2.1); exposed only where they outlast it.
   bool overlap_ep = false;
+  // Pipeline sends and receives are asynchronous: each overlaps the compute of the next model
+  // chunk (Llama 3: "we adopt asynchronous point-to-point communication in PP", Dubey et al. 2024
+  // §3.3.2); exposed only where a send outlasts a chunk's forward.
+  bool overlap_pp = false;
   int64_t diloco_h = 0;            // >0: DiLoCo, islands sync every H inner steps
   double diloco_compression = 1.0; // fraction of pseudo-gradient bytes sent (quantized / sparsified)
   int64_t gossip_peers = 0;        // >0: islands gossip with this many peers instead of all-reducing

@@ -194,7 +194,12 @@ TEST(PlanPhysics, InterleavedStagesMayBeUneven) {
   Prediction p = predict(m, nodes_of("h100-sxm", 32), l);
   const double slots = 32.0 + 15.0 / 2;  // m + (p−1)/v
   EXPECT_NEAR(p.bubble / (p.bubble + p.compute + p.memory_bound + p.tp.total() + p.grad_buffers), 7.5 / slots, 0.01);
-  l.virtual_stages = 8;  // 128 chunks > 126 layers: some chunk would be empty
+  // 128 chunks for 126 layers is Llama 3's own layout (§3.3.2): the first chunk holds only the
+  // embedding, the last only the head, every other chunk one layer.
+  l.virtual_stages = 8;
+  EXPECT_EQ(layers_per_stage(m, l), 8);
+  EXPECT_NO_THROW(predict(m, nodes_of("h100-sxm", 32), l));
+  l.virtual_stages = 16;  // 256 chunks > 126 layers + 2: a chunk would hold nothing at all
   EXPECT_THROW(predict(m, nodes_of("h100-sxm", 32), l), atl::Error);
 }
 
