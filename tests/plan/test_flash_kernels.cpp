@@ -42,6 +42,13 @@ TEST(PlanFlashKernel, TritonRunsAtFlashAttention2sPublishedShare) {
   const double grown = tri.layers * ((1.4 * kFwd + 2.0 * kBwd) - (kFwd + kBwd) + (1.4 - 1.0) * kFwd);  // + recompute
   EXPECT_GT(pt.step, p2.step);
   EXPECT_NEAR(pt.step - p2.step, grown, 0.01 * grown);
+  // --explain names the kernel and its ceilings under time.compute.
+  PredictOptions ex;
+  ex.explain = true;
+  bool named = false;
+  for (auto& f : predict(tri, c, l, ex).figures)
+    if (f.key == "time.compute") named = f.formula.find("Triton FlashAttention") != std::string::npos;
+  EXPECT_TRUE(named);
   // A standard-attention model has no flash kernel to choose.
   ModelSpec bad = long_context("triton");
   bad.attention = "standard";

@@ -35,6 +35,13 @@ TEST(PlanPipelineAsync, SendsThatFitBesideAChunkCostOnlyTheirSmShare) {
   EXPECT_NEAR(async.pp_p2p.total(), blocking.pp_p2p.total() * 20.0 / 132.0, 1e-9 * blocking.pp_p2p.total());
   EXPECT_NEAR(blocking.step - async.step, blocking.pp_p2p.total() * (1 - 20.0 / 132.0), 1e-6 * blocking.step);
   EXPECT_GT(async.mfu, blocking.mfu);
+  // --explain says the sends are asynchronous.
+  PredictOptions ex;
+  ex.explain = true;
+  bool said = false;
+  for (auto& f : predict(m, c, l, ex).figures)
+    if (f.key == "time.pp_p2p") said = f.formula.find("overlap_pp") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 TEST(PlanPipelineAsync, SendsThatOutlastAChunkStayPartlyExposed) {
