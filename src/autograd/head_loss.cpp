@@ -20,7 +20,11 @@ namespace atl::ops {
 namespace {
 using detail::K;
 
-constexpr int64_t kBlockElems = int64_t(1) << 21;  // logits per row block: 8 MiB of fp32
+// Logits per row block: 4 MiB of fp32. The block is live at the step's memory peak (the end of
+// forward, with every saved activation), so it is kept small: at d384 (V = 8192, 128 rows a block)
+// 2M logits put the bf16 peak at 0.757x fp32's, 1M at 0.747x (docs/mixed_precision.md); 128 rows
+// still fill the matrix engine's tiles, and half a block more would save only 2 MB.
+constexpr int64_t kBlockElems = int64_t(1) << 20;
 
 Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
   const int64_t V = w.size(0), C = w.size(1), N = detail::rows(x);
