@@ -8,6 +8,8 @@
 
 #include "autograd/ops_util.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gelu_bf16.h"
+#include "kernels/cpu/kernels.h"
 
 namespace atl::ops_bf16 {
 namespace {
@@ -27,16 +29,23 @@ Tensor widen(const Tensor& b) {
 }
 }  // namespace
 
+// GELU's forward writes the saved bf16 copy in its own pass over x, and backward reads it directly
+// and writes a fresh gradient (kernels/cpu/gelu.cpp): no separate cast, widening or zeroing pass.
 Tensor gelu(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape());
-  K(x).act.gelu_forward(out.f32(), x.f32(), x.numel());
-  if (should_record({&x})) {
-    record("gelu_bf16", out, {to_bf16(x)}, [](Node& n) {
-      const Tensor& xi = n.inputs[0];
-      const Tensor xf = widen(xi);
-      K(xf).act.gelu_backward(grad_buffer(xi).f32(), grad_of(n.output).f32(), xf.f32(), xf.numel());
-    });
+  if (!should_record({&x})) {
+    K(x).act.gelu_forward(out.f32(), x.f32(), x.numel());
+    return out;
   }
+  Tensor saved = Tensor::empty(x.shape(), DType::bf16);
+  cpu::gelu_forward_keep_bf16(out.f32(), saved.data<bf16>(), x.f32(), x.numel());
+  saved.set_autograd(x.autograd());  // the saved input stands in for x: its gradient accumulates in x's
+  record("gelu_bf16", out, {saved}, [](Node& n) {
+    const Tensor& xi = n.inputs[0];
+    bool fresh;
+    float* gx = grad_buffer_for_write(xi, &fresh).f32();
+    cpu::gelu_backward_bf16(gx, grad_of(n.output).f32(), xi.data<bf16>(), xi.numel(), !fresh);
+  });
   return out;
 }
 

@@ -20,7 +20,16 @@ namespace atl::ops {
 namespace {
 using detail::K;
 
-constexpr int64_t kBlockElems = int64_t(1) << 21;  // logits per row block: 8 MiB of fp32
+// Logits per row block: about 4 MiB of fp32. The block is live at the step's memory peak (the end
+// of forward, with every saved activation), so it is kept small: at d384 (V = 8192, 128 rows a
+// block) 2M logits put the bf16 peak at 0.757x fp32's, 1M at 0.747x (docs/mixed_precision.md).
+// Rows come in whole 16-row AMX tiles, at least two: GPT-2's V = 50257 would otherwise get 20 rows,
+// a second tile a quarter full.
+constexpr int64_t kBlockElems = int64_t(1) << 20;
+int64_t block_rows(int64_t V, int64_t N) {
+  const int64_t tiles = kBlockElems / std::max<int64_t>(V, 1) / 16;
+  return std::clamp<int64_t>(std::max<int64_t>(2, tiles) * 16, 1, std::max<int64_t>(N, 1));
+}
 
 Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
   const int64_t V = w.size(0), C = w.size(1), N = detail::rows(x);
@@ -35,7 +44,7 @@ Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
   const Tensor wb = bf16_weight(w);
   const bool rec = should_record({&x, &w});
   Tensor dlog = rec ? Tensor::empty({N, V}, DType::bf16) : Tensor();
-  const int64_t R = std::clamp<int64_t>(kBlockElems / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+  const int64_t R = block_rows(V, N);
   Tensor block = Tensor::empty({R, V}), losses = Tensor::empty({N}), lse = Tensor::empty({N});
   Tensor dl = Tensor::full({R}, 1.f / float(kept ? kept : 1));
   for (int64_t r0 = 0; r0 < N; r0 += R) {

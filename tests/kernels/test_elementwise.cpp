@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/gelu_bf16.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
 using namespace atl;
@@ -30,6 +32,38 @@ TEST(Gelu, ForwardBackwardMatchNaive) {
   EXPECT_LT(rel_l2(y, ry), 1e-6);
   EXPECT_LT(rel_l2(dx, rdx), 1e-6);
   for (int64_t i = 0; i < 4; ++i) EXPECT_NEAR(y[i], ry[i], 1e-6 * std::max(1.0, std::fabs(ry[i]))) << x[i];
+}
+
+// bf16 mode's GELU forms (gelu.cpp) are the fp32 kernels with the casts folded in, so they must give
+// the fp32 kernels' bits: forward's output and f32_to_bf16 of the input, backward's gradient from
+// the widened copy (widening is exact), written or accumulated. n is odd and above the parallel
+// threshold so the vector remainder and the thread split are both exercised; NaN and the
+// rounding ties check the cast's rule.
+TEST(Gelu, Bf16FormsGiveTheFp32KernelsBits) {
+  const int64_t n = 100003;
+  auto x = randn(n, 11, 3.0f), dy = randn(n, 12);
+  x[0] = std::nanf(""), x[1] = 1.00390625f, x[2] = 1.01171875f, x[3] = -30.0f;  // NaN, ties to even
+  std::vector<float> y(n), y16(n), xw(n), acc(n, 0.25f), acc16(n, 0.25f), zero(n, 0.0f), fresh(n, -7.0f);
+  std::vector<bf16> ref(n), saved(n);
+  cpu::gelu_forward(y.data(), x.data(), n);
+  cpu::f32_to_bf16(x.data(), ref.data(), n);
+  cpu::gelu_forward_keep_bf16(y16.data(), saved.data(), x.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(saved[i].bits, ref[i].bits) << i;
+    if (i > 0) {
+      ASSERT_EQ(y16[i], y[i]) << i;
+    }
+  }
+  ASSERT_TRUE(std::isnan(y16[0]));
+  cpu::bf16_to_f32(saved.data(), xw.data(), n);
+  cpu::gelu_backward(acc.data(), dy.data(), xw.data(), n);
+  cpu::gelu_backward(zero.data(), dy.data(), xw.data(), n);
+  cpu::gelu_backward_bf16(acc16.data(), dy.data(), saved.data(), n, true);
+  cpu::gelu_backward_bf16(fresh.data(), dy.data(), saved.data(), n, false);  // overwrites the -7s
+  for (int64_t i = 1; i < n; ++i) {
+    ASSERT_EQ(acc16[i], acc[i]) << i;
+    ASSERT_EQ(fresh[i], zero[i]) << i;  // == takes -0 and +0 as equal: written s*d may be -0
+  }
 }
 
 TEST(SwiGLU, ForwardBackwardMatchNaive) {

@@ -44,11 +44,15 @@ TEST(Portability, Avx512AndAmxOnlyInsideDispatchedKernels) {
   // namespace attn_avx512, entered only when active_isa() >= avx512).
   const std::regex allowed(R"(atl::cpu::\(anonymous namespace\)::(micro_kernel|block_32x32|load_config|release_tiles)\(.*)");
   const std::regex attention_variant(R"(atl::cpu::attn_avx512::.*)");
-  bool saw_kernel = false;
+  // AdamW's AVX-512 loop (adamw_avx512.cpp), taken only when active_isa() >= avx512.
+  const std::regex adamw_avx512(R"(atl::cpu::adamw_step_avx512\(.*)");
+  bool saw_kernel = false, saw_adamw = false;
   std::set<std::string> attention_seen;
   for (const std::string& u : users) {
     if (std::regex_match(u, allowed)) {
       saw_kernel = true;
+    } else if (std::regex_match(u, adamw_avx512)) {
+      saw_adamw = true;
     } else if (std::regex_match(u, attention_variant)) {
       for (const char* k : {"causal_forward", "backward_dq", "backward_dkv", "ranged_forward", "ranged_backward",
                             "block_forward", "block_backward", "cached_forward"})
@@ -58,6 +62,7 @@ TEST(Portability, Avx512AndAmxOnlyInsideDispatchedKernels) {
     }
   }
   EXPECT_TRUE(saw_kernel) << "the scan did not even find the AVX-512 BF16 kernel";
+  EXPECT_TRUE(saw_adamw) << "AdamW's AVX-512 loop holds no AVX-512 code (did its target region take effect?)";
   // Each attention kernel's AVX-512 variant really is AVX-512 code (the pragma took effect); its
   // AVX2 variant (attn_avx2) is generic code and so is covered by the check above.
   EXPECT_EQ(attention_seen.size(), 8u) << "attention kernels with AVX-512 code: " << attention_seen.size();

@@ -355,7 +355,7 @@ TEST(MixedPrecision, AttentionKeepsQkvOnceInBf16) {
 }
 
 // In bf16 mode the LM head and its cross-entropy run as one op that keeps only the bf16 logit
-// gradient (head_loss.cpp), in row blocks (here 2: N·V = 4M logits, 2M per block), with some
+// gradient (head_loss.cpp), in row blocks (here 4: N·V = 4M logits, 1M per block), with some
 // targets ignored (-1). Against the unfused bf16 path, which rounds the same gradient values to bf16
 // before the same products, only the blocked forward product's summation order differs: the loss
 // agrees to 1e-5 relative and the gradients to 2e-3 (a logit 1 ulp apart can round to the
