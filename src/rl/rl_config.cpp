@@ -51,6 +51,12 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   ATOLL_CHECK(r.kill_after_tokens == 0 || !r.journal_dir.empty(),
               "fault.rl_kill_after_tokens ({}) needs rl.journal_dir: only journaled rollouts can be taken over",
               c.where("fault.rl_kill_after_tokens"));
+  // Belayer's live takeover (rl/shadow_rank.h): the job's last rank follows the pushes and continues
+  // a dead rollout rank's journal inside the running job.
+  r.shadow_ranks = c.get_int("rl.shadow_ranks", r.shadow_ranks, 0, 1);
+  ATOLL_CHECK(r.shadow_ranks == 0 || (r.placement == "disaggregated" && !r.journal_dir.empty()),
+              "rl.shadow_ranks ({}) needs rl.placement = 'disaggregated' and rl.journal_dir: the shadow continues a "
+              "rollout rank's journal", c.where("rl.shadow_ranks"));
   ATOLL_CHECK(r.task.word_min <= r.task.word_max, "rl.word_min ({}) must not exceed rl.word_max ({})", r.task.word_min,
               r.task.word_max);
   if (r.algorithm == "grpo" || r.algorithm == "dr_grpo")

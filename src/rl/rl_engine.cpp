@@ -73,9 +73,10 @@ RlEngine::~RlEngine() {
 
 int RlEngine::reserved_ranks(int world) const {
   if (c_.placement != "disaggregated") return 0;
-  ATOLL_CHECK(c_.rollout_ranks < world, "rl.rollout_ranks = {} leaves none of the job's {} ranks to train", c_.rollout_ranks,
-              world);
-  return int(c_.rollout_ranks);
+  ATOLL_CHECK(c_.rollout_ranks + c_.shadow_ranks < world,
+              "rl.rollout_ranks = {} and rl.shadow_ranks = {} leave none of the job's {} ranks to train", c_.rollout_ranks,
+              c_.shadow_ranks, world);
+  return int(c_.rollout_ranks + c_.shadow_ranks);
 }
 
 void RlEngine::attach_job(std::unique_ptr<comm::Communicator> job, bool rollout_rank) {
@@ -101,7 +102,8 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
     ATOLL_CHECK(job_, "rl.placement = 'disaggregated' needs a job of rl.rollout_ranks ({}) + at least one trainer rank "
                 "(atoll launch --nproc-per-node N)", c_.rollout_ranks);
     channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
-                                                c_.sync_bucket_mb);  // collective over the job
+                                                c_.sync_bucket_mb, int(c_.shadow_ranks));  // collective over the job
+    if (channel_->is_shadow()) journal_die_after = 0;  // the fault injection kills a rollout rank, not its shadow
     if (rollout_rank_) return;  // generates only: no reference, no value head
   }
   ref_ = nn::model_from_metadata(model.config_metadata());
@@ -216,7 +218,8 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
   std::vector<RolloutRequest> reqs;
   for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
   RolloutWorker w(gen, s, max_new_);
-  journal_stats_ = w.run(reqs, path, journal_die_after);
+  journal_stats_ = w.run(reqs, path, journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0);
+  journal_sampled_ += journal_stats_.sampled_tokens;
   if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
     log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
               path, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.replayed_tokens);
@@ -275,8 +278,9 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   m_["push_wait_ms"] = wait_s * 1e3;  // the rollout ranks still generating the previous batch
   const double t0 = now_s();
   uint64_t hash = 0;
-  cur_ = decode_rollouts(channel_->exchange({}), &hash);
+  cur_ = decode_rollouts(channel_->exchange({}, rl_steps_), &hash);
   m_["exchange_ms"] = (now_s() - t0) * 1e3;
+  if (c_.shadow_ranks > 0) m_["from_shadow"] = channel_->from_shadow();  // batches the shadow rank sent so far
   const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
   auto it = pushed_hash_.find(gen_version);
   ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
@@ -291,6 +295,7 @@ void RlEngine::disaggregated_batch(int64_t updates) {
 
 void RlEngine::serve() {
   ATOLL_CHECK(channel_ && rollout_rank_, "rl: serve() on a rank that is not a rollout rank");
+  if (channel_->is_shadow()) return serve_shadow();
   const std::vector<Tensor> params = param_values(*policy_);
   const std::vector<int> served = channel_->served();
   auto generate = [&](int64_t step, int64_t version) {

@@ -85,7 +85,8 @@ class RlEngine {
                         int64_t version = 0);
   // rl.journal_dir: what the last journaled generation did (requests resumed, tokens replayed...).
   const WorkerStats& journal_stats() const { return journal_stats_; }
-  // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens.
+  // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens,
+  // counted over every batch this process journals (so a test can kill it in its third batch).
   int64_t journal_die_after = 0;
   // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
   static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
@@ -93,6 +94,7 @@ class RlEngine {
  private:
   void sync_rollout_model();
   void disaggregated_batch(int64_t updates);
+  void serve_shadow();  // rl.shadow_ranks: the shadow rank's run (rl/shadow_rank.cpp)
   void step_value_head();
   RolloutBatch sft_batch();
   std::vector<nn::PolicyModel::Completion> journaled_generate(const nn::Model& gen,
@@ -137,6 +139,7 @@ class RlEngine {
   double eval_acc_ = -1;
   bool sft_phase_ = false;
   WorkerStats journal_stats_;
+  int64_t journal_sampled_ = 0;  // new tokens this process journaled (journal_die_after)
 };
 
 }  // namespace atl::rl
