@@ -14,6 +14,7 @@
 // with and a hash of those weights, which the trainer checks against the hash of its own weights
 // at that version, so a rollout rank cannot train the policy on rollouts from other weights.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -63,7 +64,8 @@ class RolloutChannel {
   };
   // Waits (polling the store) until trainer 0 pushes again or a trainer asks for last_step's batch;
   // a trainer's question is returned once.
-  ShadowEvent shadow_wait(int64_t last_step);
+  // idle() runs between looks (the shadow follows the journals there); true when it did work.
+  ShadowEvent shadow_wait(int64_t last_step, const std::function<bool()>& idle = {});
   // Sends trainer's batch of rl_step over their pair (the trainer's question, if any, is answered).
   void shadow_send(int trainer, const std::vector<int32_t>& words, int64_t rl_step);
   bool answered(int trainer, int64_t rl_step) const { return answered_.count({trainer, rl_step}) > 0; }

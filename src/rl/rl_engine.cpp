@@ -147,15 +147,8 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   }
   std::vector<Problem> probs;
   std::vector<std::vector<int32_t>> rows;
-  for (int64_t i = 0; i < c_.prompts; ++i) {
-    probs.push_back(task_->draw_train(rng));
-    for (int64_t g = 0; g < c_.group_size; ++g) rows.push_back(encode(probs.back().prompt));
-  }
   nn::SamplingConfig s;
-  s.temperature = c_.temperature;
-  s.top_k = c_.top_k;
-  s.stop_tokens = {kEndMarker};
-  s.seed = seed ^ 0x5eed;
+  draw_batch(rng, seed, probs, rows, s);
   double t0 = now_s();
   auto comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
                                       : journaled_generate(gen, rows, s, step, seed_rank, version);
@@ -184,6 +177,35 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   return b;
 }
 
+void RlEngine::draw_batch(Rng& rng, uint64_t seed, std::vector<Problem>& probs,
+                          std::vector<std::vector<int32_t>>& rows, nn::SamplingConfig& s) const {
+  for (int64_t i = 0; i < c_.prompts; ++i) {
+    probs.push_back(task_->draw_train(rng));
+    for (int64_t g = 0; g < c_.group_size; ++g) rows.push_back(encode(probs.back().prompt));
+  }
+  s.temperature = c_.temperature;
+  s.top_k = c_.top_k;
+  s.stop_tokens = {kEndMarker};
+  s.seed = seed ^ 0x5eed;
+}
+
+RlEngine::JournalBatch RlEngine::journal_batch(const nn::Model& gen, int64_t step, int seed_rank, int64_t version) const {
+  JournalBatch jb;
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
+  Rng rng(seed, 5);
+  std::vector<Problem> probs;
+  std::vector<std::vector<int32_t>> rows;
+  draw_batch(rng, seed, probs, rows, jb.sampling);
+  for (size_t r = 0; r < rows.size(); ++r) jb.reqs.push_back({int64_t(r), rows[r]});
+  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
+  // journal left by another run (other weights or seeds) is never continued, only its own.
+  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(jb.sampling.seed, uint64_t(version), 7);
+  jb.path = (std::filesystem::path(c_.journal_dir) /
+             fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
+                .string();
+  return jb;
+}
+
 PartialRollouts& RlEngine::pool_for(int seed_rank) {
   std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
   if (!pr)
@@ -204,12 +226,8 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
                                                                       const nn::SamplingConfig& s, int64_t step,
                                                                       int seed_rank, int64_t version) {
   std::filesystem::create_directories(c_.journal_dir);
-  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
-  // journal left by another run (other weights or seeds) is never continued, only its own.
-  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(s.seed, uint64_t(version), 7);
-  const std::string path = (std::filesystem::path(c_.journal_dir) /
-                            fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
-                               .string();
+  const JournalBatch jb = journal_batch(gen, step, seed_rank, version);
+  const std::string& path = jb.path;
   if (step > 0) {
     const std::string prev = "rollouts_r" + std::to_string(seed_rank) + "_s" + std::to_string(step - 1) + "_v";
     for (const auto& e : std::filesystem::directory_iterator(c_.journal_dir))
@@ -218,7 +236,9 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
   std::vector<RolloutRequest> reqs;
   for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
   RolloutWorker w(gen, s, max_new_);
-  journal_stats_ = w.run(reqs, path, journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0);
+  auto fo = followers_.find(path);  // the shadow rank's, when it followed this journal (shadow_rank.cpp)
+  journal_stats_ = w.run(reqs, path, journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0,
+                         fo != followers_.end() ? fo->second.follower.get() : nullptr);
   journal_sampled_ += journal_stats_.sampled_tokens;
   if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
     log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",

@@ -101,7 +101,26 @@ class RlEngine {
                                                               const std::vector<std::vector<int32_t>>& rows,
                                                               const nn::SamplingConfig& s, int64_t step, int seed_rank,
                                                               int64_t version);
-  PartialRollouts& pool_for(int seed_rank);  // rl.partial_tokens: the carried groups of seed_rank's stream
+  PartialRollouts& pool_for(int seed_rank);
+  // A step's prompts (rl.prompts groups of rl.group_size rows) and sampling, from its stream's rng.
+  void draw_batch(Rng& rng, uint64_t seed, std::vector<Problem>& probs, std::vector<std::vector<int32_t>>& rows,
+                  nn::SamplingConfig& s) const;
+  // rl.journal_dir: the requests, sampling and journal file of seed_rank's batch of `step` by gen
+  // at `version` (what journaled_generate writes; what the shadow rank follows).
+  struct JournalBatch {
+    std::vector<RolloutRequest> reqs;
+    nn::SamplingConfig sampling;
+    std::string path;
+  };
+  JournalBatch journal_batch(const nn::Model& gen, int64_t step, int seed_rank, int64_t version) const;
+  // The shadow rank's followers of the journals its rollout ranks write, by path (shadow_rank.cpp).
+  struct Followed {
+    std::unique_ptr<RolloutWorker> worker;
+    std::unique_ptr<JournalFollower> follower;
+    int trainer = 0;
+    int64_t step = 0, version = 0;
+  };
+  std::map<std::string, Followed> followers_;  // rl.partial_tokens: the carried groups of seed_rank's stream
   // The value head on m's features, no graph: PPO's old values. [B*T]
   Tensor values(const nn::Model& m, const RolloutBatch& b) const;
 

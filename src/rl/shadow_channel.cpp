@@ -144,7 +144,7 @@ std::vector<int32_t> RolloutChannel::exchange_pairs(const std::map<int, std::vec
   return recv_words(*shadow_pair_.at(me));
 }
 
-RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step) {
+RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const std::function<bool()>& idle) {
   const double deadline = now_s() + double(kPushTimeout.count()) / 1e3;
   for (;;) {
     const int64_t e = store_->add(kEvents, 0);
@@ -168,7 +168,7 @@ RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step) {
     }
     ATOLL_CHECK(now_s() < deadline, "rl: the shadow rank heard nothing from the trainers for {} s",
                 kPushTimeout.count() / 1000);
-    std::this_thread::sleep_for(comm::Millis(2));
+    if (!(idle && idle())) std::this_thread::sleep_for(comm::Millis(2));
   }
 }
 
