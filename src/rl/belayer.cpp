@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -137,6 +138,119 @@ WorkerStats RolloutWorker::run(const std::vector<RolloutRequest>& reqs, const st
     }
     log('D', r.id, stopped ? 1 : 0);
   }
+  std::fclose(f);
+  st.seconds = since(t0);
+  return st;
+}
+
+WorkerStats RolloutWorker::run_batched(const std::vector<RolloutRequest>& reqs, const std::string& path,
+                                       int64_t die_after) const {
+  NoGradGuard ng;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& p = dynamic_cast<const nn::PolicyModel&>(m_);
+  const auto& tm = dynamic_cast<const nn::TokenModel&>(m_);
+  const int64_t V = tm.vocab_size(), B = int64_t(reqs.size()), block = tm.max_sequence_length();
+  ATOLL_CHECK(B > 0, "rollout worker: no requests");
+  // The lines already journaled (complete ones: a torn last line is cut off before appending).
+  std::vector<std::string> have;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t at = 0, nl;
+    while ((nl = text.find('\n', at)) != std::string::npos) {
+      have.push_back(text.substr(at, nl - at));
+      at = nl + 1;
+    }
+    if (at < text.size()) std::filesystem::resize_file(path, at);
+  }
+  WorkerStats st;
+  st.journal_s = since(t0);
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  ATOLL_CHECK(f, "rollout worker: cannot append to the journal {}", path);
+  size_t line = 0;  // lines emitted so far: the first have.size() are checked, not written
+  char buf[64];
+  auto emit = [&](char kind, int64_t id, int64_t v) {
+    std::snprintf(buf, sizeof buf, "%c %lld %lld;", kind, static_cast<long long>(id), static_cast<long long>(v));
+    if (line < have.size()) {
+      ATOLL_CHECK(have[line] == buf, "rollout journal {}: line {} is '{}' in the log but '{}' recomputed (other "
+                                     "weights or seeds?)",
+                  path, line + 1, have[line], buf);
+    } else {
+      std::fprintf(f, "%s\n", buf);
+      std::fflush(f);
+    }
+    return line++ >= have.size();
+  };
+  const JournalState js = JournalState::read(path);
+  for (const RolloutRequest& r : reqs) {
+    auto it = js.requests.find(r.id);
+    if (it == js.requests.end()) ++st.fresh;
+    else (it->second.done ? st.skipped : st.resumed) += 1;
+  }
+  // generate_batch's calls (models/gpt/generate.cpp), for contexts that fit the model's window.
+  int64_t longest = 0, Tp = 0;
+  for (const RolloutRequest& r : reqs) {
+    ATOLL_CHECK(!r.prompt.empty(), "rollout worker: request {} has an empty prompt", r.id);
+    longest = std::max(longest, int64_t(r.prompt.size()) + max_new_);
+    Tp = std::max(Tp, int64_t(r.prompt.size()));
+  }
+  ATOLL_CHECK(block == 0 || longest <= block, "rollout worker: prompt + max_new_tokens ({}) passes the model's "
+              "context ({}); the batched journal does not shift contexts", longest, block);
+  const auto tp = std::chrono::steady_clock::now();
+  nn::KVCache cache = p.make_kv_cache(B, block > 0 ? std::min(block, longest) : longest);
+  std::vector<Rng> rng;
+  std::vector<int64_t> n(static_cast<size_t>(B));
+  Tensor tok = Tensor::zeros({B, Tp}, DType::i32);
+  for (int64_t b = 0; b < B; ++b) {
+    rng.emplace_back(s_.seed, uint64_t(b));
+    const auto& pr = reqs[size_t(b)].prompt;
+    n[size_t(b)] = int64_t(pr.size());
+    std::copy(pr.begin(), pr.end(), tok.i32() + b * Tp);
+  }
+  Tensor logits = Tensor::zeros({B, V});
+  {
+    Tensor lg = p.forward_cached(tok, cache, n);
+    std::copy(lg.f32(), lg.f32() + B * V, logits.f32());
+  }
+  st.prefill_s = since(tp);
+  std::vector<int32_t> last(static_cast<size_t>(B));
+  std::vector<bool> done(static_cast<size_t>(B), false);
+  for (int64_t step = 0; step < max_new_; ++step) {
+    std::vector<int64_t> decode;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[size_t(b)]) continue;
+      const int64_t id = reqs[size_t(b)].id;
+      const int32_t t = nn::sample_token(logits.f32() + b * V, V, s_, rng[size_t(b)]);
+      if (s_.is_stop(t)) {
+        done[size_t(b)] = true;
+        if (emit('D', id, 1) && st.first_token_s < 0) st.first_token_s = since(t0);
+        continue;
+      }
+      if (emit('T', id, t)) {
+        if (st.first_token_s < 0) st.first_token_s = since(t0);
+        ++st.sampled_tokens;
+        if (die_after > 0 && st.sampled_tokens >= die_after) std::raise(SIGKILL);
+      } else {
+        ++st.replayed_tokens;
+      }
+      last[size_t(b)] = t;
+      if (step + 1 < max_new_) decode.push_back(b);
+    }
+    if (step + 1 == max_new_ || decode.empty()) break;
+    Tensor one = Tensor::zeros({B, 1}, DType::i32);
+    std::vector<int64_t> n1(static_cast<size_t>(B), 0);
+    for (int64_t b : decode) {
+      one.i32()[b] = last[size_t(b)];
+      n1[size_t(b)] = 1;
+    }
+    const auto tf = std::chrono::steady_clock::now();
+    Tensor lg = p.forward_cached(one, cache, n1);
+    // Only the fed rows' logits are new (generate.cpp keeps the others' stale ones; they are done).
+    for (int64_t b : decode) std::copy(lg.f32() + b * V, lg.f32() + (b + 1) * V, logits.f32() + b * V);
+    if (st.first_token_s < 0) st.replay_s += since(tf);
+  }
+  for (int64_t b = 0; b < B; ++b)
+    if (!done[size_t(b)]) emit('D', reqs[size_t(b)].id, 0);
   std::fclose(f);
   st.seconds = since(t0);
   return st;

@@ -72,6 +72,15 @@ class RolloutWorker {
   // (only the tokens logged since its last poll are replayed).
   WorkerStats run(const std::vector<RolloutRequest>& reqs, const std::string& path, int64_t die_after = 0,
                   JournalFollower* follow = nullptr) const;
+  // rl.journal_batched: the batch decoded together as nn::PolicyModel::generate_batch does (one
+  // prefill of every prompt, then one [B,1] step of the unfinished rows, row b sampling from
+  // Rng(seed, b)), every token journaled: the batch is bitwise the unjournaled one. The lines it
+  // writes are a fixed sequence, so a continuation recomputes the batch from the prompts, checks
+  // each line the journal already holds against its recomputation and appends the rest (the
+  // journal ends byte-equal to an uninterrupted run's). No KV cache is rebuilt per request: the
+  // batch's composition decides its logits, so the whole batch is recomputed up to the death.
+  WorkerStats run_batched(const std::vector<RolloutRequest>& reqs, const std::string& path,
+                          int64_t die_after = 0) const;
   // The calls every decoding makes, worker and follower alike (so their states stay bitwise equal):
   // the prompt as one prefill, then one sample and one fed-back token per step.
   DecodeState start(const RolloutRequest& r) const;

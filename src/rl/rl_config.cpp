@@ -45,6 +45,10 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   ATOLL_CHECK(r.journal_dir.empty() || r.partial_tokens == 0,
               "rl.journal_dir ({}) is not for partial rollouts (rl.partial_tokens > 0): their rounds are not journaled",
               c.where("rl.journal_dir"));
+  // Batched journal decoding (RolloutWorker::run_batched): the same tokens as without a journal.
+  r.journal_batched = c.get_bool("rl.journal_batched", r.journal_batched);
+  ATOLL_CHECK(!r.journal_batched || !r.journal_dir.empty(), "rl.journal_batched ({}) needs rl.journal_dir",
+              c.where("rl.journal_batched"));
   // Fault injection (tests): the process generating journaled rollouts raises SIGKILL after this
   // many newly sampled tokens, mid-trajectory; a restarted or shadow process continues the journal.
   r.kill_after_tokens = c.get_int("fault.rl_kill_after_tokens", 0, 0, int64_t(1) << 40);

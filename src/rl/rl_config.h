@@ -33,6 +33,7 @@ struct RlConfig {
   int64_t shadow_ranks = 0;             // disaggregated + journal: a spare rank that takes over a dead rollout rank
   double sync_bucket_mb = 4.0;
   std::string journal_dir;  // non-empty: rollouts generated through Belayer's journal there (rl/belayer.h)
+  bool journal_batched = false;  // the journaled batch decoded together, bitwise the unjournaled one
   int64_t kill_after_tokens = 0;  // [fault] rl_kill_after_tokens: the journaling process dies (SIGKILL) after so many
   uint64_t seed = 1;
 

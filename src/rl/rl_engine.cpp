@@ -201,7 +201,8 @@ RlEngine::JournalBatch RlEngine::journal_batch(const nn::Model& gen, int64_t ste
   // journal left by another run (other weights or seeds) is never continued, only its own.
   const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(jb.sampling.seed, uint64_t(version), 7);
   jb.path = (std::filesystem::path(c_.journal_dir) /
-             fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
+             fmt::format("rollouts_r{}_s{}_v{}_{:016x}{}.journal", seed_rank, step, version, key,
+                         c_.journal_batched ? "_batched" : ""))
                 .string();
   return jb;
 }
@@ -237,8 +238,9 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
   for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
   RolloutWorker w(gen, s, max_new_);
   auto fo = followers_.find(path);  // the shadow rank's, when it followed this journal (shadow_rank.cpp)
-  journal_stats_ = w.run(reqs, path, journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0,
-                         fo != followers_.end() ? fo->second.follower.get() : nullptr);
+  const int64_t die = journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0;
+  journal_stats_ = c_.journal_batched ? w.run_batched(reqs, path, die)
+                                      : w.run(reqs, path, die, fo != followers_.end() ? fo->second.follower.get() : nullptr);
   journal_sampled_ += journal_stats_.sampled_tokens;
   if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
     log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",

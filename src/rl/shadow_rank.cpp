@@ -53,6 +53,7 @@ void RlEngine::serve_shadow() {
   // Hot standby: follow the journals the live rollout ranks write after this push (the batch of
   // this step and, one step off, the next one's), replaying each token as it is logged.
   auto follow_after_push = [&] {
+    if (c_.journal_batched) return;  // a batched journal is recomputed whole at a takeover
     for (auto it = followers_.begin(); it != followers_.end();)
       it = it->second.step < last.rl_step || !held.count(it->second.version) ? followers_.erase(it) : std::next(it);
     for (int t = 0; t < T; ++t) {
