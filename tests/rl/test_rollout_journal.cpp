@@ -219,5 +219,21 @@ TEST(RlJournal, KillInjectionWithoutAJournalIsRefusedNamingTheKey) {
   }
 }
 
+// A shadow rank needs the disaggregated placement and a journal; a batched journal needs a journal.
+TEST(RlJournal, ShadowRanksAndBatchedJournalWithoutTheirNeedsAreRefusedNamingTheKey) {
+  for (const std::string& body : {std::string("shadow_ranks = 1\njournal_dir = \"/tmp/x\"\n"),
+                                  std::string("placement = \"disaggregated\"\nshadow_ranks = 1\n"),
+                                  std::string("journal_batched = true\n")}) {
+    try {
+      Config cfg = rltest::rl_config(body);
+      RlConfig::from_config(cfg, 1);
+      FAIL() << "accepted: " << body;
+    } catch (const Error& e) {
+      const std::string key = body.find("shadow") != std::string::npos ? "rl.shadow_ranks" : "rl.journal_batched";
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace atl::rl
