@@ -47,6 +47,9 @@ static int run_launch(int argc, char** argv) {
       ->check(integer_in(0, 1 << 20));
   app.add_option("--heartbeat-timeout-ms", ft_timeout_ms, "with --ft: a replica silent this long leaves the quorum")
       ->check(integer_in(10, 3600000));
+  // issue 15: a job that outlives dead ranks (RL's shadow rank takes over a rollout rank, docs/rl.md).
+  app.add_option("--outlive", o.outlive, "ranks that may die without stopping the job (RL with rl.shadow_ranks)")
+      ->check(integer_in(0, 1 << 20));
   // issue 14: the external watcher (resilience/watcher.h, `atoll watch`).
   bool watch = false;
   double watch_hang_s = 60;

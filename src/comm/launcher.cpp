@@ -209,6 +209,7 @@ int launch(const LaunchOptions& o) {
   }
   std::string failure;  // the first failure, as reported
   int restarts = 0;     // ranks started again (max_restarts)
+  int outlived = 0;     // ranks the job went on without (outlive)
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -271,6 +272,12 @@ int launch(const LaunchOptions& o) {
             again.cmd.insert(again.cmd.end(), o.restart_args.begin(), o.restart_args.end());
             c.exited = false;
             c.pid = spawn(again, c, c.rank - o.node_rank * o.nproc_per_node, port, master_port);
+          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && outlived < o.outlive && failure.empty() &&
+                     !g_interrupted) {
+            ++outlived;
+            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; the job goes on without it (%d of %d)\n", c.rank,
+                         int(c.pid), describe_status(st).c_str(), outlived, o.outlive);
+            std::fflush(stderr);
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
             begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
                            false);

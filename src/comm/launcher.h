@@ -22,6 +22,10 @@ struct LaunchOptions {
   // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
   int max_restarts = 0;
   std::vector<std::string> restart_args;
+  // `atoll launch --outlive N` (issue 15, Belayer's shadow rank): up to N ranks may fail without
+  // the job being torn down or the rank restarted; the others go on (an RL job whose shadow rank
+  // takes over a dead rollout rank, rl/shadow_rank.cpp). The job's status is that of the others.
+  int outlive = 0;
   // `atoll launch --watch` (issue 14): a watcher process started beside the ranks (`atoll watch`);
   // when it exits with status 3 (it named a hang) the job is torn down at once.
   std::vector<std::string> watch_cmd;

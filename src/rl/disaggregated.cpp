@@ -87,12 +87,16 @@ uint64_t weights_hash(const std::vector<Tensor>& tensors) {
 }
 
 RolloutChannel::RolloutChannel(std::unique_ptr<comm::Communicator> job, int rollout_ranks, std::vector<Tensor> params,
-                               double bucket_mb)
-    : job_(std::move(job)), R_(rollout_ranks) {
+                               double bucket_mb, int shadow_ranks)
+    : job_(std::move(job)), R_(rollout_ranks), S_(shadow_ranks) {
   ATOLL_CHECK(job_, "rl.placement = 'disaggregated' needs a job of several ranks (atoll launch)");
-  T_ = job_->size() - R_;
-  ATOLL_CHECK(R_ >= 1 && T_ >= 1, "rl.rollout_ranks ({}) must leave at least one of the job's {} ranks to train", R_,
-              job_->size());
+  T_ = job_->size() - R_ - S_;
+  ATOLL_CHECK(R_ >= 1 && T_ >= 1, "rl.rollout_ranks ({}) and rl.shadow_ranks ({}) must leave at least one of the job's "
+              "{} ranks to train", R_, S_, job_->size());
+  if (S_ > 0) {
+    split_pairs(std::move(params), bucket_mb);  // rl/shadow_channel.cpp
+    return;
+  }
   const bool member = job_->rank() == 0 || is_rollout();
   push_ = job_->split(member ? 0 : -1, job_->rank());  // trainer 0 is the push group's rank 0
   if (push_) {
@@ -110,6 +114,7 @@ std::vector<int> RolloutChannel::served() const {
 }
 
 SyncStats RolloutChannel::push(PushHeader& h, double* header_wait_s) {
+  if (S_ > 0 && job_->rank() == 0) return push_pairs(h, header_wait_s);
   SyncStats st;
   if (!push_) return st;
   const double t0 = now_s();
@@ -127,7 +132,8 @@ SyncStats RolloutChannel::push(PushHeader& h, double* header_wait_s) {
   return sync_->broadcast(*push_, 0);
 }
 
-std::vector<int32_t> RolloutChannel::exchange(const std::map<int, std::vector<int32_t>>& mine) {
+std::vector<int32_t> RolloutChannel::exchange(const std::map<int, std::vector<int32_t>>& mine, int64_t rl_step) {
+  if (S_ > 0) return exchange_pairs(mine, rl_step);
   std::vector<int32_t> out;
   for (int t = 0; t < T_; ++t) {
     const int root = T_ + t % R_;

@@ -14,11 +14,14 @@
 // with and a hash of those weights, which the trainer checks against the hash of its own weights
 // at that version, so a rollout rank cannot train the policy on rollouts from other weights.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/tcp_store.h"
 #include "rl/rollout.h"
 #include "rl/weight_sync.h"
 
@@ -34,10 +37,13 @@ class RolloutChannel {
  public:
   // Collective over `job` (every rank, once): splits off the push group. params: this rank's model
   // parameters in order (the same shapes on every rank).
+  // shadow_ranks = 1 (rl.shadow_ranks, rl/shadow_rank.h): the job's last rank is Belayer's shadow,
+  // and every link is a group of its own, split now while every rank is alive (below).
   RolloutChannel(std::unique_ptr<comm::Communicator> job, int rollout_ranks, std::vector<Tensor> params,
-                 double bucket_mb);
+                 double bucket_mb, int shadow_ranks = 0);
   ~RolloutChannel();
-  bool is_rollout() const { return job_->rank() >= T_; }
+  bool is_rollout() const { return job_->rank() >= T_ && !is_shadow(); }
+  bool is_shadow() const { return S_ > 0 && job_->rank() == T_ + R_; }
   int trainers() const { return T_; }
   int rollout_ranks() const { return R_; }
   // The trainer ranks this rollout rank generates for.
@@ -47,12 +53,45 @@ class RolloutChannel {
   SyncStats push(PushHeader& h, double* header_wait_s = nullptr);
   // Every job rank: for each trainer in order, its rollout rank broadcasts the trainer's payload
   // (`mine` holds a rollout rank's, keyed by trainer). Returns this trainer's (empty on rollout ranks).
-  std::vector<int32_t> exchange(const std::map<int, std::vector<int32_t>>& mine);
+  // With a shadow: each trainer receives from its rollout rank over their own pair and, when that
+  // rank is dead (the store's lifeline says so), asks the shadow for RL step rl_step's batch.
+  std::vector<int32_t> exchange(const std::map<int, std::vector<int32_t>>& mine, int64_t rl_step = -1);
+
+  // ---- the shadow's side (is_shadow()) ----
+  struct ShadowEvent {
+    bool push = false;        // trainer 0 is about to push: call push()
+    std::vector<int> asking;  // trainers whose rollout rank is dead, asking for RL step `last_step`
+  };
+  // Waits (polling the store) until trainer 0 pushes again or a trainer asks for last_step's batch;
+  // a trainer's question is returned once.
+  // idle() runs between looks (the shadow follows the journals there); true when it did work.
+  ShadowEvent shadow_wait(int64_t last_step, const std::function<bool()>& idle = {});
+  // Sends trainer's batch of rl_step over their pair (the trainer's question, if any, is answered).
+  void shadow_send(int trainer, const std::vector<int32_t>& words, int64_t rl_step);
+  bool answered(int trainer, int64_t rl_step) const { return answered_.count({trainer, rl_step}) > 0; }
+  // Trainers: how many batches this trainer took from the shadow.
+  int64_t from_shadow() const { return from_shadow_; }
 
  private:
+  void split_pairs(std::vector<Tensor> params, double bucket_mb);
+  std::vector<int32_t> exchange_pairs(const std::map<int, std::vector<int32_t>>& mine, int64_t rl_step);
+  SyncStats push_pairs(PushHeader& h, double* header_wait_s);
+  bool rank_died(int job_rank);
+
   std::unique_ptr<comm::Communicator> job_, push_;
   std::unique_ptr<WeightSync> sync_;
-  int T_ = 0, R_ = 0;
+  int T_ = 0, R_ = 0, S_ = 0;
+  // Shadow mode: no collective spans the job after the constructor, so a dead rollout rank breaks
+  // only the groups it is in. Trainer 0: push_to_[i] = {0, rollout rank i}, push_shadow_ = {0, shadow};
+  // a rollout rank or the shadow: push_ = its group with trainer 0. pair_[t] = {trainer t, its rollout
+  // rank} on both ends, shadow_pair_[t] = {trainer t, shadow} on both ends.
+  std::vector<std::unique_ptr<comm::Communicator>> push_to_;
+  std::unique_ptr<comm::Communicator> push_shadow_;
+  std::map<int, std::unique_ptr<comm::Communicator>> pair_, shadow_pair_;
+  std::unique_ptr<comm::TcpStore> store_;  // the job's rendezvous store: liveness and the shadow's events
+  std::vector<bool> dead_;                 // slots found dead (trainers)
+  int64_t pushes_ = 0, from_shadow_ = 0, seen_events_ = -1;
+  std::set<std::pair<int, int64_t>> answered_;  // shadow: questions returned
 };
 
 // A batch of scored rollouts as words for the exchange: each sample's prompt, completion, stop,

@@ -45,12 +45,22 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   ATOLL_CHECK(r.journal_dir.empty() || r.partial_tokens == 0,
               "rl.journal_dir ({}) is not for partial rollouts (rl.partial_tokens > 0): their rounds are not journaled",
               c.where("rl.journal_dir"));
+  // Batched journal decoding (RolloutWorker::run_batched): the same tokens as without a journal.
+  r.journal_batched = c.get_bool("rl.journal_batched", r.journal_batched);
+  ATOLL_CHECK(!r.journal_batched || !r.journal_dir.empty(), "rl.journal_batched ({}) needs rl.journal_dir",
+              c.where("rl.journal_batched"));
   // Fault injection (tests): the process generating journaled rollouts raises SIGKILL after this
   // many newly sampled tokens, mid-trajectory; a restarted or shadow process continues the journal.
   r.kill_after_tokens = c.get_int("fault.rl_kill_after_tokens", 0, 0, int64_t(1) << 40);
   ATOLL_CHECK(r.kill_after_tokens == 0 || !r.journal_dir.empty(),
               "fault.rl_kill_after_tokens ({}) needs rl.journal_dir: only journaled rollouts can be taken over",
               c.where("fault.rl_kill_after_tokens"));
+  // Belayer's live takeover (rl/shadow_rank.h): the job's last rank follows the pushes and continues
+  // a dead rollout rank's journal inside the running job.
+  r.shadow_ranks = c.get_int("rl.shadow_ranks", r.shadow_ranks, 0, 1);
+  ATOLL_CHECK(r.shadow_ranks == 0 || (r.placement == "disaggregated" && !r.journal_dir.empty()),
+              "rl.shadow_ranks ({}) needs rl.placement = 'disaggregated' and rl.journal_dir: the shadow continues a "
+              "rollout rank's journal", c.where("rl.shadow_ranks"));
   ATOLL_CHECK(r.task.word_min <= r.task.word_max, "rl.word_min ({}) must not exceed rl.word_max ({})", r.task.word_min,
               r.task.word_max);
   if (r.algorithm == "grpo" || r.algorithm == "dr_grpo")

@@ -29,9 +29,11 @@ struct RlConfig {
   std::string placement = "colocated";  // colocated | async (one-step-off-policy) | disaggregated
   int64_t max_staleness = 1;            // async, disaggregated: rollouts at most this many updates old
   int64_t rollout_ranks = 1;
-  int64_t partial_tokens = 0;           // > 0: partial rollouts, rounds of this many tokens (rl/partial_rollouts.h)            // disaggregated: the job's last ranks that only generate
+  int64_t partial_tokens = 0;           // > 0: partial rollouts, rounds of this many tokens (rl/partial_rollouts.h)
+  int64_t shadow_ranks = 0;             // disaggregated + journal: a spare rank that takes over a dead rollout rank
   double sync_bucket_mb = 4.0;
   std::string journal_dir;  // non-empty: rollouts generated through Belayer's journal there (rl/belayer.h)
+  bool journal_batched = false;  // the journaled batch decoded together, bitwise the unjournaled one
   int64_t kill_after_tokens = 0;  // [fault] rl_kill_after_tokens: the journaling process dies (SIGKILL) after so many
   uint64_t seed = 1;
 

@@ -73,9 +73,10 @@ RlEngine::~RlEngine() {
 
 int RlEngine::reserved_ranks(int world) const {
   if (c_.placement != "disaggregated") return 0;
-  ATOLL_CHECK(c_.rollout_ranks < world, "rl.rollout_ranks = {} leaves none of the job's {} ranks to train", c_.rollout_ranks,
-              world);
-  return int(c_.rollout_ranks);
+  ATOLL_CHECK(c_.rollout_ranks + c_.shadow_ranks < world,
+              "rl.rollout_ranks = {} and rl.shadow_ranks = {} leave none of the job's {} ranks to train", c_.rollout_ranks,
+              c_.shadow_ranks, world);
+  return int(c_.rollout_ranks + c_.shadow_ranks);
 }
 
 void RlEngine::attach_job(std::unique_ptr<comm::Communicator> job, bool rollout_rank) {
@@ -101,7 +102,8 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
     ATOLL_CHECK(job_, "rl.placement = 'disaggregated' needs a job of rl.rollout_ranks ({}) + at least one trainer rank "
                 "(atoll launch --nproc-per-node N)", c_.rollout_ranks);
     channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
-                                                c_.sync_bucket_mb);  // collective over the job
+                                                c_.sync_bucket_mb, int(c_.shadow_ranks));  // collective over the job
+    if (channel_->is_shadow()) journal_die_after = 0;  // the fault injection kills a rollout rank, not its shadow
     if (rollout_rank_) return;  // generates only: no reference, no value head
   }
   ref_ = nn::model_from_metadata(model.config_metadata());
@@ -145,15 +147,8 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   }
   std::vector<Problem> probs;
   std::vector<std::vector<int32_t>> rows;
-  for (int64_t i = 0; i < c_.prompts; ++i) {
-    probs.push_back(task_->draw_train(rng));
-    for (int64_t g = 0; g < c_.group_size; ++g) rows.push_back(encode(probs.back().prompt));
-  }
   nn::SamplingConfig s;
-  s.temperature = c_.temperature;
-  s.top_k = c_.top_k;
-  s.stop_tokens = {kEndMarker};
-  s.seed = seed ^ 0x5eed;
+  draw_batch(rng, seed, probs, rows, s);
   double t0 = now_s();
   auto comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
                                       : journaled_generate(gen, rows, s, step, seed_rank, version);
@@ -182,6 +177,36 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   return b;
 }
 
+void RlEngine::draw_batch(Rng& rng, uint64_t seed, std::vector<Problem>& probs,
+                          std::vector<std::vector<int32_t>>& rows, nn::SamplingConfig& s) const {
+  for (int64_t i = 0; i < c_.prompts; ++i) {
+    probs.push_back(task_->draw_train(rng));
+    for (int64_t g = 0; g < c_.group_size; ++g) rows.push_back(encode(probs.back().prompt));
+  }
+  s.temperature = c_.temperature;
+  s.top_k = c_.top_k;
+  s.stop_tokens = {kEndMarker};
+  s.seed = seed ^ 0x5eed;
+}
+
+RlEngine::JournalBatch RlEngine::journal_batch(const nn::Model& gen, int64_t step, int seed_rank, int64_t version) const {
+  JournalBatch jb;
+  const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
+  Rng rng(seed, 5);
+  std::vector<Problem> probs;
+  std::vector<std::vector<int32_t>> rows;
+  draw_batch(rng, seed, probs, rows, jb.sampling);
+  for (size_t r = 0; r < rows.size(); ++r) jb.reqs.push_back({int64_t(r), rows[r]});
+  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
+  // journal left by another run (other weights or seeds) is never continued, only its own.
+  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(jb.sampling.seed, uint64_t(version), 7);
+  jb.path = (std::filesystem::path(c_.journal_dir) /
+             fmt::format("rollouts_r{}_s{}_v{}_{:016x}{}.journal", seed_rank, step, version, key,
+                         c_.journal_batched ? "_batched" : ""))
+                .string();
+  return jb;
+}
+
 PartialRollouts& RlEngine::pool_for(int seed_rank) {
   std::unique_ptr<PartialRollouts>& pr = partial_[seed_rank];
   if (!pr)
@@ -202,12 +227,8 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
                                                                       const nn::SamplingConfig& s, int64_t step,
                                                                       int seed_rank, int64_t version) {
   std::filesystem::create_directories(c_.journal_dir);
-  // Named by the stream, the step, the version and a hash of the weights and the sampling seed: a
-  // journal left by another run (other weights or seeds) is never continued, only its own.
-  const uint64_t key = weights_hash(param_values(const_cast<nn::Model&>(gen))) ^ mix(s.seed, uint64_t(version), 7);
-  const std::string path = (std::filesystem::path(c_.journal_dir) /
-                            fmt::format("rollouts_r{}_s{}_v{}_{:016x}.journal", seed_rank, step, version, key))
-                               .string();
+  const JournalBatch jb = journal_batch(gen, step, seed_rank, version);
+  const std::string& path = jb.path;
   if (step > 0) {
     const std::string prev = "rollouts_r" + std::to_string(seed_rank) + "_s" + std::to_string(step - 1) + "_v";
     for (const auto& e : std::filesystem::directory_iterator(c_.journal_dir))
@@ -216,7 +237,11 @@ std::vector<nn::PolicyModel::Completion> RlEngine::journaled_generate(const nn::
   std::vector<RolloutRequest> reqs;
   for (size_t r = 0; r < rows.size(); ++r) reqs.push_back({int64_t(r), rows[r]});
   RolloutWorker w(gen, s, max_new_);
-  journal_stats_ = w.run(reqs, path, journal_die_after);
+  auto fo = followers_.find(path);  // the shadow rank's, when it followed this journal (shadow_rank.cpp)
+  const int64_t die = journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0;
+  journal_stats_ = c_.journal_batched ? w.run_batched(reqs, path, die)
+                                      : w.run(reqs, path, die, fo != followers_.end() ? fo->second.follower.get() : nullptr);
+  journal_sampled_ += journal_stats_.sampled_tokens;
   if (journal_stats_.resumed + journal_stats_.skipped > 0)  // a recovery: every rank logs it (warn)
     log::warn("rl: rollout journal {}: {} requests already done, {} continued from their prefix ({} tokens replayed)",
               path, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.replayed_tokens);
@@ -275,8 +300,9 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   m_["push_wait_ms"] = wait_s * 1e3;  // the rollout ranks still generating the previous batch
   const double t0 = now_s();
   uint64_t hash = 0;
-  cur_ = decode_rollouts(channel_->exchange({}), &hash);
+  cur_ = decode_rollouts(channel_->exchange({}, rl_steps_), &hash);
   m_["exchange_ms"] = (now_s() - t0) * 1e3;
+  if (c_.shadow_ranks > 0) m_["from_shadow"] = channel_->from_shadow();  // batches the shadow rank sent so far
   const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
   auto it = pushed_hash_.find(gen_version);
   ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
@@ -291,6 +317,7 @@ void RlEngine::disaggregated_batch(int64_t updates) {
 
 void RlEngine::serve() {
   ATOLL_CHECK(channel_ && rollout_rank_, "rl: serve() on a rank that is not a rollout rank");
+  if (channel_->is_shadow()) return serve_shadow();
   const std::vector<Tensor> params = param_values(*policy_);
   const std::vector<int> served = channel_->served();
   auto generate = [&](int64_t step, int64_t version) {

@@ -85,7 +85,8 @@ class RlEngine {
                         int64_t version = 0);
   // rl.journal_dir: what the last journaled generation did (requests resumed, tokens replayed...).
   const WorkerStats& journal_stats() const { return journal_stats_; }
-  // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens.
+  // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens,
+  // counted over every batch this process journals (so a test can kill it in its third batch).
   int64_t journal_die_after = 0;
   // log pi(target) of every row of b under m: the same forward and batch shape as the loss.
   static Tensor score_logprobs(const nn::Model& m, const RolloutBatch& b);
@@ -93,13 +94,33 @@ class RlEngine {
  private:
   void sync_rollout_model();
   void disaggregated_batch(int64_t updates);
+  void serve_shadow();  // rl.shadow_ranks: the shadow rank's run (rl/shadow_rank.cpp)
   void step_value_head();
   RolloutBatch sft_batch();
   std::vector<nn::PolicyModel::Completion> journaled_generate(const nn::Model& gen,
                                                               const std::vector<std::vector<int32_t>>& rows,
                                                               const nn::SamplingConfig& s, int64_t step, int seed_rank,
                                                               int64_t version);
-  PartialRollouts& pool_for(int seed_rank);  // rl.partial_tokens: the carried groups of seed_rank's stream
+  PartialRollouts& pool_for(int seed_rank);
+  // A step's prompts (rl.prompts groups of rl.group_size rows) and sampling, from its stream's rng.
+  void draw_batch(Rng& rng, uint64_t seed, std::vector<Problem>& probs, std::vector<std::vector<int32_t>>& rows,
+                  nn::SamplingConfig& s) const;
+  // rl.journal_dir: the requests, sampling and journal file of seed_rank's batch of `step` by gen
+  // at `version` (what journaled_generate writes; what the shadow rank follows).
+  struct JournalBatch {
+    std::vector<RolloutRequest> reqs;
+    nn::SamplingConfig sampling;
+    std::string path;
+  };
+  JournalBatch journal_batch(const nn::Model& gen, int64_t step, int seed_rank, int64_t version) const;
+  // The shadow rank's followers of the journals its rollout ranks write, by path (shadow_rank.cpp).
+  struct Followed {
+    std::unique_ptr<RolloutWorker> worker;
+    std::unique_ptr<JournalFollower> follower;
+    int trainer = 0;
+    int64_t step = 0, version = 0;
+  };
+  std::map<std::string, Followed> followers_;  // rl.partial_tokens: the carried groups of seed_rank's stream
   // The value head on m's features, no graph: PPO's old values. [B*T]
   Tensor values(const nn::Model& m, const RolloutBatch& b) const;
 
@@ -137,6 +158,7 @@ class RlEngine {
   double eval_acc_ = -1;
   bool sft_phase_ = false;
   WorkerStats journal_stats_;
+  int64_t journal_sampled_ = 0;  // new tokens this process journaled (journal_die_after)
 };
 
 }  // namespace atl::rl

@@ -36,6 +36,26 @@ TEST(Launch, FailingRankStopsTheJobAndIsNamed) {
   EXPECT_NE(p.out.find("exited with code 7"), std::string::npos) << p.out;
 }
 
+// --outlive N (issue 15, RL's shadow rank): the job goes on without up to N failed ranks (not
+// restarted) and ends with the others' status; one more failure stops it as without the option.
+TEST(Launch, OutliveLetsTheJobGoOnWithoutAFailedRank) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "3", "--outlive", "1", "--grace", "0.5", "--",
+                "sh", "-c", "if [ $RANK = 2 ]; then exit 7; fi; sleep 1; echo finished $RANK"},
+               30);
+  EXPECT_FALSE(p.timed_out);
+  EXPECT_EQ(p.exit_code(), 0) << p.out;
+  EXPECT_NE(p.out.find("rank 2 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("exited with code 7; the job goes on without it (1 of 1)"), std::string::npos) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 0] finished 0\n") + count_of(p.out, "[rank 1] finished 1\n"), 2) << p.out;
+  Proc q = run({atoll_exe(), "launch", "--nproc-per-node", "3", "--outlive", "1", "--grace", "0.5", "--",
+                "sh", "-c", "if [ $RANK != 0 ]; then sleep 0.$RANK; exit 7; fi; sleep 60"},
+               30);
+  EXPECT_FALSE(q.timed_out);
+  EXPECT_NE(q.exit_code(), 0) << q.out;
+  EXPECT_LT(q.seconds, 10);
+  EXPECT_NE(q.out.find("job failed: rank 2 (pid"), std::string::npos) << q.out;
+}
+
 TEST(Launch, MissingCommandIsAnError) {
   Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2"}, 10);
   EXPECT_NE(p.exit_code(), 0);

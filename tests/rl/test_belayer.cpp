@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -120,6 +121,56 @@ TEST(RlBelayer, KilledWorkerShadowTakesOver) {
   for (std::string line; std::getline(f, line);) finished_lines += line.rfind("D ", 0) == 0;
   EXPECT_EQ(finished_lines, 12) << "a request was finished twice or never";
   std::filesystem::remove(journal);
+}
+
+// Belayer's hot standby (JournalFollower): a shadow that polled the journal as it grew (after every
+// line, a half-written line included) holds the cut request's decoding state, so after the death
+// only the lines logged since its last poll are replayed; the batch it finishes is the
+// uninterrupted run's byte for byte (the same journal file), each request finished once.
+TEST(RlBelayer, FollowerLeavesOnlyTheLinesSinceItsLastPollToReplay) {
+  auto m = belayer_model();
+  RolloutWorker shadow(*m, sampling(), kMaxNew);
+  const std::string ref = temp_path("follow_ref"), j = temp_path("follow");
+  shadow.run(requests(), ref);
+  std::vector<std::string> lines;
+  {
+    std::ifstream f(ref);
+    for (std::string l; std::getline(f, l);) lines.push_back(l);
+  }
+  // The death: after the 5th token of the first request that logs at least 5 (mid-trajectory).
+  size_t cut = 0;
+  std::map<std::string, int> tokens;
+  for (size_t i = 0; i < lines.size() && !cut; ++i) {
+    const std::string id = lines[i].substr(2, lines[i].find(' ', 2) - 2);
+    if (lines[i][0] == 'T' && ++tokens[id] == 5 && i + 1 < lines.size() && lines[i + 1][0] == 'T') cut = i + 1;
+  }
+  ASSERT_GT(cut, 0u) << "no request logged 5 tokens and more";
+  constexpr size_t kLag = 2;
+  std::filesystem::remove(j);
+  JournalFollower follower(shadow, requests(), j);
+  EXPECT_EQ(follower.poll(), 0) << "no journal yet";
+  int64_t followed = 0;
+  for (size_t n = 1; n <= cut - kLag; ++n) {
+    {
+      std::ofstream f(j, std::ios::app);
+      f << lines[n - 1] << "\n";
+      if (n == cut - kLag) f << lines[n].substr(0, 3);  // a line half written at the last poll
+    }
+    followed += follower.poll();
+  }
+  {
+    std::ofstream f(j, std::ios::trunc);  // the dead worker's journal: cut lines
+    for (size_t n = 0; n < cut; ++n) f << lines[n] << "\n";
+  }
+  const WorkerStats st = shadow.run(requests(), j, 0, &follower);
+  EXPECT_EQ(st.resumed, 1);
+  EXPECT_EQ(st.followed_tokens, 5 - int64_t(kLag)) << "the follower's state was not used";
+  EXPECT_EQ(st.replayed_tokens - st.followed_tokens, int64_t(kLag)) << "more than the lag was replayed";
+  EXPECT_GE(followed, 5 - int64_t(kLag));
+  EXPECT_EQ(parallel::test::read_file(j), parallel::test::read_file(ref))
+      << "the followed takeover's batch differs from the uninterrupted run's";
+  std::filesystem::remove(ref);
+  std::filesystem::remove(j);
 }
 
 TEST(RlBelayer, TornLastLineIsIgnoredAndForeignPrefixRefused) {

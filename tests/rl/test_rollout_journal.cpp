@@ -29,9 +29,10 @@ std::string dir_for(const std::string& what) {
   return (std::filesystem::temp_directory_path() / ("atoll_rl_journal_" + std::to_string(getpid()) + "_" + what)).string();
 }
 
-std::unique_ptr<RlEngine> engine(const std::string& dir, nn::Model& m) {
-  Config cfg = rltest::rl_config("prompts = 3\ngroup_size = 4\nmax_new_tokens = 6\ntemperature = 1.0\n"
-                                 "journal_dir = \"" + dir + "\"\n");
+std::unique_ptr<RlEngine> engine(const std::string& dir, nn::Model& m, bool batched = false) {
+  Config cfg = rltest::rl_config("prompts = 3\ngroup_size = 4\nmax_new_tokens = 6\ntemperature = 1.0\n" +
+                                 (dir.empty() ? std::string() : "journal_dir = \"" + dir + "\"\n") +
+                                 (batched ? "journal_batched = true\n" : ""));
   auto e = std::make_unique<RlEngine>(RlConfig::from_config(cfg, 9));
   e->setup(m, nullptr, 0, 1);
   return e;
@@ -51,7 +52,7 @@ std::string only_journal(const std::string& dir) {
 TEST(RlJournal, RolloutProgram) {
   auto m = model();
   if (const char* d = std::getenv("ATOLL_RL_JOURNAL_DIR")) {
-    auto e = engine(d, *m);
+    auto e = engine(d, *m, std::getenv("ATOLL_RL_JOURNAL_BATCHED") != nullptr);
     e->journal_die_after = std::atoll(std::getenv("ATOLL_RL_JOURNAL_DIE"));
     e->rollouts(*m, kStep, kStream, false, kVersion);
     FAIL() << "the rollout process was to die";
@@ -120,6 +121,67 @@ TEST(RlJournal, ShadowFinishesAKilledRolloutProcessesBatch) {
   std::filesystem::remove_all(dir);
 }
 
+void expect_same_batch(const RolloutBatch& got, const RolloutBatch& want) {
+  ASSERT_EQ(got.samples.size(), want.samples.size());
+  ASSERT_EQ(got.B, want.B);
+  ASSERT_EQ(got.T, want.T);
+  for (size_t i = 0; i < want.samples.size(); ++i) {
+    EXPECT_EQ(got.samples[i].completion, want.samples[i].completion) << "rollout " << i << " differs";
+    EXPECT_EQ(got.samples[i].stopped, want.samples[i].stopped) << i;
+    EXPECT_EQ(got.samples[i].reward.total, want.samples[i].reward.total) << i;
+  }
+  EXPECT_EQ(std::memcmp(got.old_logp.f32(), want.old_logp.f32(), size_t(want.old_logp.numel()) * 4), 0)
+      << "behaviour log-probs differ";
+}
+
+// rl.journal_batched: the journaled batch is decoded as generate_batch decodes it, so it is the
+// unjournaled batch bit for bit (the B = 1 journal samples other tokens: its logits come from other
+// kernel shapes).
+TEST(RlJournal, BatchedJournalEqualsTheUnjournaledBatch) {
+  const std::string dir = dir_for("batched_eq");
+  std::filesystem::remove_all(dir);
+  auto m = model();
+  const RolloutBatch want = engine("", *m)->rollouts(*m, kStep, kStream, false, kVersion);
+  auto e = engine(dir, *m, true);
+  const RolloutBatch got = e->rollouts(*m, kStep, kStream, false, kVersion);
+  EXPECT_EQ(e->journal_stats().fresh, 12);
+  EXPECT_GT(e->journal_stats().sampled_tokens, 0);
+  expect_same_batch(got, want);
+  std::filesystem::remove_all(dir);
+}
+
+// A process SIGKILLed mid-batch (17 new tokens into the batched journal): a shadow engine,
+// weights loaded, recomputes the batch, checks every journaled line and appends the rest; the
+// batch is the uninterrupted run's and the journal ends byte-equal to an uninterrupted journal.
+TEST(RlJournal, ShadowContinuesAKilledBatchedJournal) {
+  auto shadow_model = model();
+  const std::string ref_dir = dir_for("bref"), dir = dir_for("bkilled");
+  std::filesystem::remove_all(ref_dir);
+  std::filesystem::remove_all(dir);
+  const RolloutBatch want = engine(ref_dir, *shadow_model, true)->rollouts(*shadow_model, kStep, kStream, false, kVersion);
+  auto shadow = engine(dir, *shadow_model, true);
+  const std::string log = dir_for("blog");
+  const int rc = parallel::test::run_command(
+      {parallel::test::self_exe(), "--gtest_filter=RlJournal.RolloutProgram"},
+      {"ATOLL_RL_JOURNAL_DIR=" + dir, "ATOLL_RL_JOURNAL_DIE=17", "ATOLL_RL_JOURNAL_BATCHED=1", "OMP_NUM_THREADS=1",
+       "GTEST_OUTPUT="},
+      log, 60);
+  EXPECT_EQ(rc, 128 + SIGKILL) << parallel::test::read_file(log);
+  std::filesystem::remove(log);
+  const std::string journal = only_journal(dir);
+  const std::string cut = parallel::test::read_file(journal), full = parallel::test::read_file(only_journal(ref_dir));
+  ASSERT_GT(cut.size(), 0u);
+  ASSERT_LT(cut.size(), full.size()) << "the kill came after the batch was journaled";
+  ASSERT_EQ(full.compare(0, cut.size(), cut), 0) << "the killed process journaled other lines";
+  const RolloutBatch got = shadow->rollouts(*shadow_model, kStep, kStream, false, kVersion);
+  EXPECT_EQ(shadow->journal_stats().replayed_tokens, 17);
+  EXPECT_GT(shadow->journal_stats().sampled_tokens, 0);
+  expect_same_batch(got, want);
+  EXPECT_EQ(parallel::test::read_file(journal), full) << "the continued journal differs from an uninterrupted one";
+  std::filesystem::remove_all(ref_dir);
+  std::filesystem::remove_all(dir);
+}
+
 // A journal is only continued by the run that wrote it: other weights name another file.
 TEST(RlJournal, AnotherRunsJournalIsNotContinued) {
   const std::string dir = dir_for("foreign");
@@ -154,6 +216,22 @@ TEST(RlJournal, KillInjectionWithoutAJournalIsRefusedNamingTheKey) {
     FAIL() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fault.rl_kill_after_tokens"), std::string::npos) << e.what();
+  }
+}
+
+// A shadow rank needs the disaggregated placement and a journal; a batched journal needs a journal.
+TEST(RlJournal, ShadowRanksAndBatchedJournalWithoutTheirNeedsAreRefusedNamingTheKey) {
+  for (const std::string& body : {std::string("shadow_ranks = 1\njournal_dir = \"/tmp/x\"\n"),
+                                  std::string("placement = \"disaggregated\"\nshadow_ranks = 1\n"),
+                                  std::string("journal_batched = true\n")}) {
+    try {
+      Config cfg = rltest::rl_config(body);
+      RlConfig::from_config(cfg, 1);
+      FAIL() << "accepted: " << body;
+    } catch (const Error& e) {
+      const std::string key = body.find("shadow") != std::string::npos ? "rl.shadow_ranks" : "rl.journal_batched";
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,0 +1,180 @@
+// The disaggregated channel with Belayer's shadow rank (rl.shadow_ranks = 1, rl/shadow_rank.cpp):
+// the links that let a job outlive a dead rollout rank. Gloo fails every group a dead process is
+// in, so no collective spans the job after setup: each link is a group of its own, split while
+// every rank is alive (trainer 0 with each rollout rank and with the shadow for the weight push;
+// each trainer with its rollout rank and with the shadow for its batches). A dead rollout rank then
+// breaks only its own pairs. Its death is read from the job's store (the rank's lifeline closed
+// without a goodbye), never guessed from a slow peer, so the shadow never writes a journal a live
+// rank is still writing. The shadow learns of pushes and of trainers' questions through the store
+// (it cannot wait in two Gloo groups at once); the data goes over the pairs.
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "rl/disaggregated.h"
+
+namespace atl::rl {
+namespace {
+
+constexpr comm::Millis kPushTimeout{24ll * 3600 * 1000};  // as in disaggregated.cpp
+constexpr const char* kEvents = "rl/shadow/events";
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A pair's server (the rollout rank or the shadow) is its rank 1: trainers have the lower job ranks.
+void send_words(comm::Communicator& c, const std::vector<int32_t>& w) {
+  Tensor n = Tensor::zeros({1}, DType::i64);
+  n.data<int64_t>()[0] = int64_t(w.size());
+  c.broadcast(n, 1);
+  Tensor words = Tensor::zeros({std::max<int64_t>(1, int64_t(w.size()))}, DType::i32);
+  std::memcpy(words.i32(), w.data(), w.size() * 4);
+  c.broadcast(words, 1);
+}
+
+std::vector<int32_t> recv_words(comm::Communicator& c) {
+  Tensor n = Tensor::zeros({1}, DType::i64);
+  c.broadcast(n, 1);
+  const int64_t len = n.data<int64_t>()[0];
+  Tensor words = Tensor::zeros({std::max<int64_t>(1, len)}, DType::i32);
+  c.broadcast(words, 1);
+  return std::vector<int32_t>(words.i32(), words.i32() + len);
+}
+
+}  // namespace
+
+void RolloutChannel::split_pairs(std::vector<Tensor> params, double bucket_mb) {
+  const int me = job_->rank(), shadow = T_ + R_;
+  // Every rank takes part in every split (collective over the job), in the same order.
+  for (int i = 0; i < R_; ++i) {
+    auto g = job_->split(me == 0 || me == T_ + i ? 0 : -1, me);
+    if (me == 0) push_to_.push_back(std::move(g));
+    else if (g) push_ = std::move(g);
+  }
+  {
+    auto g = job_->split(me == 0 || me == shadow ? 0 : -1, me);
+    if (me == 0) push_shadow_ = std::move(g);
+    else if (g) push_ = std::move(g);
+  }
+  for (int t = 0; t < T_; ++t) {
+    if (auto g = job_->split(me == t || me == T_ + t % R_ ? 0 : -1, me)) pair_[t] = std::move(g);
+    if (auto g = job_->split(me == t || me == shadow ? 0 : -1, me)) shadow_pair_[t] = std::move(g);
+  }
+  for (auto& g : push_to_) g->set_timeout(kPushTimeout);
+  if (push_shadow_) push_shadow_->set_timeout(kPushTimeout);
+  if (push_) push_->set_timeout(kPushTimeout);
+  if (me == 0 || push_) sync_ = std::make_unique<WeightSync>(std::move(params), bucket_mb);
+  dead_.assign(size_t(R_), false);
+  const comm::DistEnv env = comm::DistEnv::from_environment();
+  ATOLL_CHECK(env.store_port > 0, "rl.shadow_ranks needs the job's rendezvous store (atoll launch)");
+  store_ = std::make_unique<comm::TcpStore>(env.store_addr, env.store_port, comm::Millis(60000));
+}
+
+bool RolloutChannel::rank_died(int job_rank) {
+  // The transport often sees the closed connection a moment before the store does.
+  for (int i = 0; i < 100; ++i) {
+    for (int d : store_->dead_ranks())
+      if (d == job_rank) return true;
+    std::this_thread::sleep_for(comm::Millis(20));
+  }
+  return false;
+}
+
+SyncStats RolloutChannel::push_pairs(PushHeader& h, double* header_wait_s) {
+  SyncStats st;
+  double wait = 0;
+  auto push_one = [&](comm::Communicator& g) {
+    const double t0 = now_s();
+    Tensor hdr = Tensor::zeros({3}, DType::i64);
+    auto* v = hdr.data<int64_t>();
+    v[0] = h.version;
+    v[1] = h.rl_step;
+    v[2] = h.stop ? 1 : 0;
+    g.broadcast(hdr, 0);
+    wait += now_s() - t0;
+    if (h.stop) return;
+    const SyncStats s = sync_->broadcast(g, 0);
+    st.seconds += s.seconds;
+    st.bytes += s.bytes;
+    st.buckets += s.buckets;
+  };
+  for (int i = 0; i < R_; ++i) {
+    if (dead_[size_t(i)]) continue;
+    try {
+      push_one(*push_to_[size_t(i)]);
+    } catch (const std::exception& e) {
+      if (!rank_died(T_ + i)) throw;
+      dead_[size_t(i)] = true;
+      log::warn("rl: rollout rank {} is gone ({}); its trainers take their batches from the shadow rank {}", T_ + i,
+                e.what(), T_ + R_);
+    }
+  }
+  // The shadow follows every push (weights already loaded when it takes over).
+  store_->set(fmt::format("rl/shadow/push/{}", pushes_++), "1");
+  store_->add(kEvents, 1);
+  push_one(*push_shadow_);
+  if (header_wait_s) *header_wait_s = wait;
+  return st;
+}
+
+std::vector<int32_t> RolloutChannel::exchange_pairs(const std::map<int, std::vector<int32_t>>& mine, int64_t rl_step) {
+  const int me = job_->rank();
+  if (me >= T_) {  // a rollout rank: each of its trainers' batches over their pair
+    for (const auto& [t, w] : mine) send_words(*pair_.at(t), w);
+    return {};
+  }
+  const int slot = me % R_, server = T_ + slot;
+  if (!dead_[size_t(slot)]) {
+    try {
+      return recv_words(*pair_.at(me));
+    } catch (const std::exception& e) {
+      if (!rank_died(server)) throw;  // a live rank that is slow or broken: not the shadow's to continue
+      dead_[size_t(slot)] = true;
+      log::warn("rl: rollout rank {} is gone ({}); trainer {} takes its batches from the shadow rank {} from RL "
+                "step {} on",
+                server, e.what(), me, T_ + R_, rl_step);
+    }
+  }
+  store_->set(fmt::format("rl/shadow/ask/{}/{}", me, rl_step), "1");
+  store_->add(kEvents, 1);
+  ++from_shadow_;
+  return recv_words(*shadow_pair_.at(me));
+}
+
+RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const std::function<bool()>& idle) {
+  const double deadline = now_s() + double(kPushTimeout.count()) / 1e3;
+  for (;;) {
+    const int64_t e = store_->add(kEvents, 0);
+    if (e != seen_events_) {
+      seen_events_ = e;
+      ShadowEvent ev;
+      // Questions first: trainer 0 cannot push again before every trainer has this step's batch.
+      for (int t = 0; t < T_ && last_step >= 0; ++t)
+        if (!answered(t, last_step) && store_->check({fmt::format("rl/shadow/ask/{}/{}", t, last_step)})) {
+          answered_.insert({t, last_step});
+          ev.asking.push_back(t);
+        }
+      if (ev.asking.empty() && store_->check({fmt::format("rl/shadow/push/{}", pushes_)})) {
+        ++pushes_;
+        ev.push = true;
+      }
+      if (ev.push || !ev.asking.empty()) {
+        seen_events_ = -1;  // the next call looks again at once (questions may already wait)
+        return ev;
+      }
+    }
+    ATOLL_CHECK(now_s() < deadline, "rl: the shadow rank heard nothing from the trainers for {} s",
+                kPushTimeout.count() / 1000);
+    if (!(idle && idle())) std::this_thread::sleep_for(comm::Millis(2));
+  }
+}
+
+void RolloutChannel::shadow_send(int trainer, const std::vector<int32_t>& words, int64_t rl_step) {
+  answered_.insert({trainer, rl_step});
+  send_words(*shadow_pair_.at(trainer), words);
+}
+
+}  // namespace atl::rl
