@@ -288,6 +288,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
     I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
+    if (I.tp) I.tp->attach(*I.dp);  // tp x ZeRO-3/HSDP: partial gradients summed per unit (tensor_parallel.h)
   }
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
