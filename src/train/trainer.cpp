@@ -173,8 +173,9 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
-                           comm.get(), rank};
+    if (tp)  // this rank's data-parallel coordinate (HSDP: replica-major, as the mesh orders them)
+      return TaskEnv{int(mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard")), int(pc.mesh.dp()),
+                     comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }

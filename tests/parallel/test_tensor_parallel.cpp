@@ -457,6 +457,23 @@ TEST(TensorParallel, DataTimesTensorWithHsdpOnEightRanksMatchesOneRank) {
   expect_matches(job, "hsdp2x2_tp2_sp");
 }
 
+// cp x HSDP on 8 ranks: cp2 x dp_replicate 2 x dp_shard 2, tp = 1 (this file's harness runs any
+// product of dp, cp and tp). A replica's units are sharded over its dp_shard x cp ranks (the cp
+// pair holds parts of one batch's gradients, summed by the reduce-scatter as the shards' are),
+// the replicas all-reduce their chunks. Llama style (RoPE at each span's global offset, GQA). The
+// bound is the cp tests' 1e-6: the ring's merge of two key blocks and a gradient sum over four
+// ranks in two stages instead of one, a few ulps each.
+TEST(TensorParallel, ContextTimesHsdpOnEightRanksMatchesOneRank) {
+  Job job;
+  job.model = "llama";
+  job.tp = 1;
+  job.cp = 2;
+  job.dp = 4;
+  job.sp = false;
+  job.strategy = "hsdp";
+  expect_matches(job, "cp2_hsdp2x2_llama");
+}
+
 // cp2 x tp2 on 4 ranks (issue 11): each tp rank's shard runs ring attention over its heads with
 // the other cp rank of its tp coordinate; sequence parallelism, when on, splits each cp rank's
 // head and tail chunks of the batch over the tp pair; gradients are averaged over dp x cp (here
