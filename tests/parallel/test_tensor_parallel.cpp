@@ -474,6 +474,18 @@ TEST(TensorParallel, ContextTimesHsdpOnEightRanksMatchesOneRank) {
   expect_matches(job, "cp2_hsdp2x2_llama");
 }
 
+// All three on 16 ranks: cp2 x tp2 x HSDP (dp_replicate 2 x dp_shard 2), GPT-2 style with SP.
+// Each tp shard's units sharded over the dp_shard x cp ranks of its tp coordinate, tp's partial
+// gradients summed per unit, the ring over each tp rank's heads. The bound is the same 1e-6: the
+// same reassociations as cp2 x tp2 plus the two-stage dp sum of the HSDP test above.
+TEST(TensorParallel, ContextTimesTensorTimesHsdpOnSixteenRanksMatchesOneRank) {
+  Job job;
+  job.cp = 2;
+  job.dp = 4;
+  job.strategy = "hsdp";
+  expect_matches(job, "cp2_tp2_hsdp2x2_sp");
+}
+
 // cp2 x tp2 on 4 ranks (issue 11): each tp rank's shard runs ring attention over its heads with
 // the other cp rank of its tp coordinate; sequence parallelism, when on, splits each cp rank's
 // head and tail chunks of the batch over the tp pair; gradients are averaged over dp x cp (here
