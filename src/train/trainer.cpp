@@ -26,6 +26,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
+#include "tensor/allocator.h"
 #include "train/data_centric_step.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
@@ -267,6 +268,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   if (ppc.pp == 1) I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
+  // tp: the whole model (built, then cut) and the shard's initialisation from whole-size tensors
+  // left their blocks in the allocator's cache; give them back rather than hold them for the run.
+  if (I.tp) allocator_for(Device::cpu()).release_cache();
   I.init_param_hash = parameter_hash(*I.model);  // issue 14: for the pre-run gate, before any sharding
   if (ppc.pp > 1) {
     ATOLL_CHECK(!I.ft, "parallel.pp = {} with fault.tolerance = \"quorum\": quorum replicas are data-parallel "
