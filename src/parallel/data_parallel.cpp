@@ -48,6 +48,10 @@ void ParallelConfig::resolve_mesh(Config& cfg, int64_t world, int64_t local_worl
 }
 
 void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
+  // cp x HSDP shards over dp_shard x cp, which ep is carved out of too; that product is untested.
+  ATOLL_CHECK(m.ep == 1 || m.cp == 1 || m.dp_replicate == 1 || m.dp_shard == 1, "parallel.ep = {} with parallel.cp = "
+              "{} under hsdp (dp_replicate {} x dp_shard {}): expert parallelism composes with cp under ddp or "
+              "zero1/2/3, and with hsdp without cp, so far", m.ep, m.cp, m.dp_replicate, m.dp_shard);
   nn::ParallelPlan plan = model.parallelize();
   struct Need {
     const char* axis;

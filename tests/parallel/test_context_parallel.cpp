@@ -301,6 +301,14 @@ TEST(ContextParallel, BadLayoutsAreRefusedBeforeTraining) {
   hsdp.dp_replicate = 2;
   hsdp.dp_shard = 2;
   EXPECT_NO_THROW(check_mesh_supported(hsdp, model));
+  hsdp.ep = 2;  // ep x cp x hsdp: not composed yet (the check runs before the model's experts are asked)
+  try {
+    check_mesh_supported(hsdp, model);
+    ADD_FAILURE() << "ep with cp under hsdp was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.ep = 2 with parallel.cp = 2 under hsdp"), std::string::npos)
+        << e.what();
+  }
   MeshShape ok;
   ok.cp = 2;
   EXPECT_NO_THROW(check_mesh_supported(ok, model));
