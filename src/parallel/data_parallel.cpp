@@ -48,6 +48,10 @@ void ParallelConfig::resolve_mesh(Config& cfg, int64_t world, int64_t local_worl
 }
 
 void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
+  // cp x HSDP shards over dp_shard x cp, which ep is carved out of too; that product is untested.
+  ATOLL_CHECK(m.ep == 1 || m.cp == 1 || m.dp_replicate == 1 || m.dp_shard == 1, "parallel.ep = {} with parallel.cp = "
+              "{} under hsdp (dp_replicate {} x dp_shard {}): expert parallelism composes with cp under ddp or "
+              "zero1/2/3, and with hsdp without cp, so far", m.ep, m.cp, m.dp_replicate, m.dp_shard);
   nn::ParallelPlan plan = model.parallelize();
   struct Need {
     const char* axis;
@@ -61,12 +65,9 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
     if (n.size == 1) continue;
     ATOLL_CHECK(plan.covers(n.style), "parallel.{} = {}: model family '{}' plans no {} (its parallelize() has no {} "
                 "modules)", n.axis, n.size, model.family(), n.what, nn::parallel_style_name(n.style));
-    if (n.style == nn::ParallelStyle::sequence) {  // context_parallel.cpp; its gradients reduce with dp's
-      ATOLL_CHECK(m.dp_replicate == 1 || m.dp_shard == 1,
-                  "parallel.cp = {}: context parallelism composes with ddp or zero1/2/3 over dp x cp, not with hsdp "
-                  "(dp_replicate {} x dp_shard {})", m.cp, m.dp_replicate, m.dp_shard);
-      continue;  // cp x tp: ring attention over each tp rank's heads (docs/context_parallel.md)
-    }
+    // context_parallel.cpp; its gradients reduce with dp's (HSDP: shards over dp_shard x cp, zero.h).
+    // cp x tp: ring attention over each tp rank's heads (docs/context_parallel.md).
+    if (n.style == nn::ParallelStyle::sequence) continue;
     if (std::string(n.axis) == "tp") continue;  // parallel/tensor_parallel.h
     if (n.style == nn::ParallelStyle::expert) continue;  // expert_parallel.h (the trainer injects its dispatcher)
     fail("parallel.{} = {}: {} is planned by model family '{}' but not implemented by this build's strategies yet",

@@ -71,10 +71,10 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
   const bool sp = cfg.get_bool("parallel.sequence_parallel", true);
   const int64_t tp = mesh.shape().tp;
   if (tp == 1) return nullptr;
-  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
-              "parallel.tp = {} composes with parallel.strategy = 'ddp', 'zero1' or 'zero2' over the data-parallel "
-              "axis in this build, not '{}' (ZeRO-3/HSDP would gather tp shards per unit: not implemented)", tp,
-              strategy);
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2" || strategy == "zero3" ||
+                  strategy == "hsdp",
+              "parallel.tp = {} composes with parallel.strategy = 'ddp', 'zero1', 'zero2', 'zero3' or 'hsdp' over "
+              "the data-parallel axis, not '{}'", tp, strategy);
   std::string opt = cfg.get_string("optim.type", "adamw");
   ATOLL_CHECK(opt == "adamw" || opt == "adams" || opt == "lion",
               "parallel.tp = {}: optim.type = '{}' works on whole matrices, which tensor parallelism splits over "
@@ -97,6 +97,7 @@ comm::Communicator* data_parallel_comm(Mesh& mesh) {
   // cp x tp: the ranks with this tp coordinate over dp x cp (cp ranks average their gradients as
   // data-parallel ones do, their losses scaled by loss_share).
   if (mesh.shape().cp > 1) return mesh.group({"dp_replicate", "dp_shard", "cp"});
+  if (mesh.shape().dp_shard > 1 && mesh.shape().dp_replicate > 1) return mesh.group({"dp_replicate", "dp_shard"});
   return mesh.axis(mesh.shape().dp_shard > 1 ? "dp_shard" : "dp_replicate");
 }
 
@@ -142,7 +143,7 @@ TpCollectiveTimes TensorParallel::time_collectives() {
 }
 
 void TensorParallel::finish_backward() {
-  if (!comm_) return;
+  if (!comm_ || per_unit_) return;  // per_unit_: summed before each unit's reduce-scatter (attach)
   // (A pipeline stage holds only its own parameters: the others have no gradient here.)
   auto partial = [](const ParamInfo& pi) { return pi.partial && pi.p->grad.defined(); };
   int64_t n = 0;
@@ -193,7 +194,7 @@ bool TensorParallel::sums_before(const DataParallel& dp) const {
 double TensorParallel::grad_norm(DataParallel& dp) {
   if (auto* pipe = dynamic_cast<PipelineParallel*>(&dp)) return pipe->grad_norm();
   const Zero* z = dynamic_cast<const Zero*>(&dp);
-  if (!z || z->stage() < 2 || dp.world() == 1) return grad_norm();
+  if (!z || z->stage() < 2 || dp.world() == 1 || z->shard_size() == 1) return grad_norm();
   const auto ranges = z->reduced_grad_ranges();
   const float* g0 = model_->flat_grads().f32();
   double sharded = 0, replicated = 0;
@@ -204,10 +205,12 @@ double TensorParallel::grad_norm(DataParallel& dp) {
       if (std::max(a, lo) < std::min(b, hi)) s += cpu::sum_squares(g0 + std::max(a, lo), std::min(b, hi) - std::max(a, lo));
     (pi.rule.sharded() ? sharded : replicated) += s;
   }
-  // Over dp: the chunks make up each parameter once. Over tp: the sharded parts add up; the
-  // replicated ones are the same parameters on every tp rank (their sums equal up to the order of
-  // the chunks), counted once as their mean so that every rank gets the same bits.
-  const double total = sum_double(dp.comm(), sharded) + sum_double(dp.comm(), replicated) / double(size_);
+  // Over dp: the chunks make up each parameter once (over one replica's shard group under HSDP,
+  // whose replicas hold the same chunks). Over tp: the sharded parts add up; the replicated ones
+  // are the same parameters on every tp rank (their sums equal up to the order of the chunks),
+  // counted once as their mean so that every rank gets the same bits.
+  comm::Communicator* chunks = z->shard_comm();
+  const double total = sum_double(chunks, sharded) + sum_double(chunks, replicated) / double(size_);
   return std::sqrt(comm_ ? sum_double(comm_, total) : total);
 }
 

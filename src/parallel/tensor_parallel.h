@@ -83,6 +83,10 @@ class TensorParallel final : public nn::TensorParallelContext {
   // reductions do not overlap backward under tp.
   void finish_backward();
   bool sums_before(const DataParallel& dp) const;
+  // Under ZeRO-3 / HSDP over dp (more than one rank): sums the partial gradients unit by unit,
+  // just before each unit's reduce-scatter, instead of in finish_backward (which then does
+  // nothing). Call once the data parallelism is built (tensor_parallel_fsdp.cpp).
+  void attach(DataParallel& dp);
   // The whole model's gradient norm: squares of sharded parameters summed over the group,
   // replicated ones counted once (they are equal on every rank after finish_backward).
   double grad_norm();
@@ -126,6 +130,7 @@ class TensorParallel final : public nn::TensorParallelContext {
     bool partial;  // replicated, but each rank's gradient is a part of the whole
   };
   const ParamInfo* info_of(const std::string& name) const;
+  void sum_partial(const std::vector<nn::Parameter*>& unit);
   Tensor gather_full(const ParamInfo& pi, const Tensor& local);
 
   comm::Communicator* comm_;
@@ -142,17 +147,18 @@ class TensorParallel final : public nn::TensorParallelContext {
   mutable std::vector<Issued> issued_;  // this step's collectives, for time_collectives
   std::vector<ParamInfo> params_;
   const nn::Model* model_ = nullptr;
+  bool per_unit_ = false;  // attach(): partial gradients summed before each unit's reduce-scatter
 };
 
 // The trainer's entry: reads parallel.sequence_parallel (default true) and, when the mesh has
-// tp > 1, refuses what does not compose yet (a strategy other than ddp, zero1 or zero2, an optimizer that is not
-// elementwise, bf16 matmuls, a micro-batch of `tokens` that sequence parallelism cannot split) and
-// applies TensorParallel::apply. Null when tp = 1.
+// tp > 1, refuses what does not compose yet (a strategy other than ddp, zero1/2/3 or hsdp, an
+// optimizer that is not elementwise, bf16 matmuls, a micro-batch of `tokens` that sequence
+// parallelism cannot split) and applies TensorParallel::apply. Null when tp = 1.
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
                                                       const std::string& strategy, int64_t tokens);
 // The communicator data parallelism runs over when tp > 1: the mesh's dp_shard axis under ZeRO
-// (when it has more than one rank), else its dp_replicate axis; under cp x tp the ranks of this
-// tp coordinate over dp x cp.
+// (when it has more than one rank), else its dp_replicate axis; under HSDP both (dp_replicate x
+// dp_shard); under cp x tp the ranks of this tp coordinate over dp x cp.
 comm::Communicator* data_parallel_comm(Mesh& mesh);
 
 }  // namespace atl::parallel

@@ -23,9 +23,13 @@ Zero::Zero(nn::Model& model, comm::Communicator* comm, int stage, int64_t bucket
       ATOLL_CHECK(comm_->size() % hsdp_shard_size == 0, "HSDP shard size {} does not divide {} ranks",
                   hsdp_shard_size, comm_->size());
       if (mesh) {
-        ATOLL_CHECK(mesh->shape().dp_shard == hsdp_shard_size && mesh->shape().world() == comm_->size(),
-                    "HSDP shard size {} does not match the mesh {}", hsdp_shard_size, mesh->shape().describe());
-        shard_ = mesh->axis("dp_shard");
+        // comm is one tp coordinate's data-parallel group (dp x cp): under tp x HSDP not the world.
+        const MeshShape& m = mesh->shape();
+        ATOLL_CHECK(m.dp_shard == hsdp_shard_size && m.dp() * m.cp == comm_->size(),
+                    "HSDP shard size {} does not match the mesh {}", hsdp_shard_size, m.describe());
+        // cp x HSDP: a replica is its dp_shard x cp ranks (cp ranks hold parts of one batch's
+        // gradients, summed like the shards'); replicas average over dp_replicate.
+        shard_ = m.cp > 1 ? mesh->group({"dp_shard", "cp"}) : mesh->axis("dp_shard");
         replica_ = mesh->axis("dp_replicate");
       } else {
         int r = comm_->rank();
@@ -152,10 +156,22 @@ void Zero::reap_gathered() {
     if (st_[b].gather && st_[b].gather->done()) finish_gather(b);
 }
 
+void Zero::set_before_reduce(BeforeReduce f) {
+  ATOLL_CHECK(stage_ == 3, "ZeRO: a hook before each unit's reduction needs stage 3's units, not stage {}", stage_);
+  for (const auto& bs : layout_.buckets_of_param)
+    ATOLL_CHECK(bs.size() == 1, "ZeRO-3: a parameter spans {} units", bs.size());
+  before_reduce_ = std::move(f);
+}
+
 void Zero::launch_reduce(size_t b) {
   const BucketLayout& L = layout_.buckets[b];
   BucketState& s = st_[b];
   s.launched = true;
+  if (before_reduce_) {
+    std::vector<nn::Parameter*> unit;
+    for (int i : L.params) unit.push_back(layout_.params[size_t(i)]);
+    before_reduce_(unit);
+  }
   Tensor g = model_.flat_grads().slice(0, L.range.lo, L.range.hi);
   if (stage_ == 1) {
     if (!reduce_compressed(b, g)) s.reduce = shard_->all_reduce_async(g, comm::ReduceOp::sum);

@@ -29,6 +29,7 @@
 // from gradient hooks as soon as its bucket is final, overlapped with the rest of backward.
 #pragma once
 #include <deque>
+#include <functional>
 
 #include "comm/compressed_allreduce.h"
 
@@ -66,6 +67,16 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // whole buffer under stage 1 or on one rank.
   std::vector<std::pair<int64_t, int64_t>> reduced_grad_ranges() const;
   size_t num_buckets() const { return layout_.buckets.size(); }
+  // The communicator a bucket is sharded over (HSDP: one replica's group; null on one rank) and
+  // its size: sums over the own chunks of every bucket (a gradient norm) run over it.
+  comm::Communicator* shard_comm() const { return shard_; }
+  int shard_size() const { return shards(); }
+  // Stage 3: called with a unit's parameters when their gradients are final, just before the
+  // unit's reduce-scatter, on every rank of the data-parallel group at the same point (tp x
+  // ZeRO-3 sums tp's partial gradients of the unit there: tensor_parallel_fsdp.cpp). Each
+  // parameter belongs to exactly one unit.
+  using BeforeReduce = std::function<void(const std::vector<nn::Parameter*>& unit)>;
+  void set_before_reduce(BeforeReduce f);
 
  private:
   struct BucketState {
@@ -122,6 +133,7 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   std::deque<size_t> inflight_;  // buckets whose reduce-scatter is running, oldest first
   bool in_place_rs_ = false;     // the shard communicator reduce-scatters and all-gathers in place (Gloo)
   ShardedOptimizer* sopt_ = nullptr;
+  BeforeReduce before_reduce_;
 };
 
 }  // namespace atl::parallel

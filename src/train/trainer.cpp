@@ -26,6 +26,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
+#include "tensor/allocator.h"
 #include "train/data_centric_step.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
@@ -173,8 +174,9 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
-                           comm.get(), rank};
+    if (tp)  // this rank's data-parallel coordinate (HSDP: replica-major, as the mesh orders them)
+      return TaskEnv{int(mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard")), int(pc.mesh.dp()),
+                     comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
@@ -266,6 +268,9 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   if (ppc.pp == 1) I.task->setup(*I.model, I.data_env());
 
   I.model->init_weights(uint64_t(I.o.seed));
+  // tp: the whole model (built, then cut) and the shard's initialisation from whole-size tensors
+  // left their blocks in the allocator's cache; give them back rather than hold them for the run.
+  if (I.tp) allocator_for(Device::cpu()).release_cache();
   I.init_param_hash = parameter_hash(*I.model);  // issue 14: for the pre-run gate, before any sharding
   if (ppc.pp > 1) {
     ATOLL_CHECK(!I.ft, "parallel.pp = {} with fault.tolerance = \"quorum\": quorum replicas are data-parallel "
@@ -288,6 +293,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
     I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
+    if (I.tp) I.tp->attach(*I.dp);  // tp x ZeRO-3/HSDP: partial gradients summed per unit (tensor_parallel.h)
   }
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);

@@ -60,7 +60,8 @@ struct Job {
   bool sp = true;
   int tp = 2, dp = 1, steps = 10, batch = 4;
   std::string save, load;  // full-state safetensors: saved after `steps`, loaded before step 1
-  std::string strategy = "ddp";  // over dp: ddp (dp_replicate) | zero1 | zero2 (dp_shard)
+  // over dp: ddp (dp_replicate) | zero1 | zero2 | zero3 (dp_shard) | hsdp (dp_shard 2 x dp_replicate dp/2)
+  std::string strategy = "ddp";
   int cp = 1;  // context parallel: ring attention over each tp rank's heads, gradients over dp x cp
   std::string str() const {
     return fmt::format("{}:{}:{}:{}:{}:{}:{}:{}:{}:{}", model, sp ? 1 : 0, tp, dp, steps, batch, save, load, strategy,
@@ -144,7 +145,12 @@ Result run(comm::Communicator* comm, const Job& job, bool tp_ref = false) {
   MeshShape shape;
   shape.tp = comm ? job.tp : 1;
   shape.cp = comm ? job.cp : 1;
-  (strategy == "ddp" ? shape.dp_replicate : shape.dp_shard) = comm ? job.dp : 1;
+  if (strategy == "hsdp") {
+    shape.dp_shard = 2;
+    shape.dp_replicate = job.dp / 2;
+  } else {
+    (strategy == "ddp" ? shape.dp_replicate : shape.dp_shard) = comm ? job.dp : 1;
+  }
   Mesh mesh(comm, shape);
   std::unique_ptr<TensorParallel> tp;
   if (comm || tp_ref) tp = TensorParallel::apply(model, mesh, job.sp);
@@ -154,8 +160,10 @@ Result run(comm::Communicator* comm, const Job& job, bool tp_ref = false) {
   ParallelConfig pc;
   pc.strategy = strategy;
   pc.bucket_mb = 0.004;
+  if (strategy == "hsdp") pc.hsdp_shard_size = int(shape.dp_shard);
   AdamWConfig ac{kLr, 0.9f, 0.95f, kEps, 0.1f};
-  auto dp = make_data_parallel(*model, comm ? data_parallel_comm(mesh) : nullptr, pc, ac);
+  auto dp = make_data_parallel(*model, comm ? data_parallel_comm(mesh) : nullptr, pc, ac, nullptr, {}, &mesh);
+  if (tp) tp->attach(*dp);  // ZeRO-3 / HSDP: tp's partial gradients summed per unit (the trainer's order)
   if (!job.load.empty()) {
     Named msd;
     TensorFile opt;
@@ -163,8 +171,8 @@ Result run(comm::Communicator* comm, const Job& job, bool tp_ref = false) {
     if (tp) tp->local_state(msd, opt);
     dp->load_full_state(msd, opt, job.load);
   }
-  const int d = comm ? int(mesh.coord(strategy == "ddp" ? "dp_replicate" : "dp_shard")) : 0, D = comm ? job.dp : 1,
-            b = job.batch / D;
+  const int d = comm ? int(mesh.coord("dp_replicate") * shape.dp_shard + mesh.coord("dp_shard")) : 0,
+            D = comm ? job.dp : 1, b = job.batch / D;
   // Under ZeRO-2 the partial gradients are summed over tp before the reduction over dp, which then
   // runs after backward (the trainer's order, tensor_parallel.h).
   const bool tp_first = tp && tp->sums_before(*dp);
@@ -183,12 +191,13 @@ Result run(comm::Communicator* comm, const Job& job, bool tp_ref = false) {
     if (tp && !tp_first) tp->finish_backward();
     double norm = tp ? tp->grad_norm(*dp) : dp->grad_norm();
     res.losses.push_back(float(dp->average(loss.item())));
-    // ZeRO-2 leaves each dp rank its chunks of the reduced gradient: the whole one is their sum.
+    // ZeRO-2/3 leave each dp rank its chunks of the reduced gradient: the whole one is their sum
+    // (over one replica's shard group under HSDP, whose replicas hold the same chunks).
     Tensor G = model->flat_grads();
-    if (chunked) {
+    if (chunked && zero->shard_size() > 1) {
       Tensor whole = Tensor::zeros({G.numel()});
       for (auto [lo, hi] : zero->reduced_grad_ranges()) whole.slice(0, lo, hi).copy_from(G.slice(0, lo, hi));
-      dp->comm()->all_reduce(whole);
+      zero->shard_comm()->all_reduce(whole);
       G = whole;
     }
     Named g;
@@ -412,6 +421,69 @@ TEST(TensorParallel, DataTimesTensorWithZero1AndZero2OnFourRanksMatchesOneRank) 
     job.strategy = s;
     expect_matches(job, std::string("dp2_tp2_sp_") + s);
   }
+}
+
+// ZeRO-3 over the dp axis inside each tp coordinate (tensor_parallel_fsdp.cpp): each tp rank's
+// shard cut into units (blocks, root), sharded over its dp pair, gathered for forward and
+// backward, reduce-scattered; tp's partial gradients (SP) summed per unit before the
+// reduce-scatter. GPT-2 style (tied head, the uneven vocabulary split, so the tp ranks' chunk
+// boundaries differ) with SP, Llama style without. The bound is DDP's 1e-6: the dp reduction is
+// the same sum of two half-batch gradients, the tp sum of a unit's partial gradients the same
+// two-term sum as after backward, only earlier; the norm adds the chunks' squares in another
+// order (~1e-16 relative in the clip coefficient).
+TEST(TensorParallel, DataTimesTensorWithZero3OnFourRanksMatchesOneRank) {
+  Job gpt2;
+  gpt2.dp = 2;
+  gpt2.strategy = "zero3";
+  expect_matches(gpt2, "dp2_tp2_sp_zero3");
+  Job llama;
+  llama.model = "llama";
+  llama.dp = 2;
+  llama.sp = false;
+  llama.strategy = "zero3";
+  expect_matches(llama, "dp2_tp2_llama_zero3");
+}
+
+// HSDP over the dp axis inside each tp coordinate on 8 ranks: tp2 x dp_replicate 2 x dp_shard 2.
+// Each tp shard's units are sharded over its dp_shard pair (ZeRO-3 as above), the pairs are
+// replicas whose reduced chunks are all-reduced across dp_replicate; GPT-2 style with SP (the
+// per-unit tp sum). Same bound as ZeRO-3's: the dp reduction is now a sum of four quarter-batch
+// gradients in two stages (pair, then replicas), a reassociation of one more fp32 addition per
+// element, a few ulps.
+TEST(TensorParallel, DataTimesTensorWithHsdpOnEightRanksMatchesOneRank) {
+  Job job;
+  job.dp = 4;
+  job.strategy = "hsdp";
+  expect_matches(job, "hsdp2x2_tp2_sp");
+}
+
+// cp x HSDP on 8 ranks: cp2 x dp_replicate 2 x dp_shard 2, tp = 1 (this file's harness runs any
+// product of dp, cp and tp). A replica's units are sharded over its dp_shard x cp ranks (the cp
+// pair holds parts of one batch's gradients, summed by the reduce-scatter as the shards' are),
+// the replicas all-reduce their chunks. Llama style (RoPE at each span's global offset, GQA). The
+// bound is the cp tests' 1e-6: the ring's merge of two key blocks and a gradient sum over four
+// ranks in two stages instead of one, a few ulps each.
+TEST(TensorParallel, ContextTimesHsdpOnEightRanksMatchesOneRank) {
+  Job job;
+  job.model = "llama";
+  job.tp = 1;
+  job.cp = 2;
+  job.dp = 4;
+  job.sp = false;
+  job.strategy = "hsdp";
+  expect_matches(job, "cp2_hsdp2x2_llama");
+}
+
+// All three on 16 ranks: cp2 x tp2 x HSDP (dp_replicate 2 x dp_shard 2), GPT-2 style with SP.
+// Each tp shard's units sharded over the dp_shard x cp ranks of its tp coordinate, tp's partial
+// gradients summed per unit, the ring over each tp rank's heads. The bound is the same 1e-6: the
+// same reassociations as cp2 x tp2 plus the two-stage dp sum of the HSDP test above.
+TEST(TensorParallel, ContextTimesTensorTimesHsdpOnSixteenRanksMatchesOneRank) {
+  Job job;
+  job.cp = 2;
+  job.dp = 4;
+  job.strategy = "hsdp";
+  expect_matches(job, "cp2_tp2_hsdp2x2_sp");
 }
 
 // cp2 x tp2 on 4 ranks (issue 11): each tp rank's shard runs ring attention over its heads with
