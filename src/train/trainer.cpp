@@ -27,6 +27,7 @@
 #include "parallel/tensor_parallel.h"
 #include "resilience/checkpoint.h"
 #include "train/data_centric_step.h"
+#include "train/fault_campaign_hook.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
 #include "train/memory_budget.h"
@@ -139,6 +140,7 @@ struct Trainer::Impl {
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
   std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
   std::unique_ptr<SignatureHook> sig;  // issue 14: [fault] signatures
+  std::unique_ptr<CampaignHook> campaign;  // issue 14: [fault] campaign
   std::string init_param_hash, config_canonical;
 
   Checkpoint make_checkpoint(int64_t step) {
@@ -312,6 +314,9 @@ TrainResult Trainer::run(bool resume) {
   RunDirState run_dir_state;
   if (I.rank == 0) run_dir_state = prepare_run_dir(o.run_dir, resume, I.run_dir_opts);
   if (I.comm) I.comm->barrier();
+  if (!o.fault_campaign.empty())  // before the progress record: it reads the previous run's
+    I.campaign = std::make_unique<CampaignHook>(o, I.comm.get(), I.pc.strategy,
+                                                !I.tp && !I.pipe && !I.lowcomm && !I.experts && !I.dcp && I.pc.mesh.cp == 1);
   // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
   ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
@@ -427,6 +432,7 @@ TrainResult Trainer::run(bool resume) {
     resilience::ProgressPublisher::instance().set_step(step + 1);
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
+    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp);  // fires, detects, repairs
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
       return I.task->next_batch();
@@ -496,6 +502,7 @@ TrainResult Trainer::run(bool resume) {
       loss = I.dp->average(compute());  // the job's mean loss
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
+      if (I.campaign) I.campaign->after_update(*I.model);
     }
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -535,6 +542,10 @@ TrainResult Trainer::run(bool resume) {
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
     rec.update(I.task->step_metrics());  // the task's own fields (RL: reward, KL, time split)
+    if (I.campaign) {
+      if (auto d = I.campaign->step_record(); !d.is_null()) rec["campaign"] = d;
+      if (step + 1 == o.steps && I.rank == 0) rec["campaign_score"] = I.campaign->summary();
+    }
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
@@ -544,7 +555,8 @@ TrainResult Trainer::run(bool resume) {
                                  : I.dp->average(stop_requested() ? 1.0 : 0.0) > 0;
     if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
-    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
+    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now ||
+        (I.campaign && I.campaign->checkpoint_now())) {
       if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
       resilience::PhaseScope in_ckpt(resilience::Phase::checkpoint);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
@@ -553,6 +565,7 @@ TrainResult Trainer::run(bool resume) {
         log::info("checkpoint: {}", p);
       }
       if (I.comm) I.comm->barrier();  // no rank goes on (or resumes) before the checkpoint is complete
+      if (I.campaign) I.campaign->checkpoint_written(step + 1, store.dir());
       last_good_ckpt = step + 1;
     }
     if (signalled) {
