@@ -1,0 +1,143 @@
+// The fault-injection campaign inside a real `atoll train` job started by `atoll launch`
+// (train/fault_campaign_hook.h): one fault of each of the catalog's 5 families on 2 ranks, the
+// detection and the repair recorded in metrics.jsonl, and the run ending bitwise equal to a clean
+// run of the same config (every repair restores the exact trajectory: the broadcast before the
+// step, the checkpoint written again, the resume from a checkpoint).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "proc.h"
+
+namespace atl::resilience::test {
+namespace fs = std::filesystem;
+namespace {
+
+std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
+
+struct CampaignJob {
+  fs::path root;
+  CampaignJob() {
+    root = fs::temp_directory_path() / ("atoll_train_campaign_" + std::to_string(getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream txt(root / "corpus.txt");
+    const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
+    uint32_t s = 777;
+    for (int doc = 0; doc < 120; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        s = s * 1664525u + 1013904223u;
+        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+    txt.close();
+    pid_t p = spawn({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
+                     (root / "data").string(), "--val-fraction", "0.1"},
+                    {}, (root / "prepare.log").string());
+    EXPECT_EQ(wait_for(p, 120), 0) << read_file((root / "prepare.log").string());
+    std::ofstream c(root / "tiny.toml");
+    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
+      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+      << "[train]\nsteps = 24\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 5\n"
+      << "[log]\nevery = 8\n[hardware]\npeak_gflops = 100.0\n";
+  }
+  ~CampaignJob() {
+    if (!std::getenv("ATOLL_KEEP_TEST_FILES")) fs::remove_all(root);
+  }
+  // `atoll launch` of 2 ranks; its exit status.
+  int launch(const std::string& run, const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", "2", "--", atoll_exe(), "train",
+                                     (root / "tiny.toml").string(), "--run.dir=" + (root / run).string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    // A 120 s bound: a step of this model is tens of milliseconds, so only a hang gets near it.
+    return wait_for(spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
+                          (root / log).string()),
+                    120);
+  }
+  std::string log(const std::string& name) { return read_file((root / name).string()); }
+};
+
+nlohmann::json last_record(const fs::path& metrics, const std::string& field) {
+  nlohmann::json found;
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains(field)) found = j;
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqualToACleanOne) {
+  CampaignJob job;
+  {
+    std::ofstream f(job.root / "campaign.json");
+    f << R"({"seed": 7, "checkpoint_every": 5, "steps": 24, "faults": [
+      {"type": "tensor_corruption", "rank": 1, "step": 7},
+      {"type": "delay", "rank": 0, "step": 9},
+      {"type": "checkpoint_corruption", "rank": 0, "step": 12},
+      {"type": "collective_desync", "rank": 1, "step": 14},
+      {"type": "process_termination", "rank": 1, "step": 17}]})";
+  }
+  const std::string camp = "--fault.campaign=" + (job.root / "campaign.json").string();
+  // The first launch ends with the SIGKILL of rank 1 at step 17; resumed, the job finishes.
+  EXPECT_NE(job.launch("run", {camp}, "a.log"), 0) << job.log("a.log");
+  ASSERT_TRUE(fs::exists(job.root / "failures.jsonl")) << job.log("a.log");
+  ASSERT_EQ(job.launch("run", {camp, "--resume"}, "b.log"), 0) << job.log("b.log");
+  ASSERT_EQ(job.launch("clean", {}, "clean.log"), 0) << job.log("clean.log");
+
+  nlohmann::json rec = last_record(job.root / "run/metrics.jsonl", "campaign_score");
+  ASSERT_FALSE(rec.is_null()) << job.log("b.log");
+  const auto& s = rec["campaign_score"];
+  // 2 ranks: the votes (timing, phase fingerprints) have no strict majority and name nobody; the
+  // evidence about one rank (its own parameters, the writer's checkpoint, an exit status) names it.
+  std::map<std::string, std::pair<std::string, std::string>> want = {
+      {"tensor_corruption", {"exact", "state self-check"}},
+      {"delay", {"inconclusive", "boundary timing"}},
+      {"checkpoint_corruption", {"exact", "checkpoint scrub"}},
+      {"collective_desync", {"inconclusive", "phase fingerprints"}},
+      {"process_termination", {"exact", "exit status"}}};
+  ASSERT_EQ(s["faults"].size(), want.size()) << s.dump(1);
+  for (const auto& f : s["faults"]) {
+    const std::string type = f["type"];
+    SCOPED_TRACE(type);
+    EXPECT_TRUE(f["fired"].get<bool>());
+    EXPECT_TRUE(f["detected"].get<bool>());
+    EXPECT_EQ(f["outcome"], want[type].first) << f.dump();
+    ASSERT_FALSE(f["detected_by"].empty());
+    EXPECT_EQ(f["detected_by"][0], want[type].second) << f.dump();
+    ASSERT_FALSE(f["recovery"].empty());
+  }
+  EXPECT_EQ(s["wrong"], 0);
+  EXPECT_EQ(s["missed"], 0);
+  EXPECT_TRUE(s["false_positives"].empty()) << s.dump(1);
+  // Recovered: the corrupted weight was put back before its step ran, the corrupted checkpoint
+  // replaced, the killed job resumed: the weights and the optimizer state of the last step are
+  // the clean run's, bit for bit (the same reductions in the same order on the same data).
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_EQ(read_file((job.root / "run/checkpoints/step_00000024" / file).string()),
+              read_file((job.root / "clean/checkpoints/step_00000024" / file).string()))
+        << file;
+  }
+  // Each detection is also in the record of the step it was made at.
+  nlohmann::json at7 = last_record(job.root / "run/metrics.jsonl", "campaign");
+  EXPECT_FALSE(at7.is_null());
+}
+
+TEST(TrainerCampaign, ATypeTheTrainerCannotFireIsRefusedNamingTheFault) {
+  CampaignJob job;
+  std::ofstream(job.root / "campaign.json") << R"({"seed": 1, "checkpoint_every": 5, "steps": 24,
+      "faults": [{"type": "stale_state", "rank": 1, "step": 3}]})";
+  EXPECT_NE(job.launch("run", {"--fault.campaign=" + (job.root / "campaign.json").string()}, "a.log"), 0);
+  const std::string log = job.log("a.log");
+  EXPECT_NE(log.find("fault 0 (stale_state) is not fired inside atoll train"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(job.root / "run/metrics.jsonl")) << "refused before step 1";
+}
+
+}  // namespace atl::resilience::test
