@@ -178,6 +178,8 @@ struct Trainer::Impl {
     if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
                            comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
+    if (pc.strategy == "coded")  // issue 14: a group of s + 1 ranks reads one shard (resilience/coded_strategy.h)
+      return TaskEnv{rank / (pc.coded_stragglers + 1), world / (pc.coded_stragglers + 1), comm.get(), rank};
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
 };
@@ -405,8 +407,9 @@ TrainResult Trainer::run(bool resume) {
     const auto& m = I.pc.mesh;
     std::unique_ptr<comm::Communicator> same_shard;
     comm::Communicator* gate_comm = I.comm.get();
-    if (m.tp * m.cp * m.pp > 1) {
-      const int64_t color = (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
+    if (m.tp * m.cp * m.pp > 1 || I.pc.strategy == "coded") {  // coded: the ranks at one place in their groups
+      const int64_t color = I.pc.strategy == "coded" ? I.rank % (I.pc.coded_stragglers + 1)
+                            : (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
       same_shard = I.comm->split(int(color), I.rank);
       gate_comm = same_shard.get();
     }
@@ -414,7 +417,7 @@ TrainResult Trainer::run(bool resume) {
       run_pre_run_gate(*gate_comm, o, I.config_canonical, I.init_param_hash, *I.model, *I.task,
                        I.pc.mesh.describe() + " strategy=" + I.pc.strategy, I.world);
   }
-  const bool guard = I.comm && o.fault_phase_guard && I.world > 1;
+  const bool guard = I.comm && o.fault_phase_guard && I.world > 1 && I.pc.strategy != "coded";  // coded: no waiting
   if (o.fault_signatures && I.comm && I.world > 1) {
     ATOLL_CHECK(I.pc.strategy == "ddp", "fault.signatures compares the replicas' gradients, which needs "
                 "parallel.strategy = \"ddp\" (\"{}\" shards them)", I.pc.strategy);
