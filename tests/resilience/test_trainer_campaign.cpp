@@ -10,72 +10,21 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "proc.h"
+#include "train_job.h"
 
 namespace atl::resilience::test {
 namespace fs = std::filesystem;
 namespace {
 
-std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
-
-struct CampaignJob {
-  fs::path root;
-  CampaignJob() {
-    root = fs::temp_directory_path() / ("atoll_train_campaign_" + std::to_string(getpid()));
-    fs::remove_all(root);
-    fs::create_directories(root);
-    std::ofstream txt(root / "corpus.txt");
-    const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
-    uint32_t s = 777;
-    for (int doc = 0; doc < 120; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        s = s * 1664525u + 1013904223u;
-        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-    txt.close();
-    pid_t p = spawn({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
-                     (root / "data").string(), "--val-fraction", "0.1"},
-                    {}, (root / "prepare.log").string());
-    EXPECT_EQ(wait_for(p, 120), 0) << read_file((root / "prepare.log").string());
-    std::ofstream c(root / "tiny.toml");
-    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
-      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-      << "[train]\nsteps = 24\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 5\n"
-      << "[log]\nevery = 8\n[hardware]\npeak_gflops = 100.0\n";
-  }
-  ~CampaignJob() {
-    if (!std::getenv("ATOLL_KEEP_TEST_FILES")) fs::remove_all(root);
-  }
-  // `atoll launch` of 2 ranks; its exit status.
-  int launch(const std::string& run, const std::vector<std::string>& extra, const std::string& log) {
-    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", "2", "--", atoll_exe(), "train",
-                                     (root / "tiny.toml").string(), "--run.dir=" + (root / run).string()};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    // A 120 s bound: a step of this model is tens of milliseconds, so only a hang gets near it.
-    return wait_for(spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
-                          (root / log).string()),
-                    120);
-  }
-  std::string log(const std::string& name) { return read_file((root / name).string()); }
-};
-
 nlohmann::json last_record(const fs::path& metrics, const std::string& field) {
-  nlohmann::json found;
-  std::ifstream in(metrics);
-  for (std::string l; std::getline(in, l);) {
-    auto j = nlohmann::json::parse(l);
-    if (j.contains(field)) found = j;
-  }
-  return found;
+  auto all = records_with(metrics, field);
+  return all.empty() ? nlohmann::json() : all.back();
 }
 
 }  // namespace
 
 TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqualToACleanOne) {
-  CampaignJob job;
+  TrainJob job("train_campaign");
   {
     std::ofstream f(job.root / "campaign.json");
     f << R"({"seed": 7, "checkpoint_every": 5, "steps": 24, "faults": [
@@ -87,10 +36,10 @@ TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqu
   }
   const std::string camp = "--fault.campaign=" + (job.root / "campaign.json").string();
   // The first launch ends with the SIGKILL of rank 1 at step 17; resumed, the job finishes.
-  EXPECT_NE(job.launch("run", {camp}, "a.log"), 0) << job.log("a.log");
+  EXPECT_NE(job.launch(2, "run", {camp}, "a.log"), 0) << job.log("a.log");
   ASSERT_TRUE(fs::exists(job.root / "failures.jsonl")) << job.log("a.log");
-  ASSERT_EQ(job.launch("run", {camp, "--resume"}, "b.log"), 0) << job.log("b.log");
-  ASSERT_EQ(job.launch("clean", {}, "clean.log"), 0) << job.log("clean.log");
+  ASSERT_EQ(job.launch(2, "run", {camp, "--resume"}, "b.log"), 0) << job.log("b.log");
+  ASSERT_EQ(job.launch(2, "clean", {}, "clean.log"), 0) << job.log("clean.log");
 
   nlohmann::json rec = last_record(job.root / "run/metrics.jsonl", "campaign_score");
   ASSERT_FALSE(rec.is_null()) << job.log("b.log");
@@ -131,10 +80,10 @@ TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqu
 }
 
 TEST(TrainerCampaign, ATypeTheTrainerCannotFireIsRefusedNamingTheFault) {
-  CampaignJob job;
+  TrainJob job("train_campaign");
   std::ofstream(job.root / "campaign.json") << R"({"seed": 1, "checkpoint_every": 5, "steps": 24,
       "faults": [{"type": "stale_state", "rank": 1, "step": 3}]})";
-  EXPECT_NE(job.launch("run", {"--fault.campaign=" + (job.root / "campaign.json").string()}, "a.log"), 0);
+  EXPECT_NE(job.launch(2, "run", {"--fault.campaign=" + (job.root / "campaign.json").string()}, "a.log"), 0);
   const std::string log = job.log("a.log");
   EXPECT_NE(log.find("fault 0 (stale_state) is not fired inside atoll train"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(job.root / "run/metrics.jsonl")) << "refused before step 1";
