@@ -30,6 +30,7 @@
 #include "train/fault_campaign_hook.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
+#include "train/join_step.h"
 #include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
@@ -424,6 +425,13 @@ TrainResult Trainer::run(bool resume) {
     I.sig = std::make_unique<SignatureHook>();
   }
   if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
+  std::optional<JoinStep> join;  // issue 14: finite data that runs out unevenly (train/join_step.h)
+  if (I.task->batches_left() >= 0) {
+    ATOLL_CHECK(!I.pipe && !I.dcp && !I.tp && !I.ft && !I.lowcomm && !I.experts && I.pc.mesh.cp == 1,
+                "data.epochs (finite data, joined ranks) runs under plain data parallelism only (no pp, tp, cp, ep, "
+                "islands, quorum or data.varlen_tokens)");
+    join.emplace(*I.task, *I.dp, I.comm.get(), o.grad_accum);
+  }
 
   // issue 12: peak_rss_mb is training's peak, not the model build's (a full model may be built
   // once before an expert shard replaces it).
@@ -436,9 +444,10 @@ TrainResult Trainer::run(bool resume) {
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
     if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp);  // fires, detects, repairs
+    if (join && !join->begin()) break;  // no rank has data (resumed past the end)
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
-      return I.task->next_batch();
+      return join ? join->next_batch([&]() -> const Batch& { return I.task->next_batch(); }) : I.task->next_batch();
     };
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
@@ -470,7 +479,7 @@ TrainResult Trainer::run(bool resume) {
         I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
-        backward(loss, 1.f / float(o.grad_accum));
+        backward(loss, (join ? join->seed() : 1.f) / float(o.grad_accum));  // a joined rank contributes 0
       }
       if (I.sig) I.sig->backward_done();
       if (tp_first) I.tp->finish_backward();
@@ -502,7 +511,7 @@ TrainResult Trainer::run(bool resume) {
       if (!I.ft->step(step, compute, loss, apply)) continue;
     } else {
       if (I.sig) I.sig->step_start(*I.model);
-      loss = I.dp->average(compute());  // the job's mean loss
+      loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
       if (I.campaign) I.campaign->after_update(*I.model);
@@ -545,6 +554,7 @@ TrainResult Trainer::run(bool resume) {
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
     rec.update(I.task->step_metrics());  // the task's own fields (RL: reward, KL, time split)
+    if (join) rec.update(join->record());
     if (I.campaign) {
       if (auto d = I.campaign->step_record(); !d.is_null()) rec["campaign"] = d;
       if (step + 1 == o.steps && I.rank == 0) rec["campaign_score"] = I.campaign->summary();
@@ -558,6 +568,8 @@ TrainResult Trainer::run(bool resume) {
                                  : I.dp->average(stop_requested() ? 1.0 : 0.0) > 0;
     if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
+    const bool data_done = join && join->all_done();  // every rank's data ran out: the last step, checkpointed
+    stop_now = stop_now || data_done;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now ||
         (I.campaign && I.campaign->checkpoint_now())) {
       if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
@@ -578,6 +590,7 @@ TrainResult Trainer::run(bool resume) {
                   step + 1);
       res.stopped_by_signal = true;
     }
+    if (data_done) log::info("join: every rank's data ran out after step {}", step + 1);
     if (stop_now) break;
   }
   progress.finish();
