@@ -37,8 +37,8 @@ bool storage(const std::string& t) { return t.rfind("checkpoint_", 0) == 0; }
 
 // Above any boundary a healthy rank spends on a loaded 2-core machine (a parameter hash and, on
 // rank 0, a scrub of a small checkpoint: milliseconds), below the injected delay.
-constexpr int64_t kSlowMs = 500;
-constexpr int kDelayMs = 1500;
+constexpr int64_t kSlowMs = 1000;
+constexpr int kDelayMs = 2500;
 
 // One line, one write(2) with O_APPEND: lines from several ranks never interleave.
 void append_line(const std::string& path, const std::string& line) {

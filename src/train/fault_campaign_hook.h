@@ -12,7 +12,7 @@
 //    the weights and optimizer state broadcast from the lowest healthy rank, before the step runs,
 //    so the trajectory stays the clean run's.
 //  - boundary timing (vote): the rank's own time at the boundary before the step's first collective;
-//    a rank 500 ms above the others' median is named when the others are a strict majority.
+//    a rank 1 s above the others' median is named when the others are a strict majority.
 //  - phase fingerprints (vote): resilience::gather_phases, then localize_by_majority.
 //  - checkpoint scrub (evidence, the writer, rank 0): the newest checkpoint written against its
 //    manifest. Repair: a checkpoint written again at this step.

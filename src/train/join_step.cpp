@@ -7,6 +7,10 @@ namespace atl {
 
 JoinStep::JoinStep(Task& task, parallel::DataParallel& dp, comm::Communicator* comm, int64_t grad_accum)
     : task_(task), dp_(dp), comm_(comm), accum_(grad_accum), world_(comm ? comm->size() : 1) {
+  // Coded ranks never wait for each other, so they cannot count who has data; a group that ran out
+  // would leave the others short of messages.
+  ATOLL_CHECK(dp.name() != "coded", "data.epochs (finite data, joined ranks) does not run under parallel.strategy = "
+              "'coded': its ranks do not meet at each step to count who has data");
   // Every rank's count, once, for the log: how unevenly the data will run out.
   Tensor mine = Tensor::empty({1}, DType::i64), all = Tensor::empty({world_}, DType::i64);
   static_cast<int64_t*>(mine.raw())[0] = task_.batches_left() / accum_;
