@@ -1,5 +1,5 @@
 // The fault-injection campaign inside a real `atoll train` job started by `atoll launch`
-// (train/fault_campaign_hook.h): one fault of each of the catalog's 5 families on 2 ranks, the
+// (train/fault_campaign_hook.h): faults of each of the catalog's 5 families on 2 ranks, the
 // detection and the repair recorded in metrics.jsonl, and the run ending bitwise equal to a clean
 // run of the same config (every repair restores the exact trajectory: the broadcast before the
 // step, the checkpoint written again, the resume from a checkpoint).
@@ -23,7 +23,7 @@ nlohmann::json last_record(const fs::path& metrics, const std::string& field) {
 
 }  // namespace
 
-TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqualToACleanOne) {
+TEST(TrainerCampaign, FaultsOfEveryFamilyAreDetectedRepairedAndTheRunEndsBitwiseEqualToACleanOne) {
   TrainJob job("train_campaign");
   {
     std::ofstream f(job.root / "campaign.json");
@@ -32,7 +32,9 @@ TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqu
       {"type": "delay", "rank": 0, "step": 9},
       {"type": "checkpoint_corruption", "rank": 0, "step": 12},
       {"type": "collective_desync", "rank": 1, "step": 14},
-      {"type": "process_termination", "rank": 1, "step": 17}]})";
+      {"type": "checkpoint_truncation", "rank": 0, "step": 16},
+      {"type": "process_termination", "rank": 1, "step": 17},
+      {"type": "checkpoint_missing", "rank": 0, "step": 21}]})";
   }
   const std::string camp = "--fault.campaign=" + (job.root / "campaign.json").string();
   // The first launch ends with the SIGKILL of rank 1 at step 17; resumed, the job finishes.
@@ -51,7 +53,9 @@ TEST(TrainerCampaign, OneFaultPerFamilyIsDetectedRepairedAndTheRunEndsBitwiseEqu
       {"delay", {"inconclusive", "boundary timing"}},
       {"checkpoint_corruption", {"exact", "checkpoint scrub"}},
       {"collective_desync", {"inconclusive", "phase fingerprints"}},
-      {"process_termination", {"exact", "exit status"}}};
+      {"checkpoint_truncation", {"exact", "checkpoint scrub"}},
+      {"process_termination", {"exact", "exit status"}},
+      {"checkpoint_missing", {"exact", "checkpoint scrub"}}};
   ASSERT_EQ(s["faults"].size(), want.size()) << s.dump(1);
   for (const auto& f : s["faults"]) {
     const std::string type = f["type"];
