@@ -139,6 +139,17 @@ void DataLoader::reset() {
   start_epoch(0);
 }
 
+void DataLoader::set_uneven(bool on) {
+  const uint64_t n = num_windows(), w = uint64_t(world_), r = uint64_t(rank_);
+  rows_per_epoch_ = on ? (n > r ? (n - r + w - 1) / w : 0) : n / w;
+  ATOLL_CHECK(rows_per_epoch_ > 0, "rank {} of {}: no window of the data is left for it ({} windows)", rank_, world_, n);
+}
+
+uint64_t DataLoader::batches_left(uint64_t epochs) const {
+  if (epoch_ >= epochs) return 0;
+  return ((epochs - epoch_) * rows_per_epoch_ - position_) / uint64_t(B_);
+}
+
 DataLoaderState DataLoader::state() const {
   DataLoaderState s;
   s.epoch = epoch_;

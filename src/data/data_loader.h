@@ -39,6 +39,12 @@ class DataLoader {
   // Fills inputs[B*T] and targets[B*T] (row-major [B][T]).
   void next_batch(int32_t* inputs, int32_t* targets);
   void reset();  // back to the first batch of epoch 0 (for validation passes)
+  // Finite data that runs out unevenly (the trainer's Join, [data] epochs): rank r takes every slot
+  // of its residue class, ceil((windows - r) / W) rows an epoch instead of the lockstep
+  // floor(windows / W), so ranks run out at different batches.
+  void set_uneven(bool on);
+  // Whole batches left before the end of epoch `epochs` - 1.
+  uint64_t batches_left(uint64_t epochs) const;
 
   DataLoaderState state() const;
   void set_state(const DataLoaderState& s);

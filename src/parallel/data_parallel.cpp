@@ -18,6 +18,9 @@ ParallelConfig ParallelConfig::from_config(Config& cfg) {
   pc.codec = comm::CodecSpec::from_config(cfg, "parallel");
   pc.scape_sparsity = cfg.get_float("parallel.scape_sparsity", pc.scape_sparsity, 0.0, 0.9999);
   pc.scape_lazy = cfg.get_string("parallel.scape_update", "lazy", {"lazy", "dense"}) == "lazy";
+  pc.coded_stragglers = int(cfg.get_int("parallel.coded_stragglers", pc.coded_stragglers, 1, 1 << 16));
+  pc.coded_delay_rank = int(cfg.get_int("parallel.coded_delay_rank", pc.coded_delay_rank, -1, 1 << 20));
+  pc.coded_delay_ms = cfg.get_float("parallel.coded_delay_ms", pc.coded_delay_ms, 0.0, 3.6e6);
   // `atoll plan`'s words for the same thing: zero = 0..3 (0: DDP), hsdp = shard size.
   if (cfg.has("parallel.zero") || cfg.has("parallel.hsdp")) {
     int zero = int(cfg.get_int("parallel.zero", 0, 0, 3));

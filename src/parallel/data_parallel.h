@@ -41,6 +41,9 @@ struct ParallelConfig {
   comm::CodecSpec codec;         // [parallel] codec, error_feedback, codec_rounding, ... (DDP; comm/codec.h)
   double scape_sparsity = 0.9;   // [parallel] scape_sparsity: strategy "scape" (scape.h)
   bool scape_lazy = true;        // [parallel] scape_update = "lazy" | "dense"
+  // strategy "coded" (resilience/coded_strategy.h): stragglers tolerated, and a test's straggler.
+  int coded_stragglers = 1, coded_delay_rank = -1;
+  double coded_delay_ms = 0;
   // [parallel] strategy, bucket_mb, hsdp_shard_size
   static ParallelConfig from_config(Config& cfg);
   // Reads the mesh axes of [parallel] (mesh.h) for world ranks; a config that names no strategy

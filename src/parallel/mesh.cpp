@@ -82,7 +82,8 @@ MeshShape MeshShape::resolve(Config& cfg, int64_t world, const std::string& stra
                 "parallel: {} = {} ranks does not divide WORLD_SIZE = {} (the data-parallel axis takes the "
                 "rest){}", product(m), fixed, world, where.empty() ? "" : "; set: " + where);
     int64_t rest = world / fixed;
-    bool to_shard = rep || (!shard && !strategy.empty() && strategy != "ddp" && strategy != "hsdp" && strategy != "scape");
+    bool to_shard = rep || (!shard && !strategy.empty() && strategy != "ddp" && strategy != "hsdp" && strategy != "scape" &&
+                    strategy != "coded");
     (to_shard ? m.dp_shard : m.dp_replicate) = rest;
   }
   ATOLL_CHECK(m.world() == world, "parallel: {} = {} ranks, but WORLD_SIZE = {}{}", product(m), m.world(), world,

@@ -23,6 +23,9 @@ void read_fault_options(Config& c, TrainOptions& o) {
   o.fault_snapshot_every = c.get_int("fault.snapshot_every", o.fault_snapshot_every, 0, 1000000);
   o.fault_spare = c.get_bool("fault.spare", o.fault_spare);
   o.fault_progress = c.get_bool("fault.progress", o.fault_progress);
+  o.fault_campaign = c.get_string("fault.campaign", o.fault_campaign);  // train/fault_campaign_hook.h
+  ATOLL_CHECK(o.fault_campaign.empty() || std::filesystem::is_regular_file(o.fault_campaign),
+              "fault.campaign ({}) = '{}': no such file", c.where("fault.campaign"), o.fault_campaign);
   ATOLL_CHECK(o.fault_tolerance == "quorum" || (o.fault_snapshot_every == 0 && !o.fault_spare),
               "fault.{} ({}) is DeadPool's and needs fault.tolerance = \"quorum\"",
               o.fault_spare ? "spare" : "snapshot_every",

@@ -18,7 +18,7 @@ namespace {
 
 class LanguageModelTask final : public Task {
  public:
-  explicit LanguageModelTask(const TrainOptions& o) : o_(o) {}
+  LanguageModelTask(const TrainOptions& o, int64_t epochs) : o_(o), epochs_(epochs) {}
   std::string name() const override { return "lm"; }
 
   void setup(nn::Model& model, const TaskEnv& env) override {
@@ -46,6 +46,7 @@ class LanguageModelTask final : public Task {
     // the first evaluation, after training time is spent.
     train_->validate_vocab(int32_t(vocab));
     val_->validate_vocab(int32_t(vocab));
+    if (epochs_ > 0) train_->set_uneven(true);  // finite data runs out unevenly; the trainer joins
     batch_.input = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
     batch_.target = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
   }
@@ -82,6 +83,9 @@ class LanguageModelTask final : public Task {
   int64_t sequence_length() const override { return o_.seq_len; }
 
   nlohmann::json data_state() const override { return train_->state().to_json(); }
+  int64_t batches_left() const override {
+    return epochs_ > 0 ? int64_t(train_->batches_left(uint64_t(epochs_))) : -1;
+  }
 
   void set_data_state(const nlohmann::json& j, const TaskEnv& env) override {
     // Saved by rank 0 of a job of any size: rank r of W goes on after the rows the whole job
@@ -110,18 +114,20 @@ class LanguageModelTask final : public Task {
                                   train_->num_windows(), o_.seq_len, train_->files().size(), o_.seed) +
                           " files " + resilience::hash_hex(files)},
             {"shards", {{env_.rank, env_.rank + 1}}},
-            {"batches_per_epoch", train_->batches_per_epoch()}};
+            // Finite data: unequal counts are what Join is for, so the gate does not compare them.
+            {"batches_per_epoch", epochs_ > 0 ? uint64_t(0) : train_->batches_per_epoch()}};
   }
 
   const TrainOptions& o_;
+  int64_t epochs_ = 0;  // [data] epochs: 0 = endless
   TaskEnv env_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<DataLoader> train_, val_;
   Batch batch_;
 };
 
-TaskRegistrar lm("lm", [](Config&, const TrainOptions& o) -> std::unique_ptr<Task> {
-  return std::make_unique<LanguageModelTask>(o);
+TaskRegistrar lm("lm", [](Config& cfg, const TrainOptions& o) -> std::unique_ptr<Task> {
+  return std::make_unique<LanguageModelTask>(o, cfg.get_int("data.epochs", 0, 0, 1 << 20));
 });
 
 }  // namespace

@@ -56,6 +56,9 @@ class Task {
   // ranges index, "shards": [[begin, end), ...] this rank reads this epoch, "batches_per_epoch"};
   // null when the task cannot say (the gate then checks the rest).
   virtual nlohmann::json data_facts() const { return nullptr; }
+  // Finite data ([data] epochs): the micro-batches this rank has left; -1: endless. The trainer
+  // joins a rank that ran out into the others' steps (train/join_step.h).
+  virtual int64_t batches_left() const { return -1; }
   // Fields this step adds to its metrics.jsonl record (RL: reward, KL, time split); called after
   // the step's evaluation and sample.
   virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }

@@ -28,8 +28,10 @@
 #include "resilience/checkpoint.h"
 #include "tensor/allocator.h"
 #include "train/data_centric_step.h"
+#include "train/fault_campaign_hook.h"
 #include "train/fault_hooks.h"
 #include "train/gemm_peak_cache.h"
+#include "train/join_step.h"
 #include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
@@ -140,6 +142,7 @@ struct Trainer::Impl {
   RunDirOptions run_dir_opts;  // issue 10: --overwrite (train/run_dir.h)
   std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
   std::unique_ptr<SignatureHook> sig;  // issue 14: [fault] signatures
+  std::unique_ptr<CampaignHook> campaign;  // issue 14: [fault] campaign
   std::string init_param_hash, config_canonical;
 
   Checkpoint make_checkpoint(int64_t step) {
@@ -178,6 +181,8 @@ struct Trainer::Impl {
       return TaskEnv{int(mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard")), int(pc.mesh.dp()),
                      comm.get(), rank};
     const int cp_ranks = int(pc.mesh.cp);
+    if (pc.strategy == "coded")  // issue 14: a group of s + 1 ranks reads one shard (resilience/coded_strategy.h)
+      return TaskEnv{rank / (pc.coded_stragglers + 1), world / (pc.coded_stragglers + 1), comm.get(), rank};
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
 };
@@ -318,6 +323,9 @@ TrainResult Trainer::run(bool resume) {
   RunDirState run_dir_state;
   if (I.rank == 0) run_dir_state = prepare_run_dir(o.run_dir, resume, I.run_dir_opts);
   if (I.comm) I.comm->barrier();
+  if (!o.fault_campaign.empty())  // before the progress record: it reads the previous run's
+    I.campaign = std::make_unique<CampaignHook>(o, I.comm.get(), I.pc.strategy,
+                                                !I.tp && !I.pipe && !I.lowcomm && !I.experts && !I.dcp && I.pc.mesh.cp == 1);
   // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
   ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
@@ -406,8 +414,9 @@ TrainResult Trainer::run(bool resume) {
     const auto& m = I.pc.mesh;
     std::unique_ptr<comm::Communicator> same_shard;
     comm::Communicator* gate_comm = I.comm.get();
-    if (m.tp * m.cp * m.pp > 1) {
-      const int64_t color = (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
+    if (m.tp * m.cp * m.pp > 1 || I.pc.strategy == "coded") {  // coded: the ranks at one place in their groups
+      const int64_t color = I.pc.strategy == "coded" ? I.rank % (I.pc.coded_stragglers + 1)
+                            : (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
       same_shard = I.comm->split(int(color), I.rank);
       gate_comm = same_shard.get();
     }
@@ -415,13 +424,20 @@ TrainResult Trainer::run(bool resume) {
       run_pre_run_gate(*gate_comm, o, I.config_canonical, I.init_param_hash, *I.model, *I.task,
                        I.pc.mesh.describe() + " strategy=" + I.pc.strategy, I.world);
   }
-  const bool guard = I.comm && o.fault_phase_guard && I.world > 1;
+  const bool guard = I.comm && o.fault_phase_guard && I.world > 1 && I.pc.strategy != "coded";  // coded: no waiting
   if (o.fault_signatures && I.comm && I.world > 1) {
     ATOLL_CHECK(I.pc.strategy == "ddp", "fault.signatures compares the replicas' gradients, which needs "
                 "parallel.strategy = \"ddp\" (\"{}\" shards them)", I.pc.strategy);
     I.sig = std::make_unique<SignatureHook>();
   }
   if (I.ft) I.ft->begin(start, *I.model, *I.dp, *I.task, I.sample_rng);
+  std::optional<JoinStep> join;  // issue 14: finite data that runs out unevenly (train/join_step.h)
+  if (I.task->batches_left() >= 0) {
+    ATOLL_CHECK(!I.pipe && !I.dcp && !I.tp && !I.ft && !I.lowcomm && !I.experts && I.pc.mesh.cp == 1,
+                "data.epochs (finite data, joined ranks) runs under plain data parallelism only (no pp, tp, cp, ep, "
+                "islands, quorum or data.varlen_tokens)");
+    join.emplace(*I.task, *I.dp, I.comm.get(), o.grad_accum);
+  }
 
   // issue 12: peak_rss_mb is training's peak, not the model build's (a full model may be built
   // once before an expert shard replaces it).
@@ -433,9 +449,11 @@ TrainResult Trainer::run(bool resume) {
     resilience::ProgressPublisher::instance().set_step(step + 1);
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
+    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp);  // fires, detects, repairs
+    if (join && !join->begin()) break;  // no rank has data (resumed past the end)
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
-      return I.task->next_batch();
+      return join ? join->next_batch([&]() -> const Batch& { return I.task->next_batch(); }) : I.task->next_batch();
     };
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
@@ -467,7 +485,7 @@ TrainResult Trainer::run(bool resume) {
         I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
-        backward(loss, 1.f / float(o.grad_accum));
+        backward(loss, (join ? join->seed() : 1.f) / float(o.grad_accum));  // a joined rank contributes 0
       }
       if (I.sig) I.sig->backward_done();
       if (tp_first) I.tp->finish_backward();
@@ -499,9 +517,10 @@ TrainResult Trainer::run(bool resume) {
       if (!I.ft->step(step, compute, loss, apply)) continue;
     } else {
       if (I.sig) I.sig->step_start(*I.model);
-      loss = I.dp->average(compute());  // the job's mean loss
+      loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
+      if (I.campaign) I.campaign->after_update(*I.model);
     }
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -541,6 +560,11 @@ TrainResult Trainer::run(bool resume) {
       log::info("step {:>5} | sample: {}", step + 1, s);
     }
     rec.update(I.task->step_metrics());  // the task's own fields (RL: reward, KL, time split)
+    if (join) rec.update(join->record());
+    if (I.campaign) {
+      if (auto d = I.campaign->step_record(); !d.is_null()) rec["campaign"] = d;
+      if (step + 1 == o.steps && I.rank == 0) rec["campaign_score"] = I.campaign->summary();
+    }
     metrics.write(rec);
     bool stop_now = o.stop_after > 0 && step + 1 - start >= o.stop_after;
     // issue 10: a SIGTERM/SIGINT on any rank stops every rank after the same step, with a checkpoint.
@@ -550,7 +574,10 @@ TrainResult Trainer::run(bool resume) {
                                  : I.dp->average(stop_requested() ? 1.0 : 0.0) > 0;
     if (I.tp) signalled = I.tp->any(signalled);  // the dp average above spans one tp coordinate
     stop_now = stop_now || signalled;
-    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now) {
+    const bool data_done = join && join->all_done();  // every rank's data ran out: the last step, checkpointed
+    stop_now = stop_now || data_done;
+    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps || stop_now ||
+        (I.campaign && I.campaign->checkpoint_now())) {
       if (guard) resilience::check_phase(*I.comm, "ckpt", step + 1);
       resilience::PhaseScope in_ckpt(resilience::Phase::checkpoint);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
@@ -559,6 +586,7 @@ TrainResult Trainer::run(bool resume) {
         log::info("checkpoint: {}", p);
       }
       if (I.comm) I.comm->barrier();  // no rank goes on (or resumes) before the checkpoint is complete
+      if (I.campaign) I.campaign->checkpoint_written(step + 1, store.dir());
       last_good_ckpt = step + 1;
     }
     if (signalled) {
@@ -568,6 +596,7 @@ TrainResult Trainer::run(bool resume) {
                   step + 1);
       res.stopped_by_signal = true;
     }
+    if (data_done) log::info("join: every rank's data ran out after step {}", step + 1);
     if (stop_now) break;
   }
   progress.finish();

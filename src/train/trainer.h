@@ -58,6 +58,8 @@ struct TrainOptions {
   // progress: publish RUN_DIR/progress/rank<R>.progress (or under ATOLL_PROGRESS_DIR) for the
   // external watcher, `atoll watch` (resilience/progress_record.h).
   bool fault_progress = true;
+  // campaign: a fault-injection campaign file fired inside this run (train/fault_campaign_hook.h).
+  std::string fault_campaign;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
   std::string matmul_dtype = "f32";
 

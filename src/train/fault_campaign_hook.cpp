@@ -1,0 +1,369 @@
+#include "train/fault_campaign_hook.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/log.h"
+#include "resilience/checkpoint_select.h"
+#include "resilience/phase_guard.h"
+#include "resilience/progress_record.h"
+#include "resilience/step_signature.h"
+#include "tensor/safetensors.h"
+
+namespace atl {
+namespace fs = std::filesystem;
+using resilience::Localization;
+
+namespace {
+
+const std::set<std::string>& trainer_types() {
+  static const std::set<std::string> t = {"tensor_corruption",     "delay",
+                                          "exception",             "process_termination",
+                                          "checkpoint_corruption", "checkpoint_truncation",
+                                          "checkpoint_missing",    "collective_desync"};
+  return t;
+}
+bool storage(const std::string& t) { return t.rfind("checkpoint_", 0) == 0; }
+
+// Above any boundary a healthy rank spends on a loaded 2-core machine (a parameter hash and, on
+// rank 0, a scrub of a small checkpoint: milliseconds), below the injected delay.
+constexpr int64_t kSlowMs = 1000;
+constexpr int kDelayMs = 2500;
+
+// One line, one write(2) with O_APPEND: lines from several ranks never interleave.
+void append_line(const std::string& path, const std::string& line) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  ATOLL_CHECK(fd >= 0, "fault.campaign: cannot open {}: {}", path, std::strerror(errno));
+  std::string l = line + "\n";
+  ssize_t n = ::write(fd, l.data(), l.size());
+  ::fsync(fd);
+  ::close(fd);
+  ATOLL_CHECK(n == ssize_t(l.size()), "fault.campaign: cannot write {}", path);
+}
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+
+std::string progress_path(const TrainOptions& o, int rank) {
+  const char* env = std::getenv("ATOLL_PROGRESS_DIR");
+  std::string dir = env && *env ? env : (fs::path(o.run_dir) / "progress").string();
+  return (fs::path(dir) / ("rank" + std::to_string(rank) + ".progress")).string();
+}
+
+}  // namespace
+
+CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, const std::string& strategy,
+                           bool plain_dp)
+    : comm_(comm), run_dir_(o.run_dir) {
+  ATOLL_CHECK(comm && comm->size() > 1 && plain_dp && strategy == "ddp",
+              "fault.campaign runs in a distributed data-parallel job (`atoll launch`, parallel.strategy = \"ddp\", "
+              "no tp/pp/cp/islands/quorum)");
+  rank_ = comm->rank();
+  world_ = comm->size();
+  c_ = resilience::parse_campaign(read_file(o.fault_campaign), world_, o.fault_campaign);
+  for (auto& f : c_.faults) {
+    ATOLL_CHECK(trainer_types().count(f.type), "fault.campaign {}: fault {} ({}) is not fired inside atoll train; "
+                "these are: tensor_corruption, delay, exception, process_termination, checkpoint_corruption, "
+                "checkpoint_truncation, checkpoint_missing, collective_desync",
+                o.fault_campaign, f.index, f.type);
+    ATOLL_CHECK(!storage(f.type) || f.ranks == std::vector<int>{0},
+                "fault.campaign {}: fault {} ({}) needs \"rank\": 0: in atoll train rank 0 alone writes checkpoints",
+                o.fault_campaign, f.index, f.type);
+    ATOLL_CHECK(f.step <= o.steps, "fault.campaign {}: fault {} ({}) is at step {}, past train.steps = {}",
+                o.fault_campaign, f.index, f.type, f.step, o.steps);
+  }
+  ATOLL_CHECK(c_.checkpoint_every == o.ckpt_every,
+              "fault.campaign {}: its checkpoint_every ({}) must equal checkpoint.every ({}): its storage faults go "
+              "to checkpoint steps",
+              o.fault_campaign, c_.checkpoint_every, o.ckpt_every);
+  dir_ = (fs::path(o.run_dir) / "campaign").string();
+  ckpt_dir_ = (fs::path(o.run_dir) / "checkpoints").string();
+  if (rank_ == 0) fs::create_directories(dir_);
+  comm_->barrier();
+  for (auto& j : read_lines(dir_ + "/fired.jsonl")) fired_.push_back(j.at("index").get<int>());
+  // How this rank's previous process ended, from its own progress record (before this run's
+  // record replaces it): the step it was at and whether a collective of its failed.
+  if (auto s = resilience::read_progress(progress_path(o, rank_)); s && s->phase != resilience::Phase::done) {
+    old_step_ = s->step;
+    old_failed_ = s->ops_failed;
+  }
+  log::info("fault.campaign: {} faults over {} ranks (seed {}), {} fired before", c_.faults.size(), world_, c_.seed,
+            fired_.size());
+}
+
+void CampaignHook::record(int64_t step, const std::string& detector, const Localization& where,
+                          const std::string& detail, const std::string& recovery) {
+  if (where.verdict == Localization::clean) return;
+  nlohmann::json d = {{"step", step},
+                      {"detector", detector},
+                      {"verdict", resilience::verdict_name(where.verdict)},
+                      {"ranks", where.ranks},
+                      {"detail", detail},
+                      {"recovery", recovery}};
+  step_dets_.push_back(d);
+  if (rank_ == 0) {
+    append_line(dir_ + "/detections.jsonl", d.dump());
+    std::string ranks;
+    for (int r : where.ranks) {
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
+    log::warn("fault.campaign: step {}: {} {} rank(s) [{}]: {}; recovery: {}", step, detector,
+              resilience::verdict_name(where.verdict), ranks, detail, recovery);
+  }
+}
+
+void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model) {
+  append_line(dir_ + "/fired.jsonl", nlohmann::json{{"index", f.index}, {"type", f.type}, {"step", f.step},
+                                                    {"rank", rank_}}.dump());
+  log::warn("fault.campaign: rank {} fires {} before step {}", rank_, f.type, f.step);
+  if (f.type == "tensor_corruption") {
+    float* w = model.flat_values().f32();
+    const int64_t i = int64_t((c_.seed * 2654435761u + uint64_t(f.index)) % uint64_t(model.flat_values().numel()));
+    uint32_t bits;
+    std::memcpy(&bits, w + i, 4);
+    bits ^= 1u << 22;  // a mantissa bit: the value stays finite, so only a hash can tell
+    std::memcpy(w + i, &bits, 4);
+  } else if (f.type == "delay") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kDelayMs));
+  } else if (f.type == "exception") {
+    fail("fault.campaign: the injected exception of fault {} (step {})", f.index, f.step);
+  } else if (f.type == "process_termination") {
+    ::raise(SIGKILL);
+  } else if (f.type == "collective_desync") {
+    desync_ = true;
+  } else if (storage(f.type)) {
+    ATOLL_CHECK(!last_ckpt_.empty(), "fault.campaign: fault {} ({}) at step {}: no checkpoint written yet", f.index,
+                f.type, f.step);
+    const std::string file = last_ckpt_ + "/model.safetensors";
+    if (f.type == "checkpoint_missing") {
+      fs::remove_all(last_ckpt_);
+    } else if (f.type == "checkpoint_truncation") {
+      fs::resize_file(file, fs::file_size(file) / 2);
+    } else {
+      std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekg(std::streamoff(fs::file_size(file) - 1));
+      char b = 0;
+      io.read(&b, 1);
+      b = char(b ^ 0x10);
+      io.seekp(std::streamoff(fs::file_size(file) - 1));
+      io.write(&b, 1);
+    }
+  }
+}
+
+// The state of `root` (weights and optimizer) on every rank, as one safetensors blob each.
+void CampaignHook::repair_state(int root, nn::Model& model, parallel::DataParallel& dp) {
+  std::string blob[2];
+  if (rank_ == root) {
+    std::vector<std::pair<std::string, Tensor>> m, opt;
+    dp.full_state(m, opt);
+    blob[0] = safetensors_encode(m, {});
+    blob[1] = safetensors_encode(opt, {});
+  }
+  Tensor len = Tensor::zeros({2}, DType::i64);
+  auto* l = static_cast<int64_t*>(len.raw());
+  l[0] = int64_t(blob[0].size());
+  l[1] = int64_t(blob[1].size());
+  comm_->broadcast(len, root);
+  Tensor bytes[2];
+  for (int k = 0; k < 2; ++k) {
+    bytes[k] = Tensor::zeros({(l[k] + 3) / 4}, DType::i32);
+    if (rank_ == root) std::memcpy(bytes[k].raw(), blob[k].data(), blob[k].size());
+    comm_->broadcast(bytes[k], root);
+  }
+  if (rank_ == root) return;
+  TensorFile mf = safetensors_decode(std::string(static_cast<char*>(bytes[0].raw()), size_t(l[0])), "the repair's weights");
+  TensorFile of = safetensors_decode(std::string(static_cast<char*>(bytes[1].raw()), size_t(l[1])), "the repair's optimizer state");
+  dp.load_full_state(mf.tensors, of, fmt::format("rank {}'s state", root));
+  (void)model;
+}
+
+void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp) {
+  entered_ = std::chrono::steady_clock::now();
+  step_dets_ = nlohmann::json::array();
+  want_checkpoint_ = false;
+  desync_ = false;
+  for (auto& f : c_.faults)
+    if (f.step == step && std::count(f.ranks.begin(), f.ranks.end(), rank_) &&
+        !std::count(fired_.begin(), fired_.end(), f.index)) {
+      fired_.push_back(f.index);
+      fire(f, model);
+    }
+  const int64_t bad = have_hash_ && resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes()) != param_hash_;
+  std::string scrub;
+  if (rank_ == 0 && !last_ckpt_.empty()) scrub = fs::exists(last_ckpt_) ? checkpoint_problem(last_ckpt_) : "it is missing";
+  const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - entered_).count();
+  constexpr int kF = 5;
+  Tensor mine = Tensor::zeros({kF}, DType::i64), all = Tensor::zeros({int64_t(kF) * world_}, DType::i64);
+  auto* m = static_cast<int64_t*>(mine.raw());
+  m[0] = ms;
+  m[1] = bad;
+  m[2] = !scrub.empty();
+  m[3] = first_ ? old_step_ : -1;
+  m[4] = old_failed_;
+  comm_->all_gather(mine, all);
+  const auto* a = static_cast<const int64_t*>(all.raw());
+  auto at = [&](int r, int k) { return a[size_t(r) * kF + size_t(k)]; };
+
+  // Exit status: the previous job's end, once, on the run that resumed it.
+  if (first_) {
+    const char* ff = std::getenv("ATOLL_FAILURE_FILE");
+    std::vector<nlohmann::json> ends;
+    if (ff && *ff && fs::exists(ff)) {
+      for (auto& j : read_lines(ff)) ends.push_back(j);
+    }
+    comm_->barrier();  // every rank has read it before rank 0 moves it aside
+    if (!ends.empty()) {
+      Localization l;
+      std::string detail;
+      int64_t when = -1;
+      for (auto& e : ends) {
+        const int r = e.at("rank").get<int>();
+        if (r < 0 || r >= world_) continue;
+        const bool own_end = !e.value("torn_down", false) && e.value("status", "") != "exited with code 0";
+        detail += fmt::format("{}rank {} {}{}{}", detail.empty() ? "" : "; ", r, e.value("status", "?"),
+                              e.value("torn_down", false) ? " (torn down by the launcher)" : "",
+                              at(r, 4) > 0 ? fmt::format(" after {} failed collective(s)", at(r, 4)) : "");
+        if (own_end && at(r, 4) == 0 && at(r, 3) >= 0) {
+          l.ranks.push_back(r);
+          when = std::max(when, at(r, 3));
+        }
+      }
+      std::sort(l.ranks.begin(), l.ranks.end());
+      l.verdict = l.ranks.empty() ? Localization::inconclusive : Localization::outlier;
+      if (when < 0) when = step;
+      record(when, "exit status", l, detail, fmt::format("the job resumed from the checkpoint of step {}", start));
+      if (rank_ == 0) fs::rename(ff, std::string(ff) + ".seen." + std::to_string(start));
+    }
+  }
+  first_ = false;
+
+  // State self-check: evidence about each rank's own copy; repaired from the lowest healthy rank.
+  Localization self;
+  int root = -1;
+  for (int r = 0; r < world_; ++r) {
+    if (at(r, 1)) self.ranks.push_back(r);
+    else if (root < 0) root = r;
+  }
+  if (!self.ranks.empty()) {
+    self.verdict = Localization::outlier;
+    ATOLL_CHECK(root >= 0, "fault.campaign: step {}: every rank's parameters changed outside the optimizer", step);
+    repair_state(root, model, dp);
+    record(step, "state self-check", self, "the parameters changed since the rank's own update",
+           fmt::format("weights and optimizer state broadcast from rank {} before the step", root));
+  }
+  // Boundary timing: a vote.
+  {
+    Localization slow;
+    for (int r = 0; r < world_; ++r) {
+      std::vector<int64_t> others;
+      for (int q = 0; q < world_; ++q)
+        if (q != r) others.push_back(at(q, 0));
+      std::nth_element(others.begin(), others.begin() + others.size() / 2, others.end());
+      if (at(r, 0) > others[others.size() / 2] + kSlowMs) slow.ranks.push_back(r);
+    }
+    if (!slow.ranks.empty()) {
+      const bool majority = 2 * (world_ - int(slow.ranks.size())) > world_;
+      slow.verdict = majority ? Localization::outlier : Localization::inconclusive;
+      std::string times;
+      for (int r = 0; r < world_; ++r) times += fmt::format("{}{} ms", r ? ", " : "", at(r, 0));
+      if (!majority) slow.ranks.clear();
+      record(step, "boundary timing", slow, "time at the step boundary per rank: " + times, "none needed");
+    }
+  }
+  // Phase fingerprints: a vote.
+  {
+    auto phases = resilience::gather_phases(*comm_, desync_ ? "eval" : "step", step);
+    Localization l = resilience::localize_by_majority(phases);
+    std::string where;
+    for (int r = 0; r < world_; ++r) where += fmt::format("{}rank {} at {}", r ? "; " : "", r, phases[size_t(r)]);
+    record(step, "phase fingerprints", l, where, "none needed: caught before any collective paired wrongly");
+  }
+  // Checkpoint scrub: evidence about the writer's checkpoint.
+  if (at(0, 2)) {
+    Localization l;
+    l.verdict = Localization::outlier;
+    l.ranks = {0};
+    want_checkpoint_ = true;
+    record(step, "checkpoint scrub", l, fmt::format("{}: {}", fs::path(last_ckpt_).filename().string(),
+                                                   rank_ == 0 ? scrub : std::string("failed on rank 0")),
+           fmt::format("a checkpoint written again at step {}", step));
+  }
+}
+
+void CampaignHook::after_update(const nn::Model& model) {
+  param_hash_ = resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes());
+  have_hash_ = true;
+}
+
+void CampaignHook::checkpoint_written(int64_t step, const std::string& dir) {
+  last_ckpt_ = (fs::path(dir) / fmt::format("step_{:08d}", step)).string();
+}
+
+nlohmann::json CampaignHook::step_record() {
+  return step_dets_.empty() ? nlohmann::json() : step_dets_;
+}
+
+nlohmann::json CampaignHook::summary() {
+  std::vector<resilience::Detection> dets;
+  std::vector<nlohmann::json> lines = read_lines(dir_ + "/detections.jsonl");
+  for (auto& j : lines) {
+    resilience::Detection d;
+    d.step = j.at("step").get<int64_t>();
+    d.detector = j.at("detector").get<std::string>();
+    const std::string v = j.at("verdict").get<std::string>();
+    d.where.verdict = v == "outlier" ? Localization::outlier : v == "inconclusive" ? Localization::inconclusive
+                                                                                   : Localization::clean;
+    d.where.ranks = j.at("ranks").get<std::vector<int>>();
+    d.detail = j.at("recovery").get<std::string>();  // the scorer carries it; the table prints it
+    dets.push_back(d);
+  }
+  // The scorer's window (2 steps) holds every detector here: each runs at the fault's own
+  // boundary, and the exit status is dated by the dead rank's progress record.
+  auto s = resilience::score_campaign(c_, dets, 2);
+  nlohmann::json faults = nlohmann::json::array();
+  for (auto& f : s.faults) {
+    nlohmann::json by = nlohmann::json::array(), rec = nlohmann::json::array();
+    for (auto& d : f.detections) {
+      by.push_back(d.detector);
+      rec.push_back(d.detail);
+    }
+    faults.push_back({{"index", f.fault.index},
+                      {"type", f.fault.type},
+                      {"family", resilience::fault_type(f.fault.type).family},
+                      {"step", f.fault.step},
+                      {"ranks", f.fault.ranks},
+                      {"fired", bool(std::count(fired_.begin(), fired_.end(), f.fault.index))},
+                      {"detected", !f.detections.empty()},
+                      {"detected_by", by},
+                      {"outcome", f.outcome},
+                      {"recovery", rec}});
+  }
+  nlohmann::json fp = nlohmann::json::array();
+  for (auto& d : s.false_positives)
+    fp.push_back({{"step", d.step}, {"detector", d.detector}, {"ranks", d.where.ranks}});
+  nlohmann::json out = {{"seed", c_.seed},        {"world", world_},           {"exact", s.exact},
+                        {"inconclusive", s.inconclusive}, {"wrong", s.wrong}, {"missed", s.missed},
+                        {"false_positives", fp},  {"faults", faults}};
+  std::ofstream(dir_ + "/score.json") << out.dump(1) << "\n";
+  log::info("{}", resilience::format_score(c_, s));
+  return out;
+}
+
+}  // namespace atl

@@ -1,0 +1,77 @@
+// A small `atoll train` job for the trainer-level resilience tests: a generated corpus, a tiny
+// GPT config, and `atoll launch` of N ranks with ATOLL_FAILURE_FILE set.
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "proc.h"
+
+namespace atl::resilience::test {
+
+inline std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
+
+struct TrainJob {
+  std::filesystem::path root;
+  explicit TrainJob(const std::string& name) {
+    namespace fs = std::filesystem;
+    root = fs::temp_directory_path() / ("atoll_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream txt(root / "corpus.txt");
+    const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
+    uint32_t s = 777;
+    for (int doc = 0; doc < 120; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        s = s * 1664525u + 1013904223u;
+        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+    txt.close();
+    pid_t p = spawn({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
+                     (root / "data").string(), "--val-fraction", "0.1"},
+                    {}, (root / "prepare.log").string());
+    EXPECT_EQ(wait_for(p, 120), 0) << read_file((root / "prepare.log").string());
+    std::ofstream c(root / "tiny.toml");
+    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
+      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
+      << "[train]\nsteps = 24\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 5\n"
+      << "[log]\nevery = 8\n[hardware]\npeak_gflops = 100.0\n";
+  }
+  ~TrainJob() {
+    if (!std::getenv("ATOLL_KEEP_TEST_FILES")) std::filesystem::remove_all(root);
+  }
+  // `atoll launch` of `ranks` ranks of `atoll train tiny.toml --run.dir=ROOT/run extra...`; its exit
+  // status. A 120 s bound: a step of this model is tens of milliseconds, so only a hang gets near it.
+  int launch(int ranks, const std::string& run, const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks), "--",
+                                     atoll_exe(), "train", (root / "tiny.toml").string(),
+                                     "--run.dir=" + (root / run).string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return wait_for(spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
+                          (root / log).string()),
+                    120);
+  }
+  std::string log(const std::string& name) const { return read_file((root / name).string()); }
+};
+
+// The records of a metrics.jsonl that have `field`.
+inline std::vector<nlohmann::json> records_with(const std::filesystem::path& metrics, const std::string& field) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains(field)) out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace atl::resilience::test
