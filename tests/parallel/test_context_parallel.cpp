@@ -311,13 +311,16 @@ TEST(ContextParallel, BadLayoutsAreRefusedBeforeTraining) {
   EXPECT_NO_THROW(check_mesh_supported(ok, model));
   ok.tp = 2;  // cp x tp: the ring over each tp rank's heads (test_tensor_parallel.cpp)
   EXPECT_NO_THROW(check_mesh_supported(ok, model));
-  MeshShape piped;
+  MeshShape piped;  // pp x cp: the stages' blocks ring over each stage's cp group (test_pipeline.cpp)
   piped.cp = 2;
   piped.pp = 2;
+  EXPECT_NO_THROW(check_mesh_supported(piped, model));
+  piped.tp = 2;  // pp x cp x tp is not composed yet
   try {
     check_mesh_supported(piped, model);
-    ADD_FAILURE() << "cp with pp was accepted";
+    ADD_FAILURE() << "pp x cp x tp was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.pp = 2 with parallel.cp = 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parallel.pp = 2 with parallel.cp = 2 and parallel.tp = 2"), std::string::npos)
+        << e.what();
   }
 }
