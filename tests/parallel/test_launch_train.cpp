@@ -270,8 +270,9 @@ TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
 
 // pp2 x dp2 under ZeRO-2 through `atoll train` (issue 11): each stage's gradients are
 // reduce-scattered over its dp pair (every parameter's average on the dp rank that steps it), at
-// half the batch per dp rank: the one-rank curve; pp x cp x tp is still refused before step 1,
-// naming the keys (ZeRO-3 and HSDP run: PipelineTimesZero3AndHsdpFollowOneRank).
+// half the batch per dp rank: the one-rank curve; an optimizer other than AdamW with a pipeline is
+// still refused before step 1, naming the keys (ZeRO-3 and HSDP run:
+// PipelineTimesZero3AndHsdpFollowOneRank).
 TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
   Fixture f;
   const std::vector<std::string> quick = {"--checkpoint.every=0", "--eval.every=3"};
@@ -283,10 +284,10 @@ TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
   expect_close(losses(f.root / "pp_z2", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x dp2 zero2 val");
   expect_close(losses(f.root / "pp_z2", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
                "pp2 x dp2 zero2 gradient norm (summed over the dp ranks' reduced parts and the stages)");
-  EXPECT_NE(f.train("ppcptp", 8, {"--parallel.pp=2", "--parallel.cp=2", "--parallel.tp=2"}, true), 0);
-  EXPECT_NE(f.log("ppcptp").find("parallel.pp = 2 with parallel.cp = 2 and parallel.tp = 2"), std::string::npos)
-      << f.log("ppcptp");
-  EXPECT_EQ(f.log("ppcptp").find("step     1/"), std::string::npos) << "refused after training began";
+  EXPECT_NE(f.train("pp_muon", 2, {"--parallel.pp=2", "--optim.type=muon"}, true), 0);
+  EXPECT_NE(f.log("pp_muon").find("parallel.pp = 2: pipeline stages step their parameters with AdamW only"),
+            std::string::npos) << f.log("pp_muon");
+  EXPECT_EQ(f.log("pp_muon").find("step     1/"), std::string::npos) << "refused after training began";
 }
 
 // pp2 x dp2 under ZeRO-3 through `atoll train` (issue 11): each stage's parameters sharded over
@@ -345,7 +346,9 @@ TEST(LaunchTrain, PipelineTimesTensorTimesZero1FollowsOneRankAndResumesOnOne) {
 // sends its chunks' activations to the next stage's rank of the same cp coordinate; the curve is
 // one rank's at the same batch, evaluation included (each stage's cp pair runs the whole model
 // on its chunks), the clipping norm is the whole model's, and the checkpoint (stopped after
-// step 3) resumes on one rank on the same curve. The 1e-5 bound of the other layout tests here:
+// step 3) resumes on one rank on the same curve; pp2 x cp2 x tp2 on 8 ranks (the ring over each
+// tp rank's heads, SP inside the cp share) follows the same curve. The 1e-5 bound of the other
+// layout tests here:
 // cp and pp re-associate a few fp32 sums (the online-softmax merge, the two halves' loss, the
 // tied head's gradient, per-stage norms), ~1e-7 per step, which AdamW carries along 6 steps.
 TEST(LaunchTrain, PipelineTimesContextFollowsOneRankAndResumesOnOne) {
@@ -363,6 +366,12 @@ TEST(LaunchTrain, PipelineTimesContextFollowsOneRankAndResumesOnOne) {
                "pp2 x cp2, then resumed at one rank: val loss");
   expect_close(losses(f.root / "ppcp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
                "pp2 x cp2, then resumed at one rank: gradient norm");
+  ASSERT_EQ(f.train("ppcptp", 8, {"--parallel.pp=2", "--parallel.cp=2", "--parallel.tp=2"}), 0);
+  EXPECT_NE(f.log("ppcptp").find("mesh dp=1 tp=2 pp=2 cp=2"), std::string::npos) << f.log("ppcptp");
+  expect_close(losses(f.root / "ppcptp"), one, 1e-5, "pp2 x cp2 x tp2: loss");
+  expect_close(losses(f.root / "ppcptp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x cp2 x tp2: val");
+  expect_close(losses(f.root / "ppcptp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x cp2 x tp2: gradient norm");
 }
 
 // Resharding across model-parallel layouts (issue 11): checkpoints hold the whole model under

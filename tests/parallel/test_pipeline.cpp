@@ -598,6 +598,19 @@ TEST(Pipeline, TwoStagesTimesTwoZero2ReplicasMatchOneRank) {
   expect_matches_one_rank(j, ref);
 }
 
+// pp2 x cp2 x tp2 on 8 ranks (issue 11): a stage's ring over each tp rank's heads (a cp pair is
+// the ranks of one pp and one tp coordinate), sequence parallelism splitting the cp share's B·T/cp
+// tokens over tp, the activations between stages a tp rank's rows of its cp chunks; DDP over cp.
+// cp's and tp's re-associations together, per step under the 1e-6 bounds; along the separate
+// trajectories the drift of the cp test above (bounded at 1e-3 / 1e-5).
+TEST(Pipeline, TwoStagesTimesTwoContextTimesTwoTensorRanksMatchOneRank) {
+  PJob j;
+  j.world = 8;
+  j.cp = 2;
+  j.tp = 2;
+  expect_matches_one_rank(j, reference(j), 1e-3, 1e-5);
+}
+
 // pp2 x dp2 under ZeRO-3 (issue 11): each stage's parameters sharded over its dp pair (whole
 // parameters, largest first onto the less loaded rank, as ZeRO-1/2 place their optimizer
 // state), all-gathered at the start of a step and kept for its micro-batches, the gradients
