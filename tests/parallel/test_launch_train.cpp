@@ -296,7 +296,9 @@ TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
 // stage's shards, then the stages'; gradient norm), and its checkpoint (each parameter from the
 // dp rank that holds it) resumes on one rank on the same curve. pp2 x HSDP (2 replicas of 2
 // shards) on 8 ranks at a quarter of the batch per dp rank: the same curve, its checkpoint
-// resumed on one rank too. Bounds: the other layout tests'.
+// resumed on one rank too; and a one-rank checkpoint resumes as pp2 x ZeRO-3 (each rank loads the
+// whole file into its stage's bound parameters, then keeps its shard). Bounds: the other layout
+// tests'.
 TEST(LaunchTrain, PipelineTimesZero3AndHsdpFollowOneRank) {
   Fixture f;
   ASSERT_EQ(f.train("one", 1, {}), 0);
@@ -321,6 +323,13 @@ TEST(LaunchTrain, PipelineTimesZero3AndHsdpFollowOneRank) {
                "pp2 x hsdp 2x2, then resumed at one rank: val loss");
   expect_close(losses(f.root / "pp_hsdp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
                "pp2 x hsdp 2x2, then resumed at one rank: gradient norm");
+  ASSERT_EQ(f.train("to_z3", 1, {"--train.stop_after=3"}), 0);
+  ASSERT_EQ(f.train("to_z3", 4, {"--parallel.pp=2", "--parallel.strategy=zero3", "--train.batch_size=2", "--resume"}),
+            0);
+  EXPECT_NE(f.log("to_z3").find("resumed from"), std::string::npos) << f.log("to_z3");
+  expect_close(losses(f.root / "to_z3"), one, 1e-5, "one rank, then resumed at pp2 x dp2 zero3: loss");
+  expect_close(losses(f.root / "to_z3", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "one rank, then resumed at pp2 x dp2 zero3: val loss");
 }
 
 // pp2 x tp2 x dp2 on 8 ranks under ZeRO-1 through `atoll train` (issue 11): each stage's tp pair
