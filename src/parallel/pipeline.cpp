@@ -315,11 +315,12 @@ void PipelineParallel::bind_unowned() {
 PipelineParallel::~PipelineParallel() = default;
 
 std::string PipelineParallel::name() const {
+  const char* dp = rep_comm_ ? "hsdp" : zero3_ ? "zero3" : zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp";
   return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
                      tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
-                     dp_comm_ ? fmt::format(" x {} over dp{} = {}", rep_comm_ ? "hsdp" : zero3_ ? "zero3" : zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp",
-                                            cp_ > 1 ? " x cp" : "", dp_comm_->size()) +
-                                    (rep_comm_ ? fmt::format(", {} replicas", rep_comm_->size()) : "") : "");
+                     dp_comm_ ? fmt::format(" x {} over dp{} = {}", dp, cp_ > 1 ? " x cp" : "", dp_comm_->size()) +
+                                    (rep_comm_ ? fmt::format(", {} replicas", rep_comm_->size()) : "")
+                              : "");
 }
 
 void PipelineParallel::zero_grad() {
@@ -352,7 +353,8 @@ void PipelineParallel::gather_stage() {
   for (size_t i = 0; i < owned_.size(); ++i) {
     const int d = dp_owner_[i];
     const int64_t n = shape_numel(owned_[i]->shape);
-    if (d != me) std::copy(all.f32() + d * most + at[size_t(d)], all.f32() + d * most + at[size_t(d)] + n, owned_[i]->value.f32());
+    const float* from = all.f32() + d * most + at[size_t(d)];
+    if (d != me) std::copy(from, from + n, owned_[i]->value.f32());
     at[size_t(d)] += n;
   }
   stage_gathered_ = true;
