@@ -77,8 +77,7 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
          n.axis, n.size, n.what, model.family());
   }
   // parallel.pp > 1 runs as a pipeline (parallel/pipeline.h), which checks its own layout.
-  ATOLL_CHECK(m.pp == 1 || m.cp == 1, "parallel.pp = {} with parallel.cp = {}: pipeline parallelism composes with "
-              "data and tensor parallelism only so far (cp must be 1)", m.pp, m.cp);
+  // pp x cp (x tp): every stage's blocks run ring attention over the stage's cp group (pipeline.h).
   // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data
   // parallelism inside each island; model parallelism inside an island is not composed yet.
   ATOLL_CHECK(m.island == 1 || (m.tp == 1 && m.cp == 1 && m.pp == 1), "parallel.islands = {} with parallel.tp = {}, "

@@ -154,27 +154,48 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   check_pipeline_layout(model, pc, micro_batches);
   const MeshShape& ms = mesh.shape();
   ATOLL_CHECK(ms.pp == pc.pp && pc.pp > 1, "pipeline of {} stages on a mesh with pp = {}", pc.pp, ms.pp);
-  ATOLL_CHECK(ms.cp == 1 && ms.ep == 1 && ms.island == 1,
-              "parallel.pp = {} composes with data and tensor parallelism only in this build (mesh {})", pc.pp,
+  ATOLL_CHECK(ms.ep == 1 && ms.island == 1,
+              "parallel.pp = {} composes with data, tensor and context parallelism only in this build (mesh {})", pc.pp,
               ms.describe());
-  ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1,
-              "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time", pc.pp,
-              ms.dp_replicate, ms.dp_shard);
-  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1" || dp_strategy == "zero2",
+  const bool hsdp = dp_strategy == "hsdp";
+  ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1 || hsdp,
+              "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time, "
+              "except under parallel.strategy = 'hsdp'", pc.pp, ms.dp_replicate, ms.dp_shard);
+  ATOLL_CHECK(ms.dp() == 1 || dp_strategy == "ddp" || dp_strategy == "zero1" || dp_strategy == "zero2" ||
+                  dp_strategy == "zero3" || hsdp,
               "parallel.strategy = '{}' with parallel.pp = {}: a pipeline's stages replicate (ddp) or shard their "
-              "optimizer state (zero1) and reduced gradients (zero2) over dp; zero3/hsdp are not implemented with "
-              "pipelines yet", dp_strategy, pc.pp);
+              "optimizer state (zero1), reduced gradients (zero2) and parameters (zero3, hsdp) over dp", dp_strategy,
+              pc.pp);
+  ATOLL_CHECK(!hsdp || ms.cp == 1,
+              "parallel.strategy = 'hsdp' with parallel.pp = {} and parallel.cp = {}: a pipeline's HSDP shards over "
+              "dp_shard only in this build (cp must be 1; zero3 shards over dp x cp)", pc.pp, ms.cp);
+  ATOLL_CHECK((dp_strategy != "zero3" && !hsdp) || ms.tp == 1,
+              "parallel.strategy = '{}' with parallel.pp = {} and parallel.tp = {}: a pipeline shards its stages' "
+              "parameters over dp without tensor parallelism only in this build (tp must be 1)", dp_strategy, pc.pp,
+              ms.tp);
   p_ = int(pc.pp);
   v_ = int(pc.virtual_stages);
   m_ = int(micro_batches);
   pp_comm_ = mesh.axis("pp");
   r_ = int(mesh.coord("pp"));
   ATOLL_CHECK(pp_comm_ && pp_comm_->size() == p_ && pp_comm_->rank() == r_, "pipeline axis communicator");
-  if (ms.dp() > 1) dp_comm_ = mesh.axis(ms.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+  // pp x cp: a stage's cp ranks run its blocks on their shares of every row (ring attention over
+  // the stage's cp group, injected into the model before), so their gradients average with dp's.
+  // HSDP: the stage's parameters shard over dp_shard as under ZeRO-3, and the shards' averaged
+  // gradients average again over dp_replicate (shards of 1: plain replication).
+  cp_ = int(ms.cp);
+  const bool shard3 = dp_strategy == "zero3" || (hsdp && ms.dp_shard > 1);
+  if (hsdp && ms.dp_shard > 1) {
+    dp_comm_ = mesh.axis("dp_shard");
+    if (ms.dp_replicate > 1) rep_comm_ = mesh.axis("dp_replicate");
+  } else if (ms.dp() * ms.cp > 1) {
+    dp_comm_ = data_parallel_comm(mesh);
+  }
   pp_p2p_ = pp_comm_->split(0, r_);
   world_p2p_ = world->split(0, world->rank());
-  zero1_ = dp_comm_ && (dp_strategy == "zero1" || dp_strategy == "zero2");
-  zero2_ = dp_comm_ && dp_strategy == "zero2";
+  zero1_ = dp_comm_ && (dp_strategy == "zero1" || dp_strategy == "zero2" || shard3);
+  zero2_ = dp_comm_ && (dp_strategy == "zero2" || shard3);
+  zero3_ = dp_comm_ && shard3;
   sched_ = make_pipe_schedule(pc.schedule, p_, m_, v_);
   const int S = p_ * v_;
   // Point-to-point tags are below 2^20: two steps' windows of activation and gradient tags, then
@@ -223,14 +244,35 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   }
 
   // The model's flat buffers shrink to this rank's parameters before the optimizer takes views of
-  // them: the other stages' parameters, gradients and optimizer state are never held here.
-  std::set<nn::Parameter*> mine(owned_.begin(), owned_.end());
-  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
+  // them: the other stages' parameters, gradients and optimizer state are never held here. Under
+  // ZeRO-3 they shrink further, to the stage's parameters this dp rank steps (placed first): the
+  // stage's others are gathered for the micro-batches of a step only (gather_stage).
   ac_ = ac;
   std::vector<int64_t> sizes;
   for (nn::Parameter* q : owned_) sizes.push_back(shape_numel(q->shape));
+  if (zero3_) dp_owner_ = place_on_dp(sizes);
+  std::set<nn::Parameter*> mine;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (!zero3_ || dp_owner_[i] == dp_comm_->rank()) mine.insert(owned_[i]);
+  model_.retain_parameters([&](const nn::Parameter& q) { return mine.count(const_cast<nn::Parameter*>(&q)) > 0; });
   place_optimizer(sizes);
   stale_ = true;
+}
+
+std::vector<int> PipelineParallel::place_on_dp(const std::vector<int64_t>& sizes) const {
+  // Largest first onto the least loaded dp rank (ties: the lowest), the same on every rank.
+  const int D = dp_comm_->size();
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<int64_t> load(size_t(D), 0);
+  std::vector<int> owner(sizes.size(), 0);
+  for (size_t i : order) {
+    int best = int(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = best;
+    load[size_t(best)] += sizes[i];
+  }
+  return owner;
 }
 
 void PipelineParallel::place_optimizer(const std::vector<int64_t>& sizes) {
@@ -239,17 +281,7 @@ void PipelineParallel::place_optimizer(const std::vector<int64_t>& sizes) {
   // alike, and its reduce-scatter leaves each parameter's averaged gradient on that rank only.
   std::vector<nn::Parameter*> stepped = owned_;
   if (zero1_) {
-    const int D = dp_comm_->size();
-    std::vector<size_t> order(owned_.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
-    std::vector<int64_t> load(size_t(D), 0);
-    dp_owner_.assign(owned_.size(), 0);
-    for (size_t i : order) {
-      int best = int(std::min_element(load.begin(), load.end()) - load.begin());
-      dp_owner_[i] = best;
-      load[size_t(best)] += sizes[i];
-    }
+    dp_owner_ = place_on_dp(sizes);
     stepped.clear();
     for (size_t i = 0; i < owned_.size(); ++i)
       if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
@@ -283,20 +315,82 @@ void PipelineParallel::bind_unowned() {
 PipelineParallel::~PipelineParallel() = default;
 
 std::string PipelineParallel::name() const {
+  const char* dp = rep_comm_ ? "hsdp" : zero3_ ? "zero3" : zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp";
   return fmt::format("pipeline {} (pp = {}{}{}){}", sched_.name, p_, v_ > 1 ? fmt::format(", {} chunks", v_) : "",
                      tp_ ? fmt::format(", tp = {}", tp_->size()) : "",
-                     dp_comm_ ? fmt::format(" x {} over dp = {}", zero2_ ? "zero2" : zero1_ ? "zero1" : "ddp",
-                                            dp_comm_->size()) : "");
+                     dp_comm_ ? fmt::format(" x {} over dp{} = {}", dp, cp_ > 1 ? " x cp" : "", dp_comm_->size()) +
+                                    (rep_comm_ ? fmt::format(", {} replicas", rep_comm_->size()) : "")
+                              : "");
 }
 
 void PipelineParallel::zero_grad() {
-  for (nn::Parameter* q : owned_) q->grad.zero();  // the others' gradient pages stay released
+  for (nn::Parameter* q : owned_)  // the others' gradient pages stay released (ZeRO-3: gather_stage zeroes its own)
+    if (q->grad.defined()) q->grad.zero();
+}
+
+void PipelineParallel::gather_stage() {
+  // ZeRO-3: the stage's parameters this dp rank does not step are bound (values and zeroed
+  // gradients, outside the flat buffers) and every one is all-gathered from its dp owner: one
+  // buffer, chunk d packing what dp rank d steps (as reduce_scatter_grads packs the gradients).
+  // Kept gathered across the step's micro-batches: the schedule runs a stage's forwards and
+  // backwards interleaved over them, and its gradients accumulate over all of them before the
+  // one reduce-scatter, so a stage holds its whole gradient during the step anyway; a gather per
+  // micro-batch would cost m all-gathers (2m with the backward's) to save the values only.
+  const int D = dp_comm_->size(), me = dp_comm_->rank();
+  bind_stage();
+  std::vector<int64_t> load(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) load[size_t(dp_owner_[i])] += shape_numel(owned_[i]->shape);
+  const int64_t most = *std::max_element(load.begin(), load.end());
+  Tensor mine = Tensor::zeros({most}), all = Tensor::empty({int64_t(D) * most});
+  int64_t o = 0;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (dp_owner_[i] == me) {
+      std::copy(owned_[i]->value.f32(), owned_[i]->value.f32() + owned_[i]->value.numel(), mine.f32() + o);
+      o += owned_[i]->value.numel();
+    }
+  dp_comm_->all_gather(mine, all);
+  std::vector<int64_t> at(size_t(D), 0);
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const int d = dp_owner_[i];
+    const int64_t n = shape_numel(owned_[i]->shape);
+    const float* from = all.f32() + d * most + at[size_t(d)];
+    if (d != me) std::copy(from, from + n, owned_[i]->value.f32());
+    at[size_t(d)] += n;
+  }
+  stage_gathered_ = true;
+}
+
+void PipelineParallel::bind_stage() {
+  const int me = dp_comm_->rank();
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    nn::Parameter* q = owned_[i];
+    if (dp_owner_[i] == me) continue;
+    if (!q->value.defined()) q->value = Tensor::empty(q->shape);
+    q->grad = Tensor::zeros(q->shape);
+    set_requires_grad(q->value, true, q->name, q->grad);
+  }
+}
+
+void PipelineParallel::release_stage() {
+  // ZeRO-3: what gather_stage bound goes; this rank keeps the parameters it steps.
+  const int me = dp_comm_->rank();
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (dp_owner_[i] != me) owned_[i]->value = Tensor(), owned_[i]->grad = Tensor();
+  stage_gathered_ = false;
+}
+
+std::vector<nn::Parameter*> PipelineParallel::resident() const {
+  std::vector<nn::Parameter*> out;
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (!zero3_ || dp_owner_[i] == dp_comm_->rank()) out.push_back(owned_[i]);
+  return out;
 }
 
 double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
   ATOLL_CHECK(int(inputs.size()) == m_ && int(targets.size()) == m_,
               "the pipeline was laid out for {} micro-batches (train.grad_accum), got {}", m_, inputs.size());
   if (full_resident_) release_unowned();  // after an evaluation, a checkpoint or a load
+  if (zero3_) gather_stage();  // released by finish_backward
   const int S = p_ * v_;
   const int next = (r_ + 1) % p_, prev = (r_ + p_ - 1) % p_;
   // Tags: one per (direction, micro-batch, sending stage), in a window that alternates by step.
@@ -390,6 +484,12 @@ void PipelineParallel::finish_backward() {
   }
   if (zero2_) {
     reduce_scatter_grads();
+    if (rep_comm_) {  // HSDP: the shard's averages, averaged over the replicas
+      std::vector<comm::WorkPtr> ws;
+      for (nn::Parameter* q : resident()) ws.push_back(rep_comm_->all_reduce_async(q->grad, comm::ReduceOp::avg));
+      for (auto& w : ws) w->wait();
+    }
+    if (zero3_) release_stage();  // each dp rank keeps its parameters and their averaged gradients
   } else if (dp_comm_) {
     std::vector<comm::WorkPtr> ws;
     for (nn::Parameter* q : owned_) ws.push_back(dp_comm_->all_reduce_async(q->grad, comm::ReduceOp::avg));
@@ -474,7 +574,7 @@ double PipelineParallel::grad_norm() {
 
 void PipelineParallel::step(const StepContext& ctx) {
   opt_->step(ctx);
-  if (zero1_) {
+  if (zero1_ && !zero3_) {  // ZeRO-3: the next step's gather_stage fetches the updated values
     std::vector<comm::WorkPtr> ws;
     for (size_t i = 0; i < owned_.size(); ++i) ws.push_back(dp_comm_->broadcast_async(owned_[i]->value, dp_owner_[i]));
     for (auto& w : ws) w->wait();
@@ -483,6 +583,7 @@ void PipelineParallel::step(const StepContext& ctx) {
 }
 
 void PipelineParallel::sync_full_model() {
+  if (zero3_ && !stage_gathered_) gather_stage();  // the stage's own first (collective over dp)
   bind_unowned();
   // Every parameter from its owner, in the model's order on every rank (the tied copy on the last
   // stage is overwritten with the same bits).
@@ -503,9 +604,11 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
   std::vector<std::pair<std::string, Tensor>> mine_model, mine_opt;  // model: under file names
   auto params = model_.parameters();
   const nn::StateDictAdapter& a = model_.state_dict_adapter();
-  if (!dp_comm_ || dp_comm_->rank() == 0)
-    for (size_t k = 0; k < params.size(); ++k)
-      if (owner_pp_[k] == r_) mine_model.emplace_back(a.to_file(params[k]->name), params[k]->value);
+  // Under ZeRO-3 each parameter comes from the dp rank that holds it (and steps it).
+  for (size_t k = 0; k < params.size(); ++k)
+    if (owner_pp_[k] == r_ && (!rep_comm_ || rep_comm_->rank() == 0) &&
+        (zero3_ ? holds_reduced_grad(params[k]) : !dp_comm_ || dp_comm_->rank() == 0))
+      mine_model.emplace_back(a.to_file(params[k]->name), params[k]->value);
   opt_->save_state(mine_opt, "");
   // Under tp a stage's tp group gathers its shards into whole tensors first (collective over the
   // group: its ranks own the same parameters), and only its tp rank 0 sends them.
@@ -541,6 +644,7 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
 void PipelineParallel::load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,
                                        const TensorFile& opt_state, const std::string& what) {
   bind_unowned();  // the whole file is checked; the others' values go with the next step
+  if (zero3_) bind_stage(), stage_gathered_ = true;  // and the stage's own, which the file holds too
   model_.load_state_dict(model_sd, what);
   opt_->load_state(opt_state, "");
   stale_ = false;

@@ -15,6 +15,11 @@
 //   finish_backward();    // tied gradients summed, then averaged over the dp axis
 //   coef = clip_coefficient(grad_norm(), max);               // global: squared norms summed over pp
 //   step({lr_scale, coef});  // each stage's optimizer on its own parameters (ZeRO-1 shards them over dp)
+// Under ZeRO-3 (and HSDP, per replica) a stage's parameters live on the dp ranks that step them:
+// forward_backward all-gathers the stage's others for all its micro-batches, finish_backward
+// reduce-scatters the gradients and drops them again (see docs/pipeline.md for why not per
+// micro-batch). Under cp (pp x cp) the stages' blocks ring over each stage's cp group, the
+// activations between stages are the cp ranks' chunks, and dp below means dp x cp.
 // Every stage gets the same micro-batches; the first reads the inputs, the last the targets. The
 // loss is the mean over micro-batches of each micro-batch's mean loss (backward seeded with 1/m),
 // as one process accumulating m micro-batches computes it.
@@ -68,8 +73,9 @@ struct ActionSpan {
 
 class PipelineParallel final : public DataParallel {
  public:
-  // world: the job's communicator; mesh: over it, with pp > 1 (and at most one data-parallel
-  // axis: dp_replicate under ddp, dp_shard under zero1/zero2). micro_batches: m per step.
+  // world: the job's communicator; mesh: over it, with pp > 1 (and one data-parallel axis:
+  // dp_replicate under ddp, dp_shard under zero1/2/3; both under hsdp), cp allowed (the ring
+  // injected into the model before). micro_batches: m per step.
   PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
                    int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac);
   ~PipelineParallel() override;
@@ -101,6 +107,9 @@ class PipelineParallel final : public DataParallel {
   const std::vector<ActionSpan>& timeline() const { return spans_; }
   // The parameters this rank computes gradients for and steps (its stages', tied copies included).
   const std::vector<nn::Parameter*>& owned() const { return owned_; }
+  // Those whose values, gradients (and under ZeRO-1/2/3 optimizer state) live in the model's flat
+  // buffers between steps: owned(), except under ZeRO-3, where only those this dp rank steps.
+  std::vector<nn::Parameter*> resident() const;
   // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
   // copy on the last stage not counted).
   const std::vector<int>& owners() const { return owner_pp_; }
@@ -112,18 +121,24 @@ class PipelineParallel final : public DataParallel {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   const nn::PipelineStages* stages_;
-  comm::Communicator *pp_comm_ = nullptr, *dp_comm_ = nullptr;
+  comm::Communicator *pp_comm_ = nullptr, *dp_comm_ = nullptr;  // dp_comm_: dp (x cp); under HSDP its shard group
+  comm::Communicator* rep_comm_ = nullptr;  // HSDP: dp_replicate
   // Point-to-point traffic goes over copies of the pp and world groups: ranks send and receive
   // different numbers of messages, and a communicator's collectives count on equal sequences.
   std::unique_ptr<comm::Communicator> pp_p2p_, world_p2p_;
-  int p_ = 1, r_ = 0, v_ = 1, m_ = 1;
+  int p_ = 1, r_ = 0, v_ = 1, m_ = 1, cp_ = 1;
   PipeSchedule sched_;
   std::vector<std::pair<int64_t, int64_t>> blocks_;  // per virtual stage
   std::vector<nn::Parameter*> owned_, norm_params_, tied_;
   std::vector<int> owner_pp_;       // per model parameter: the pp rank that owns it
   std::vector<nn::Parameter*> dp_owned_;  // ZeRO-1: what this dp rank steps
   std::vector<int> dp_owner_;       // per owned_ parameter: its dp rank (ZeRO-1), else -1
-  bool zero1_ = false, zero2_ = false, stale_ = false, full_resident_ = false;  // zero1_: also under zero2
+  bool zero1_ = false, zero2_ = false, stale_ = false, full_resident_ = false;  // zero1_, zero2_: also under zero3
+  bool zero3_ = false, stage_gathered_ = false;
+  std::vector<int> place_on_dp(const std::vector<int64_t>& sizes) const;
+  void bind_stage();     // ZeRO-3: the stage's parameters this dp rank does not step, allocated
+  void gather_stage();   // ZeRO-3: bind_stage, then all-gathered from their dp owners
+  void release_stage();  // ZeRO-3: those parameters' values and gradients dropped
   void reduce_scatter_grads();
   void place_optimizer(const std::vector<int64_t>& sizes);  // ZeRO-1/2: dp_owner_ and opt_
   AdamWConfig ac_;

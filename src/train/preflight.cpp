@@ -20,8 +20,9 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
   MemoryEstimate e;
   int stage = s.strategy == "zero1" ? 1 : s.strategy == "zero2" ? 2 : (s.strategy == "zero3" || s.strategy == "hsdp") ? 3 : 0;
   // A pipeline stage under ZeRO-2 keeps its whole gradient for the micro-batches to accumulate
-  // into (parallel/pipeline.h): only the optimizer state is sharded, as under ZeRO-1.
-  if (s.pp > 1 && stage == 2) stage = 1;
+  // into (parallel/pipeline.h): only the optimizer state is sharded, as under ZeRO-1. Under
+  // ZeRO-3 it also holds its gathered parameters through the step: at the peak, ZeRO-1 again.
+  if (s.pp > 1 && (stage == 2 || stage == 3)) stage = 1;
   std::string opt = s.optimizer == "adamw" ? "adam" : s.optimizer;
   plan::StateBytes sb = plan::state_bytes("fp32", opt);
   std::optional<nn::TransformerShape> t = model.transformer_shape();

@@ -173,8 +173,8 @@ struct Trainer::Impl {
   // and those of a cp group share every batch (the task sees the dp coordinate and size).
   TaskEnv data_env() const {
     if (ft) return ft->task_env();  // issue 14: a quorum replica reads its replica's share
-    if (pipe) {
-      const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+    if (pipe) {  // (under hsdp the replicas' shards in order: the mesh's rank order)
+      const int64_t dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
     if (tp)  // this rank's data-parallel coordinate (HSDP: replica-major, as the mesh orders them)
@@ -415,8 +415,11 @@ TrainResult Trainer::run(bool resume) {
     std::unique_ptr<comm::Communicator> same_shard;
     comm::Communicator* gate_comm = I.comm.get();
     if (m.tp * m.cp * m.pp > 1 || I.pc.strategy == "coded") {  // coded: the ranks at one place in their groups
-      const int64_t color = I.pc.strategy == "coded" ? I.rank % (I.pc.coded_stragglers + 1)
-                            : (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
+      int64_t color = I.pc.strategy == "coded" ? I.rank % (I.pc.coded_stragglers + 1)
+                      : (I.mesh->coord("pp") * m.cp + I.mesh->coord("cp")) * m.tp + I.mesh->coord("tp");
+      // pp x ZeRO-3/HSDP: a stage's dp_shard ranks hold different parameters too (parallel/pipeline.h).
+      if (I.pipe && (I.pc.strategy == "zero3" || I.pc.strategy == "hsdp"))
+        color = color * m.dp_shard + I.mesh->coord("dp_shard");
       same_shard = I.comm->split(int(color), I.rank);
       gate_comm = same_shard.get();
     }

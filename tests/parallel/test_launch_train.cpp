@@ -270,8 +270,9 @@ TEST(LaunchTrain, PipelineMatchesOneRankAndResumesOnOne) {
 
 // pp2 x dp2 under ZeRO-2 through `atoll train` (issue 11): each stage's gradients are
 // reduce-scattered over its dp pair (every parameter's average on the dp rank that steps it), at
-// half the batch per dp rank: the one-rank curve; ZeRO-3 with a pipeline is still refused before
-// step 1, naming the key.
+// half the batch per dp rank: the one-rank curve; an optimizer other than AdamW with a pipeline is
+// still refused before step 1, naming the keys (ZeRO-3 and HSDP run:
+// PipelineTimesZero3AndHsdpFollowOneRank).
 TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
   Fixture f;
   const std::vector<std::string> quick = {"--checkpoint.every=0", "--eval.every=3"};
@@ -283,10 +284,52 @@ TEST(LaunchTrain, PipelineTimesZero2FollowsOneRank) {
   expect_close(losses(f.root / "pp_z2", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x dp2 zero2 val");
   expect_close(losses(f.root / "pp_z2", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
                "pp2 x dp2 zero2 gradient norm (summed over the dp ranks' reduced parts and the stages)");
-  EXPECT_NE(f.train("pp_z3", 4, {"--parallel.pp=2", "--parallel.strategy=zero3", "--train.batch_size=2"}, true), 0);
-  EXPECT_NE(f.log("pp_z3").find("parallel.strategy = 'zero3' with parallel.pp = 2"), std::string::npos)
-      << f.log("pp_z3");
-  EXPECT_EQ(f.log("pp_z3").find("step     1/"), std::string::npos) << "refused after training began";
+  EXPECT_NE(f.train("pp_muon", 2, {"--parallel.pp=2", "--optim.type=muon"}, true), 0);
+  EXPECT_NE(f.log("pp_muon").find("parallel.pp = 2: pipeline stages step their parameters with AdamW only"),
+            std::string::npos) << f.log("pp_muon");
+  EXPECT_EQ(f.log("pp_muon").find("step     1/"), std::string::npos) << "refused after training began";
+}
+
+// pp2 x dp2 under ZeRO-3 through `atoll train` (issue 11): each stage's parameters sharded over
+// its dp pair, gathered for the step's micro-batches, the gradients reduce-scattered after the
+// last; at half the batch per dp rank the one-rank curve (loss, val loss: evaluation gathers the
+// stage's shards, then the stages'; gradient norm), and its checkpoint (each parameter from the
+// dp rank that holds it) resumes on one rank on the same curve. pp2 x HSDP (2 replicas of 2
+// shards) on 8 ranks at a quarter of the batch per dp rank: the same curve, its checkpoint
+// resumed on one rank too; and a one-rank checkpoint resumes as pp2 x ZeRO-3 (each rank loads the
+// whole file into its stage's bound parameters, then keeps its shard). Bounds: the other layout
+// tests'.
+TEST(LaunchTrain, PipelineTimesZero3AndHsdpFollowOneRank) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(f.train("pp_z3", 4, {"--parallel.pp=2", "--parallel.strategy=zero3", "--train.batch_size=2",
+                                 "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("pp_z3").find("x zero3 over dp = 2"), std::string::npos) << f.log("pp_z3");
+  ASSERT_EQ(losses(f.root / "pp_z3").size(), 3u);
+  ASSERT_EQ(f.train("pp_z3", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "pp_z3"), one, 1e-5, "pp2 x dp2 zero3, then resumed at one rank: loss");
+  expect_close(losses(f.root / "pp_z3", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "pp2 x dp2 zero3, then resumed at one rank: val loss");
+  expect_close(losses(f.root / "pp_z3", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x dp2 zero3, then resumed at one rank: gradient norm");
+  ASSERT_EQ(f.train("pp_hsdp", 8, {"--parallel.pp=2", "--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2",
+                                   "--train.batch_size=1", "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("pp_hsdp").find("x hsdp over dp = 2, 2 replicas"), std::string::npos) << f.log("pp_hsdp");
+  ASSERT_EQ(f.train("pp_hsdp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "pp_hsdp"), one, 1e-5, "pp2 x hsdp 2x2, then resumed at one rank: loss");
+  expect_close(losses(f.root / "pp_hsdp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "pp2 x hsdp 2x2, then resumed at one rank: val loss");
+  expect_close(losses(f.root / "pp_hsdp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x hsdp 2x2, then resumed at one rank: gradient norm");
+  ASSERT_EQ(f.train("to_z3", 1, {"--train.stop_after=3"}), 0);
+  ASSERT_EQ(f.train("to_z3", 4, {"--parallel.pp=2", "--parallel.strategy=zero3", "--train.batch_size=2", "--resume"}),
+            0);
+  EXPECT_NE(f.log("to_z3").find("resumed from"), std::string::npos) << f.log("to_z3");
+  expect_close(losses(f.root / "to_z3"), one, 1e-5, "one rank, then resumed at pp2 x dp2 zero3: loss");
+  expect_close(losses(f.root / "to_z3", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "one rank, then resumed at pp2 x dp2 zero3: val loss");
 }
 
 // pp2 x tp2 x dp2 on 8 ranks under ZeRO-1 through `atoll train` (issue 11): each stage's tp pair
@@ -305,6 +348,39 @@ TEST(LaunchTrain, PipelineTimesTensorTimesZero1FollowsOneRankAndResumesOnOne) {
   expect_close(losses(f.root / "pptpz1"), one, 1e-5, "pp2 x tp2 x dp2 zero1, then resumed at one rank: loss");
   expect_close(losses(f.root / "pptpz1", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
                "pp2 x tp2 x dp2 zero1, then resumed at one rank: gradient norm");
+}
+
+// pp2 x cp2 on 4 ranks through `atoll train` (issue 11): every rank reads the one batch, each
+// stage's cp pair takes its head and tail chunks of every row (ring attention over the pair) and
+// sends its chunks' activations to the next stage's rank of the same cp coordinate; the curve is
+// one rank's at the same batch, evaluation included (each stage's cp pair runs the whole model
+// on its chunks), the clipping norm is the whole model's, and the checkpoint (stopped after
+// step 3) resumes on one rank on the same curve; pp2 x cp2 x tp2 on 8 ranks (the ring over each
+// tp rank's heads, SP inside the cp share) follows the same curve. The 1e-5 bound of the other
+// layout tests here:
+// cp and pp re-associate a few fp32 sums (the online-softmax merge, the two halves' loss, the
+// tied head's gradient, per-stage norms), ~1e-7 per step, which AdamW carries along 6 steps.
+TEST(LaunchTrain, PipelineTimesContextFollowsOneRankAndResumesOnOne) {
+  Fixture f;
+  ASSERT_EQ(f.train("one", 1, {}), 0);
+  auto one = losses(f.root / "one");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(f.train("ppcp", 4, {"--parallel.pp=2", "--parallel.cp=2", "--train.stop_after=3"}), 0);
+  EXPECT_NE(f.log("ppcp").find("mesh dp=1 tp=1 pp=2 cp=2"), std::string::npos) << f.log("ppcp");
+  EXPECT_NE(f.log("ppcp").find("pipeline 1f1b (pp = 2) x ddp over dp x cp = 2"), std::string::npos) << f.log("ppcp");
+  ASSERT_EQ(losses(f.root / "ppcp").size(), 3u);
+  ASSERT_EQ(f.train("ppcp", 1, {"--resume"}), 0);
+  expect_close(losses(f.root / "ppcp"), one, 1e-5, "pp2 x cp2, then resumed at one rank: loss");
+  expect_close(losses(f.root / "ppcp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5,
+               "pp2 x cp2, then resumed at one rank: val loss");
+  expect_close(losses(f.root / "ppcp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x cp2, then resumed at one rank: gradient norm");
+  ASSERT_EQ(f.train("ppcptp", 8, {"--parallel.pp=2", "--parallel.cp=2", "--parallel.tp=2"}), 0);
+  EXPECT_NE(f.log("ppcptp").find("mesh dp=1 tp=2 pp=2 cp=2"), std::string::npos) << f.log("ppcptp");
+  expect_close(losses(f.root / "ppcptp"), one, 1e-5, "pp2 x cp2 x tp2: loss");
+  expect_close(losses(f.root / "ppcptp", "val_loss"), losses(f.root / "one", "val_loss"), 1e-5, "pp2 x cp2 x tp2: val");
+  expect_close(losses(f.root / "ppcptp", "grad_norm"), losses(f.root / "one", "grad_norm"), 1e-4,
+               "pp2 x cp2 x tp2: gradient norm");
 }
 
 // Resharding across model-parallel layouts (issue 11): checkpoints hold the whole model under

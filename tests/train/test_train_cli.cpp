@@ -110,6 +110,13 @@ TEST(TrainCli, MemoryEstimateCountsTheTensorAndPipelineSplit) {
   EXPECT_LT(z.model_states, o.model_states);
   EXPECT_GT(tz.model_states, 0.5 * z.model_states);
   EXPECT_LT(tz.model_states, t.model_states);
+  // A stage under ZeRO-2/3 keeps its whole gradient (and under ZeRO-3 its gathered parameters)
+  // through the step (parallel/pipeline.h): at the peak it holds what ZeRO-1 holds.
+  TrainShape pp_z1 = pp, pp_z3 = pp;
+  pp_z1.strategy = "zero1";
+  pp_z3.strategy = "zero3";
+  EXPECT_EQ(estimate_training_memory(mc, pp_z3).model_states, estimate_training_memory(mc, pp_z1).model_states);
+  EXPECT_LT(estimate_training_memory(mc, pp_z1).model_states, p.model_states);
 }
 
 // Under context parallelism a rank keeps the activations and logits of its seq_len / cp tokens of

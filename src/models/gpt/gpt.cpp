@@ -127,18 +127,21 @@ Tensor GPT::logits(const Tensor& tokens) const {
 
 // Pipeline stages (nn/pipeline_stages.h): together exactly loss(), for the whole model or its
 // tensor-parallel shard (between blocks a shard under sequence parallelism holds its token rows).
+// Under pp x cp every stage holds this rank's cp share of each row (gpt_context.cpp).
 void GPT::stage_begin(const Shape& in) const {
-  if (tp_) tp_->begin_forward(in.at(0), in.at(1));
+  if (tp_) tp_->begin_forward(in.at(0), in.at(1) / (context_ ? context_->ranks() : 1));
 }
 
 Shape GPT::stage_hidden_shape(const Shape& in) const {
-  if (tp_ && tp_->sequence_sharded()) return {in.at(0) * in.at(1) / tp_->size(), c_.n_embd};
-  return {in.at(0), in.at(1), c_.n_embd};
+  const int64_t T = in.at(1) / (context_ ? context_->ranks() : 1);
+  if (tp_ && tp_->sequence_sharded()) return {in.at(0) * T / tp_->size(), c_.n_embd};
+  return {in.at(0), T, c_.n_embd};
 }
 
 Tensor GPT::stage_input(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
+  if (context_) return context_embedding(tokens);
   Tensor wpe_t = wpe ? wpe->weight->value : Tensor();
   if (tp_) return tp_->vocab_embedding(tokens, wte->weight->value, vocab_lo_, wpe_t);
   return ops::embedding(tokens, wte->weight->value, wpe_t);
@@ -158,6 +161,7 @@ Tensor GPT::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
 }
 
 Tensor GPT::stage_loss(const Tensor& x, const Tensor& targets) const {
+  if (context_) return context_head_loss(x, targets);
   if (tp_) return tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), targets, vocab_lo_);
   return ops::head_cross_entropy((*ln_f)(x), head_weight()->value, targets);
 }

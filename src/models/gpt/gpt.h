@@ -151,6 +151,11 @@ class GPT : public Model,
 
  private:
   Tensor loss_context_parallel(const Tensor& tokens, const Tensor& targets) const;  // gpt_context.cpp
+  // Its two ends, also the first and last pipeline stage's under pp x cp: this rank's spans of
+  // every row embedded at their global positions; the head's loss over the same spans' targets,
+  // scaled by the cp group's loss_share (collective over it).
+  Tensor context_embedding(const Tensor& tokens) const;
+  Tensor context_head_loss(const Tensor& x, const Tensor& targets) const;
   Tensor tp_logits(const Tensor& tokens) const;  // [B*T, V_r] under tensor parallelism
   GPTConfig c_;
   const ContextAttention* context_ = nullptr;

@@ -53,28 +53,34 @@ Tensor GPT::loss_context_parallel(const Tensor& tokens, const Tensor& targets) c
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   const int64_t T = tokens.size(1);
   ATOLL_CHECK(T <= c_.block_size, "sequence length {} exceeds block_size {}", T, c_.block_size);
-  const std::vector<Span> spans = context_->spans(T);
-  Tensor tok = take_spans(tokens, spans), tgt = take_spans(targets, spans);
   begin_forward();
+  // cp x tp: sequence parallelism splits the cp share of every row over tp.
+  if (tp_) tp_->begin_forward(tokens.size(0), T / context_->ranks());
+  Tensor x = context_embedding(tokens);
+  x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
+  return context_head_loss(x, targets);
+}
+
+Tensor GPT::context_embedding(const Tensor& tokens) const {
+  const std::vector<Span> spans = context_->spans(tokens.size(1));
+  Tensor tok = take_spans(tokens, spans);
   Tensor pos_rows;  // wpe's rows at the local tokens' global positions
   if (wpe) {
     std::vector<int32_t> pos = span_positions(spans);
     pos_rows = ops::index_select(wpe->weight->value, 0, Tensor::from_vector_i32(pos, {int64_t(pos.size())}));
   }
-  Tensor loss;
-  if (tp_) {  // cp x tp: this rank's heads and vocabulary rows over its cp share of every row
-    tp_->begin_forward(tok.size(0), tok.size(1));  // sequence parallelism splits the cp share over tp
-    Tensor x = tp_->vocab_embedding(tok, wte->weight->value, vocab_lo_, pos_rows);
-    x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
-    loss = tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), tgt, vocab_lo_);
-  } else {
-    Tensor x = ops::embedding(tok, wte->weight->value, pos_rows);
-    x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
-    loss = ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), tgt, /*reuse_logits=*/true);
-  }
+  // cp x tp: this rank's heads and vocabulary rows over its cp share of every row.
+  if (tp_) return tp_->vocab_embedding(tok, wte->weight->value, vocab_lo_, pos_rows);
+  return ops::embedding(tok, wte->weight->value, pos_rows);
+}
+
+Tensor GPT::context_head_loss(const Tensor& x, const Tensor& targets) const {
+  Tensor tgt = take_spans(targets, context_->spans(targets.size(1)));
+  Tensor loss = tp_ ? tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), tgt, vocab_lo_)
+                    : ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), tgt, /*reuse_logits=*/true);
   int64_t kept = 0;
   for (int64_t i = 0; i < tgt.numel(); ++i) kept += tgt.i32()[i] >= 0;
-  const double share = context_->loss_share(kept);
+  const double share = context_->loss_share(kept);  // collective over the cp group
   if (share != 1.0) loss = ops::mul(loss, Tensor::full({1}, float(share)));
   return loss;
 }
