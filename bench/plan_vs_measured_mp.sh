@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # atoll plan's step time vs atoll's measured step time for model-parallel layouts on this machine
-# (issue 11, item 8): one rank, tp2, pp2 (1f1b, m=4), cp2, dp2 and DiLoCo over 2 islands, each trained for STEPS steps
+# (issue 11, item 8; issue 16, item 4): one rank, tp2, pp2 (1f1b, m=4), cp2, dp2, DiLoCo over 2 islands, and an
+# MoE (configs/moe-small.toml's experts on the same attention sizes) on one rank and with ep2 (dp_shard=2, ep=2,
+# i.e. ZeRO-3 with the experts split over the two ranks), each trained for STEPS steps
 # with `atoll launch` (one thread per rank) on the bundled corpus; measured = median step_ms of
 # metrics.jsonl without the first step, and CPU ms per step and rank (see below); predicted = `atoll plan --from-atoll` with the same model,
 # batch and layout on `cpu-local`. No PyTorch peer: the planner is compared with the engine.
@@ -31,7 +33,8 @@ CAL2=$WORK/calibration_2ranks.json
 $PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
 for k in ("peak_fp32_flops","peak_bf16_flops","attention_flops","optimizer_params_per_s","elementwise_bandwidth"):
   if k in j: j[k]*=2
-for p in j.get("attention_curve",[]): p[1]*=2
+for c in ("attention_curve","ring_attention_curve"):
+  for p in j.get(c,[]): p[1]*=2
 j["threads"]=2; json.dump(j,open(sys.argv[2],"w"),indent=1)' "$CAL1" "$CAL2"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -41,8 +44,13 @@ print("--set cluster.inter_island.bandwidth_gbs=%g --set cluster.inter_island.la
 cfg=$WORK/model.toml
 printf '[model]\npreset = "gpt2"\nvocab_size = 257\nblock_size = %d\nn_layer = %d\nn_head = %d\nn_embd = %d\n[train]\nseq_len = %d\n' \
   "$T" "$L" "$H" "$C" "$T" >"$cfg"
+# The MoE rows: moe-small's experts (16 routed of 64 units, top 2, 2 shared; the first layer dense)
+# on the same depth, width and heads; the same [model] keys go to the trainer and to the planner.
+moecfg=$WORK/moe.toml
+printf '[model]\nfamily = "moe"\npreset = "moe-small"\nvocab_size = 257\nblock_size = %d\nn_layer = %d\nn_head = %d\nn_embd = %d\n[train]\nseq_len = %d\n' \
+  "$T" "$L" "$H" "$C" "$T" >"$moecfg"
 
-# name | ranks | train flags | plan flags
+# name | ranks | train flags | plan flags | model (gpt: configs/default.toml; moe: configs/moe-small.toml)
 layouts=(
   "1 rank|1||"
   "tp2 (sp)|2|--parallel.tp=2|--set plan.tp=2 --set plan.sp=true"
@@ -50,6 +58,8 @@ layouts=(
   "cp2|2|--parallel.cp=2|--set plan.cp=2"
   "dp2 (ddp)|2||--set plan.dp=2 --set plan.global_batch=$((2 * B))"
   "diloco 2 islands H=4|2|--parallel.islands=2 --lowcomm.inner_steps=4|--islands 2 --set plan.dp=2 --set plan.diloco_h=4 --set plan.global_batch=$((2 * B)) $WAN"
+  "moe 1 rank|1|||moe"
+  "moe ep2 (zero3)|2|--parallel.dp_shard=2 --parallel.ep=2|--set plan.dp=2 --set plan.ep=2 --set plan.zero=3 --set plan.global_batch=$((2 * B))|moe"
 )
 median_ms() {
   $PY -c 'import sys,statistics as s; sys.path.insert(0, "tools"); from metrics_jsonl import records
@@ -58,7 +68,9 @@ print("%.1f" % s.median(v))' "$1"
 }
 rows=()
 for spec in "${layouts[@]}"; do
-  IFS='|' read -r name n tflags pflags <<<"$spec"
+  IFS='|' read -r name n tflags pflags kind <<<"$spec"
+  tcfg=configs/default.toml pcfg=$cfg
+  [[ $kind == moe ]] && tcfg=configs/moe-small.toml pcfg=$moecfg
   # Two runs, STEPS and 2 steps: CPU seconds of the process tree per step and rank, start-up
   # cancelling out. On a loaded machine the wall clock counts the time other processes hold the
   # cores; CPU time is what the step costs while it has them (what the plan and its calibration
@@ -67,7 +79,7 @@ for spec in "${layouts[@]}"; do
   for steps in "$STEPS" 2; do
     run=$WORK/run_${name//[^a-z0-9]/_}_$steps
     rm -rf "$run"
-    args=(train configs/default.toml --run.dir="$run" --train.steps="$steps" --train.batch_size="$B" --train.seq_len="$T"
+    args=(train "$tcfg" --run.dir="$run" --train.steps="$steps" --train.batch_size="$B" --train.seq_len="$T"
           --eval.every=0 --sample.every=0 --checkpoint.every=0 --log.every=100
           --model.n_layer="$L" --model.n_embd="$C" --model.n_head="$H" $tflags)
     if [[ $n == 1 ]]; then cmd=("$BIN" "${args[@]}"); else cmd=("$BIN" launch --nproc-per-node "$n" -- "$BIN" "${args[@]}"); fi
@@ -81,8 +93,10 @@ for spec in "${layouts[@]}"; do
   # $pflags is split on blanks on purpose; its quotes stay (TOML strings).
   # shellcheck disable=SC2086
   dpn=$n; [[ $pflags == *--islands* ]] && dpn=1
-  pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$cfg" --device cpu-local --devices-per-node "$dpn" \
+  pj=$(ATOLL_PLAN_CALIBRATION="$calf" "$BIN" plan --from-atoll "$pcfg" --device cpu-local --devices-per-node "$dpn" \
        --set plan.precision='"fp32"' --set plan.micro_batch="$B" --set plan.overlap_dp=false $pflags --json)
+  # Kept for the per-phase comparison (time.* of --explain; docs/plan.md, "Per phase").
+  echo "$pj" >"$run.plan.json"
   pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
   rows+=("$name|$meas|$cpums|$pred")
 done
@@ -97,3 +111,14 @@ for r in "${rows[@]}"; do
   echo "| $name | $meas | $cpums | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $($PY -c "print('%.2f' % ($pred/$cpums))") | $cpu | $load1 |"
 done
 echo "(work dir: $WORK)"
+# The prediction per phase (ms per step; time.* of `atoll plan --json`), to set beside a perf profile
+# of the same run (docs/plan.md, "Per phase").
+echo "| layout | compute | memory-bound | grad buffers | optimizer | bubble | tp | cp | ep | pp p2p | dp | control (step collectives) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+for spec in "${layouts[@]}"; do
+  IFS='|' read -r name _ <<<"$spec"
+  $PY -c 'import json,sys; t=json.load(open(sys.argv[2]))["time"]
+f=lambda k: "%.1f" % (1e3*(t[k]["total_s"] if isinstance(t[k], dict) else t[k]))
+print("| %s | %s |" % (sys.argv[1], " | ".join(f(k) for k in ("compute_s","memory_bound_s","grad_buffers_s","optimizer_s","bubble_s","tp","cp","ep","pp_p2p","dp","control"))))' \
+    "$name" "$WORK/run_${name//[^a-z0-9]/_}_$STEPS.plan.json"
+done
