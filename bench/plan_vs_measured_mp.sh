@@ -98,18 +98,30 @@ for spec in "${layouts[@]}"; do
   # Kept for the per-phase comparison (time.* of --explain; docs/plan.md, "Per phase").
   echo "$pj" >"$run.plan.json"
   pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
-  rows+=("$name|$meas|$cpums|$pred")
+  # A pipeline stage waiting out its bubble sleeps in a receive, which CPU time does not count.
+  prednb=$($PY -c 'import json,sys; t=json.load(sys.stdin)["time"]; print("%.1f" % (1e3*(t["step_s"]-t["bubble_s"])))' <<<"$pj")
+  rows+=("$name|$meas|$cpums|$pred|$prednb")
 done
 cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "GPT L$L C$C H$H, batch $B x $T per micro-batch, $STEPS steps (median of steps 2..$STEPS), 1 thread per rank"
-echo "CPU: $cpu ($(getconf _NPROCESSORS_ONLN) cores); load average $load0 at start, $load1 at end (a shared machine: under load)"
-echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | CPU | load average |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "CPU: $cpu ($(getconf _NPROCESSORS_ONLN) cores); load average $load0 at start, $load1 at end"
+cal_note=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1]))
+print("calibration: peak %.0f GFLOP/s, loopback all-reduce %.2f GB/s + %.1f us per step (%s; wall clock %.2f GB/s + %.1f us)" % (
+  j["peak_fp32_flops"]/1e9, j["intra_node_bandwidth"]/1e9, 1e6*j["intra_node_latency"], j.get("collective_timing","wall clock"),
+  j.get("intra_node_wall_bandwidth", j["intra_node_bandwidth"])/1e9, 1e6*j.get("intra_node_wall_latency", j["intra_node_latency"])))' "$CAL1")
+echo "$cal_note"
+echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | predicted without bubble/CPU | CPU | load average |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do
-  IFS='|' read -r name meas cpums pred <<<"$r"
-  echo "| $name | $meas | $cpums | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $($PY -c "print('%.2f' % ($pred/$cpums))") | $cpu | $load1 |"
+  IFS='|' read -r name meas cpums pred prednb <<<"$r"
+  echo "| $name | $meas | $cpums | $pred | $($PY -c "print('%.2f' % ($pred/$meas))") | $($PY -c "print('%.2f' % ($pred/$cpums))") | $($PY -c "print('%.2f' % ($prednb/$cpums))") | $cpu | $load1 |"
 done
+if awk -v l="${load0%% *}" 'BEGIN{exit !(l > 1.5)}'; then
+  echo "UNDER LOAD (load average ${load0%% *} at start on $(getconf _NPROCESSORS_ONLN) cores): the wall clock counts other processes' time slices; compare predicted/CPU"
+else
+  echo "quiet machine (load average ${load0%% *} at start): predicted/wall decides the 20% bound"
+fi
 echo "(work dir: $WORK)"
 # The prediction per phase (ms per step; time.* of `atoll plan --json`), to set beside a perf profile
 # of the same run (docs/plan.md, "Per phase").
