@@ -441,8 +441,8 @@ double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int sample
 // the ring's sends. Cold caches before each pass, as measure_attention.
 double measure_ring_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int cp, int samples) {
   const int64_t Tq = T / cp, S = 3 * H * hd, KS = 2 * H * hd;
-  const kernels::AttentionKernels& K = kernels::table(Device::cpu(), DType::f32).attention;
-  std::vector<std::vector<int32_t>> pos(size_t(cp));
+  const kernels::AttentionKernels& K = kernels::table(atl::Device::cpu(), DType::f32).attention;
+  std::vector<std::vector<int32_t>> pos(static_cast<size_t>(cp));
   for (int r = 0; r < cp; ++r) pos[size_t(r)] = nn::span_positions(parallel::context_spans(T, cp, r, true));
   const int rank = cp - 1;
   const std::vector<int32_t>& pq = pos[size_t(rank)];
@@ -451,7 +451,7 @@ double measure_ring_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int c
     std::vector<int32_t> k_lo, k_hi, q_lo, q_hi;
     bool any = false;
   };
-  std::vector<Ranges> rg(size_t(cp));
+  std::vector<Ranges> rg(static_cast<size_t>(cp));
   for (int s = 0; s < cp; ++s) {
     Ranges& r = rg[size_t(s)];
     const std::vector<int32_t>& pk = pos[size_t(s)];
