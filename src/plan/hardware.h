@@ -40,7 +40,8 @@ struct Device {
   // measured, then attention_curve): the engine's block kernels (attention_block.cpp) over the
   // balanced head-and-tail chunks, against the FLOPs the planner counts for that rank's queries.
   // The block kernels take [q-block, k-block] ranges instead of the fused causal loop, and run
-  // at their own rate.
+  // at their own rate. Measured at cp = 2 only and used for every cp (an assumption: at larger cp
+  // the blocks are smaller and more of them are wholly visible).
   std::vector<std::pair<double, double>> ring_attention_curve;
   // Parameters per second the engine's AdamW update and gradient norm reach (cpu-local; 0: not
   // measured). Where the update's arithmetic is slower than streaming its bytes, this bounds it.
