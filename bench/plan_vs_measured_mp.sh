@@ -7,7 +7,9 @@
 # metrics.jsonl without the first step, and CPU ms per step and rank (see below); predicted = `atoll plan --from-atoll` with the same model,
 # batch and layout on `cpu-local`. No PyTorch peer: the planner is compared with the engine.
 # cpu-local comes from `atoll plan calibrate --quick` (one thread, CPU time; the loopback
-# all-reduce bandwidth and latency fitted from `atoll bench comm` over Gloo/TCP on 127.0.0.1), or
+# all-reduce bandwidth and latency fitted from `atoll bench comm` over Gloo/TCP on 127.0.0.1, by
+# CPU time too since session 7, the wall-clock fit printed beside it; ring attention's block
+# kernels timed for the cp rows), or
 # from $ATOLL_PLAN_CALIBRATION when it exists. The 2-rank device doubles the per-core rates of the
 # 1-thread calibration (each rank has its own core) and keeps its memory bandwidth (the two ranks
 # share L3 and DRAM). The element-wise kernels' rate is doubled too, as tools/plan_self_check.sh
@@ -16,6 +18,9 @@
 # DiLoCo (2 islands of 1 rank, H = 4): the plan's islands are 1-core devices (the 1-thread
 # calibration) joined by the loopback link that calibration measured (its intra-node all-reduce
 # fit), given as the inter-island link.
+# Prints predicted/wall and predicted/CPU per layout, whether the machine was loaded, and the
+# prediction per phase (time.* of --json) to set beside a perf profile. One command, 3-5 minutes
+# under load with its calibration.
 # usage: bench/plan_vs_measured_mp.sh [N_LAYER N_EMBD N_HEAD BATCH SEQ STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
