@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <unistd.h>
 #include <vector>
@@ -27,6 +28,12 @@ namespace atl::cli {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 const char* kOps[] = {"all_reduce", "reduce_scatter", "all_gather"};
 
 double bus_factor(const std::string& op, int n) {
@@ -75,18 +82,28 @@ void run_in_job(const Opts& o) {
           std::max<int64_t>(o.samples, std::clamp<int64_t>(int64_t(o.seconds / std::max(one, 1e-6)), 3, 1000));
       c->broadcast(iters, 0);
       int64_t k = iters.data<int64_t>()[0];
-      std::vector<double> each;
+      std::vector<double> each, each_cpu;
       c->barrier();
       t0 = clock_type::now();
       for (int64_t i = 0; i < k; ++i) {
         auto ti = clock_type::now();
+        const double ci = process_cpu_seconds();
         once();
-        if (o.samples > 0) each.push_back(std::chrono::duration<double>(clock_type::now() - ti).count());
+        if (o.samples > 0) {
+          each.push_back(std::chrono::duration<double>(clock_type::now() - ti).count());
+          each_cpu.push_back(process_cpu_seconds() - ci);
+        }
       }
       Tensor t = Tensor::full({1}, float(std::chrono::duration<double>(clock_type::now() - t0).count() / k));
       if (c->rank() == 0 && o.in_job)
         for (double x : each)
           std::printf("SAMPLE %s %s %d %lld %.9f\n", c->backend().c_str(), op, n, (long long)(elems * 4), x);
+      // The same iterations in CPU seconds of this rank's process (its backend's threads included):
+      // what the collective costs while the rank has its core, beside the wall clock's wait for a
+      // peer the scheduler has not run yet (`atoll plan calibrate` on a loaded host).
+      if (c->rank() == 0 && o.in_job)
+        for (double x : each_cpu)
+          std::printf("CPUTIME %s %s %d %lld %.9f\n", c->backend().c_str(), op, n, (long long)(elems * 4), x);
       c->all_reduce(t, comm::ReduceOp::max);
       res[c->backend()][op][elems * 4] = double(t.f32()[0]);
       if (c->rank() == 0 && o.in_job) {

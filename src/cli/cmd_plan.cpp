@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -28,6 +29,12 @@
 #include "kernels/cpu/kernels.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_config.h"
+#include "models/moe/moe_config.h"
+#include "nn/model.h"
+#include "nn/context_attention.h"
+#include "parallel/context_parallel.h"
+#include "kernels/dispatch.h"
+#include "tensor/tensor.h"
 #include "plan/plan_input.h"
 #include "plan/predict.h"
 #include "plan/report.h"
@@ -69,7 +76,8 @@ struct InputArgs {
     if (devices_per_node) c.set_override("cluster.devices_per_node=" + std::to_string(devices_per_node));
     if (!from_atoll.empty()) {
       // The engine's own reading of its [model] section, turned into planner keys.
-      nn::GPTConfig g = engine_model();
+      nn::MoEModelConfig e = engine_model();
+      const nn::GPTConfig& g = e.attn;
       std::vector<std::string> kv = {
           "model.name=\"" + from_atoll + "\"", "model.layers=" + std::to_string(g.n_layer),
           "model.hidden=" + std::to_string(g.n_embd), "model.heads=" + std::to_string(g.n_head),
@@ -83,14 +91,34 @@ struct InputArgs {
           // The engine's attention is blocked with an online softmax (kernels/cpu/attention_*.cpp):
           // the T×T scores never reach memory, which is the planner's "flash" attention.
           "model.attention=\"flash\"", "model.dropout=false"};
+      if (moe_family()) {
+        // models/moe: the first n_dense_layers dense, every later layer routed. The planner's shared
+        // experts are expert_ffn wide each; a shared_ffn of its own is not expressible there.
+        ATOLL_CHECK(e.moe.shared_ffn == 0 || e.moe.shared_ffn == e.moe.expert_ffn,
+                    "--from-atoll {}: model.shared_ffn = {} differs from expert_ffn = {}; the planner sizes "
+                    "each shared expert as one routed expert", from_atoll, e.moe.shared_ffn, e.moe.expert_ffn);
+        for (auto o : {"model.experts=" + std::to_string(e.moe.n_experts), "model.top_k=" + std::to_string(e.moe.top_k),
+                       "model.shared_experts=" + std::to_string(e.moe.n_shared),
+                       "model.expert_ffn=" + std::to_string(e.moe.expert_ffn),
+                       "model.first_dense_layers=" + std::to_string(e.n_dense_layers), std::string("model.moe_every=1")})
+          kv.push_back(o);
+      }
       for (auto& o : kv) c.set_override(o);
     }
     for (auto& s : sets) c.set_override(s);
     return c;
   }
-  nn::GPTConfig engine_model() const {
+  bool moe_family() const {
     Config a = Config::load(from_atoll);
-    return nn::GPTConfig::from_config(a, "model");
+    return a.get_string("model.family", "gpt") == "moe";
+  }
+  // The GPT family's config is the MoE family's attention part with no experts.
+  nn::MoEModelConfig engine_model() const {
+    Config a = Config::load(from_atoll);
+    if (moe_family()) return nn::MoEModelConfig::from_config(a, "model");
+    nn::MoEModelConfig e;
+    e.attn = nn::GPTConfig::from_config(a, "model");
+    return e;
   }
   int64_t seq_len(const nn::GPTConfig& g) const {
     Config a = Config::load(from_atoll);
@@ -98,8 +126,8 @@ struct InputArgs {
   }
   // Parameters the engine counts for that model (built, not trained), to compare with the plan.
   int64_t engine_params() const {
-    nn::GPT model(engine_model());
-    return model.num_params();
+    Config a = Config::load(from_atoll);
+    return nn::make_model(a, "model")->num_params();
   }
 };
 
@@ -403,6 +431,65 @@ double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int sample
   return 3.0 * B * H * 2.0 * T * T * (2.0 * hd) / best;
 }
 
+// FLOP/s of one context-parallel rank's ring attention at `cp` ranks (balanced head-and-tail
+// chunks of a row of T), forward + backward, through the engine's block kernels as
+// parallel/context_parallel.cpp calls them: a block_forward per key block of the ring, then a
+// block_backward per block, with the visible [query, key] ranges of a causal row. Counted as the
+// planner counts that rank's attention core, 2·(T/cp)·T·(d_q + d_v) per head forward and 3× that
+// for forward + backward, so it is directly the rate `time.compute` divides by under cp. Not
+// timed: merging the blocks' outputs and D = dO·O (O(T·hd) per head, outside the kernels), and
+// the ring's sends. Cold caches before each pass, as measure_attention.
+double measure_ring_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int cp, int samples) {
+  const int64_t Tq = T / cp, S = 3 * H * hd, KS = 2 * H * hd;
+  const kernels::AttentionKernels& K = kernels::table(atl::Device::cpu(), DType::f32).attention;
+  std::vector<std::vector<int32_t>> pos(static_cast<size_t>(cp));
+  for (int r = 0; r < cp; ++r) pos[size_t(r)] = nn::span_positions(parallel::context_spans(T, cp, r, true));
+  const int rank = cp - 1;
+  const std::vector<int32_t>& pq = pos[size_t(rank)];
+  auto lb = [](const std::vector<int32_t>& v, int32_t x) { return int32_t(std::lower_bound(v.begin(), v.end(), x) - v.begin()); };
+  struct Ranges {
+    std::vector<int32_t> k_lo, k_hi, q_lo, q_hi;
+    bool any = false;
+  };
+  std::vector<Ranges> rg(static_cast<size_t>(cp));
+  for (int s = 0; s < cp; ++s) {
+    Ranges& r = rg[size_t(s)];
+    const std::vector<int32_t>& pk = pos[size_t(s)];
+    r.k_lo.assign(size_t(B * Tq), 0), r.k_hi.resize(size_t(B * Tq)), r.q_lo.resize(size_t(B * Tq)), r.q_hi.assign(size_t(B * Tq), int32_t(Tq));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tq; ++t) {
+        r.k_hi[size_t(b * Tq + t)] = lb(pk, pq[size_t(t)] + 1);
+        r.q_lo[size_t(b * Tq + t)] = lb(pq, pk[size_t(t)]);
+        r.any = r.any || r.k_hi[size_t(b * Tq + t)] > 0;
+      }
+  }
+  auto view = [](const Ranges& r) { return kernels::AttentionRanges{r.k_lo.data(), r.k_hi.data(), r.q_lo.data(), r.q_hi.data()}; };
+  std::vector<float> qkv(size_t(B * Tq * S)), kv(size_t(B * Tq * KS)), dq(qkv.size(), 0.f), part(kv.size(), 0.f);
+  std::vector<float> ob(size_t(B * Tq * H * hd)), dout(ob.size(), 0.01f), lbuf(size_t(B * H * Tq)), lse(lbuf.size()), D(lbuf.size(), 0.01f);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.01f * float(int(i % 17) - 8);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = 0.01f * float(int(i % 13) - 6);
+  // The diagonal block (the rank's own keys) is visible to every query: its lse stands in for the
+  // merged one the backward reads.
+  K.block_forward(ob.data(), lse.data(), qkv.data(), S, kv.data(), view(rg[size_t(rank)]), B, Tq, Tq, H, H, hd);
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < samples; ++r) {
+    evict_caches();
+    clock.reset();
+    for (int s = 0; s < cp; ++s)
+      if (rg[size_t(s)].any) K.block_forward(ob.data(), lbuf.data(), qkv.data(), S, kv.data(), view(rg[size_t(s)]), B, Tq, Tq, H, H, hd);
+    double fwd = clock.seconds();
+    evict_caches();
+    clock.reset();
+    for (int s = 0; s < cp; ++s)
+      if (rg[size_t(s)].any)
+        K.block_backward(dq.data(), part.data(), dout.data(), D.data(), lse.data(), qkv.data(), S, kv.data(),
+                         view(rg[size_t(s)]), B, Tq, Tq, H, H, hd);
+    best = std::min(best, fwd + clock.seconds());
+  }
+  return 3.0 * B * H * 2.0 * Tq * T * (2.0 * hd) / best;
+}
+
 // Parameters per second of the engine's AdamW update plus the global gradient norm that clipping
 // takes first, on n parameters (a few times the last-level cache, as a model's states are). On a
 // CPU the per-parameter division and square root can cost more than streaming its 28 bytes.
@@ -425,8 +512,10 @@ double measure_optimizer(int64_t n, int reps) {
 // started by `atoll launch` (the same launcher and backend training uses): bytes → every timed
 // iteration (`--samples`: at least `samples` per size, each timed alone), so that the fit can take
 // medians (plan/comm_fit.h). A bench that prints no SAMPLE lines gives its RESULT means instead.
+// cpu (when given): the same iterations in the rank's process CPU seconds (CPUTIME lines).
 std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_bytes, int64_t max_bytes,
-                                                         double seconds, int samples) {
+                                                         double seconds, int samples,
+                                                         std::map<double, std::vector<double>>* cpu = nullptr) {
   char buf[4096] = {};
   ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
   ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
@@ -446,7 +535,10 @@ std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_
     double secs = 0;
     const char* r = std::strstr(line, "RESULT ");
     const char* q = std::strstr(line, "SAMPLE ");
-    if (q && std::sscanf(q, "SAMPLE %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+    const char* u = std::strstr(line, "CPUTIME ");
+    if (u && std::sscanf(u, "CPUTIME %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
+      if (cpu && !std::strcmp(op, "all_reduce") && secs > 0) (*cpu)[double(bytes)].push_back(secs);
+    } else if (q && std::sscanf(q, "SAMPLE %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
       if (!std::strcmp(op, "all_reduce") && secs > 0) each[double(bytes)].push_back(secs);
     } else if (r && std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
       if (!std::strcmp(op, "all_reduce") && secs > 0) means[double(bytes)].push_back(secs);
@@ -515,6 +607,16 @@ int run_calibrate(int argc, char** argv) {
     std::printf("  attention kernel %.2f GFLOP/s (causal, fwd+bwd, 16 × %lld heads, T=128, head dim 32)\n", r / 1e9,
                 (long long)heads);
   }
+  // Ring attention's block kernels at cp = 2 on the same calls (each rank: 16 sequences of 64
+  // queries against the row's 128 keys).
+  std::vector<std::pair<double, double>> ring_curve;
+  for (int64_t heads : quick ? std::vector<int64_t>{2, 8} : std::vector<int64_t>{1, 2, 4, 8, 16}) {
+    const int64_t B = 16, T = 128, hd = 32, cp = 2;
+    double r = measure_ring_attention(B, T, heads, hd, int(cp), 3 * reps);
+    ring_curve.push_back({double(B * heads) * 2.0 * (T / cp) * T * (2.0 * hd), r});
+    std::printf("  ring attention blocks %.2f GFLOP/s (cp=2 rank, fwd+bwd, 16 × %lld heads, T=128, head dim 32)\n",
+                r / 1e9, (long long)heads);
+  }
   double opt_rate = measure_optimizer(int64_t(1) << 22, 2 * reps);
   std::printf("  AdamW update + gradient norm %.1f M params/s\n", opt_rate / 1e6);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -531,6 +633,8 @@ int run_calibrate(int argc, char** argv) {
   j["attention_flops"] = attn;
   j["attention_curve"] = nlohmann::json::array();
   for (auto [f, r] : attn_curve) j["attention_curve"].push_back({f, r});
+  j["ring_attention_curve"] = nlohmann::json::array();
+  for (auto [f, r] : ring_curve) j["ring_attention_curve"].push_back({f, r});
   j["optimizer_params_per_s"] = opt_rate;
   j["timing"] = KernelClock().cpu_time() ? "process CPU time (1 thread)" : "wall clock";
   // Between nodes: a 10 Gb/s network (one host cannot measure it). Inside the node: measured
@@ -546,9 +650,21 @@ int run_calibrate(int argc, char** argv) {
     // so a few descheduled iterations or one bad size do not set the latency (a least-squares
     // line through 0.02 s means had fitted 5.3 ms per step where training sees ~2 ms).
     const int samples = quick ? 15 : 41;
-    auto timings = measure_all_reduce(2, 4096, int64_t(16) << 20, quick ? 0.02 : 0.1, samples);
-    plan::AlphaBetaFit fit = plan::fit_all_reduce(timings, 2);
+    std::map<double, std::vector<double>> cpu_timings;
+    auto timings = measure_all_reduce(2, 4096, int64_t(16) << 20, quick ? 0.02 : 0.1, samples, &cpu_timings);
+    plan::AlphaBetaFit wall = plan::fit_all_reduce(timings, 2);
+    // With kernels timed by CPU time (one thread), the collectives are too, for the same reason:
+    // on a loaded host the wall clock counts the peer's wait for a core (3 ms per step at load 15,
+    // against 40 µs at load 20 a session earlier: the scheduler, not the link), CPU time what the
+    // transfer costs the ranks (TCP copies, syscalls, the reduction), which is what a rank with
+    // its own core waits for. The wall-clock fit is kept beside it.
+    const bool by_cpu = KernelClock().cpu_time() && cpu_timings.size() >= 2;
+    if (by_cpu) timings = cpu_timings;
+    plan::AlphaBetaFit fit = by_cpu ? plan::fit_all_reduce(cpu_timings, 2) : wall;
     const double cbw = fit.bandwidth, lat = fit.latency;
+    if (by_cpu)
+      std::printf("  wall clock: bus bandwidth %.2f GB/s, latency %.1f us per step (not used: CPU time is)\n",
+                  wall.bandwidth / 1e9, wall.latency * 1e6);
     for (auto [bytes, t] : fit.medians)
       std::printf("  all_reduce %9.0f B  median of %3zu: %9.1f us  busbw %6.2f GB/s  (fit %9.1f us)\n", bytes,
                   timings[bytes].size(), t * 1e6, bytes / t / 1e9, (2 * lat + bytes / cbw) * 1e6);
@@ -558,6 +674,9 @@ int run_calibrate(int argc, char** argv) {
     j["intra_node_latency"] = lat;
     j["collectives_measured"] = true;
     j["collective_fit"] = "median per size, Theil-Sen line";
+    j["collective_timing"] = by_cpu ? "process CPU time of rank 0" : "wall clock";
+    j["intra_node_wall_bandwidth"] = wall.bandwidth;
+    j["intra_node_wall_latency"] = wall.latency;
     j["all_reduce_2_ranks"] = nlohmann::json::array();
     for (auto [bytes, t] : fit.medians) j["all_reduce_2_ranks"].push_back({bytes, t});
   }

@@ -35,6 +35,7 @@ Cluster make_cluster(const Device& d, int64_t dpn, int64_t npi, int64_t islands)
     c.device.mem_bytes /= k, c.device.mem_bw /= k;
     c.device.elementwise_bw /= k, c.device.attention_flops /= k, c.device.optimizer_params_per_s /= k;
     for (auto& pt : c.device.attention_curve) pt.second /= k;
+    for (auto& pt : c.device.ring_attention_curve) pt.second /= k;
   }
   c.devices_per_node = dpn, c.nodes_per_island = npi, c.islands = islands;
   // Collectives reach about 80% of a link's nominal bandwidth (NCCL's bus bandwidth on NVLink and

@@ -75,18 +75,27 @@ double Device::gemm_efficiency(double flops, const std::string& precision) const
   return e;
 }
 
-double Device::attention_rate(double f) const {
-  if (attention_curve.empty()) return attention_flops;
-  if (f <= attention_curve.front().first) return attention_curve.front().second;
-  for (size_t i = 1; i < attention_curve.size(); ++i) {
-    if (f <= attention_curve[i].first) {
-      auto [f0, r0] = attention_curve[i - 1];
-      auto [f1, r1] = attention_curve[i];
+// A measured rate at call size f: log-interpolated between the curve's points, clamped at its ends.
+static double rate_on_curve(const std::vector<std::pair<double, double>>& curve, double f) {
+  if (f <= curve.front().first) return curve.front().second;
+  for (size_t i = 1; i < curve.size(); ++i) {
+    if (f <= curve[i].first) {
+      auto [f0, r0] = curve[i - 1];
+      auto [f1, r1] = curve[i];
       double t = (std::log(f) - std::log(f0)) / (std::log(f1) - std::log(f0));
       return r0 + t * (r1 - r0);
     }
   }
-  return attention_curve.back().second;
+  return curve.back().second;
+}
+
+double Device::attention_rate(double f) const {
+  if (attention_curve.empty()) return attention_flops;
+  return rate_on_curve(attention_curve, f);
+}
+
+double Device::ring_attention_rate(double f) const {
+  return ring_attention_curve.empty() ? attention_rate(f) : rate_on_curve(ring_attention_curve, f);
 }
 
 double Device::attention_backward_efficiency() const {
@@ -199,6 +208,13 @@ Device device_from_calibration(const std::string& path) {
   if (j.contains("attention_curve"))
     for (auto& p : j["attention_curve"]) d.attention_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
   std::sort(d.attention_curve.begin(), d.attention_curve.end());
+  if (j.contains("ring_attention_curve"))
+    for (auto& p : j["ring_attention_curve"])
+      d.ring_attention_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
+  std::sort(d.ring_attention_curve.begin(), d.ring_attention_curve.end());
+  for (auto& [f, r] : d.ring_attention_curve)
+    ATOLL_CHECK(f > 0 && r > 0, "calibration file '{}': ring_attention_curve points must be positive (rerun `atoll "
+                "plan calibrate`)", path);
   for (auto& [f, r] : d.attention_curve)
     ATOLL_CHECK(f > 0 && r > 0, "calibration file '{}': attention_curve points must be positive (rerun `atoll plan "
                 "calibrate`)", path);

@@ -36,6 +36,13 @@ struct Device {
   // calls stream Q, K and V from further out in the cache hierarchy and run slower. When present
   // it replaces attention_flops (interpolated in log FLOPs, clamped at its ends).
   std::vector<std::pair<double, double>> attention_curve;
+  // The same for one context-parallel rank's ring attention at cp = 2 (cpu-local; empty: not
+  // measured, then attention_curve): the engine's block kernels (attention_block.cpp) over the
+  // balanced head-and-tail chunks, against the FLOPs the planner counts for that rank's queries.
+  // The block kernels take [q-block, k-block] ranges instead of the fused causal loop, and run
+  // at their own rate. Measured at cp = 2 only and used for every cp (an assumption: at larger cp
+  // the blocks are smaller and more of them are wholly visible).
+  std::vector<std::pair<double, double>> ring_attention_curve;
   // Parameters per second the engine's AdamW update and gradient norm reach (cpu-local; 0: not
   // measured). Where the update's arithmetic is slower than streaming its bytes, this bounds it.
   double optimizer_params_per_s = 0;
@@ -73,6 +80,8 @@ struct Device {
   double gemm_efficiency(double flops, const std::string& precision) const;
   // FLOP/s of a fused attention call of `forward_flops` (attention_curve, else attention_flops).
   double attention_rate(double forward_flops) const;
+  // FLOP/s of one cp rank's ring-attention core (ring_attention_curve, else attention_rate).
+  double ring_attention_rate(double forward_flops) const;
   // Time of one [m,k]x[k,n] GEMM: the larger of the compute time at the curve's efficiency and
   // the time to stream its operands through memory (a roofline).
   double gemm_time(double m, double n, double k, const std::string& precision, double elem_bytes) const;

@@ -148,7 +148,7 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
     // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
     // call over every local head of the micro-batch.
     const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
-    x.compute += f / d.attention_rate(f);
+    x.compute += f / (l.cp > 1 ? d.ring_attention_rate(f) : d.attention_rate(f));
   } else if (m.attention == "flash") {
     // Causal flash attention skips the blocks above the diagonal (1/1.75 of the non-causal time,
     // kFlashCausalFraction); only Q, K, V and O touch memory: the s×s scores and probabilities
@@ -680,8 +680,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       std::string attn;
       if (m.attention == "flash" && (d.attention_flops > 0 || !d.attention_curve.empty())) {
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
-        attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured fused-attention rate "
-                           "{:.4g} GFLOP/s", f, d.attention_rate(f) / 1e9);
+        if (l.cp > 1)
+          attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured ring-attention block "
+                             "rate {:.4g} GFLOP/s{}", f, d.ring_attention_rate(f) / 1e9,
+                             d.ring_attention_curve.empty() ? " (not calibrated: the fused kernel's)" : "");
+        else
+          attn = fmt::format("; attention cores ({:.4g} forward FLOPs per layer) at the measured fused-attention rate "
+                             "{:.4g} GFLOP/s", f, d.attention_rate(f) / 1e9);
       } else {
         double f = b * m.heads / t * 2.0 * s_local * double(m.seq) * double(m.score_dim() + m.value_dim()) / m.heads;
         if (m.attention == "flash") f *= kFlashCausalFraction;

@@ -40,7 +40,8 @@ TEST(BenchComm, SideBySideTableForGlooAndMpi) {
 
 // `--samples N` (what `atoll plan calibrate` reads): at least N iterations per size, each timed
 // alone and printed as a SAMPLE line beside the size's RESULT mean, so the caller can take medians.
-// With --seconds 0 the count is exactly N (the time budget asks for the minimum of 3).
+// With --seconds 0 the count is exactly N (the time budget asks for the minimum of 3). Each
+// iteration also prints a CPUTIME line: its CPU seconds in the rank's process.
 TEST(BenchComm, SamplesPrintEveryIterationOfEverySize) {
   Proc p = run({atoll_exe(), "bench", "comm", "--in-job", "--min-bytes", "64", "--max-bytes", "256", "--seconds", "0",
                 "--samples", "7"},
@@ -51,13 +52,21 @@ TEST(BenchComm, SamplesPrintEveryIterationOfEverySize) {
     for (const char* size : {" 64 ", " 256 "}) {
       std::istringstream in(p.out);
       std::string line;
-      int samples = 0, results = 0;
+      int samples = 0, results = 0, cpu = 0;
       while (std::getline(in, line)) {
         if (line.find(op) == std::string::npos || line.find(size) == std::string::npos) continue;
         samples += line.rfind("SAMPLE ", 0) == 0;
         results += line.rfind("RESULT ", 0) == 0;
+        if (line.rfind("CPUTIME ", 0) == 0) {
+          ++cpu;
+          // A CPU time that is a number, not negative (issue 16: the calibration's CPU-time fit).
+          double secs = std::stod(line.substr(line.rfind(' ') + 1));
+          EXPECT_GE(secs, 0.0) << line;
+        }
       }
       EXPECT_EQ(samples, 7) << op << size << "\n" << p.out;
+      // The same iterations in the rank's process CPU seconds, one line each.
+      EXPECT_EQ(cpu, 7) << op << size << "\n" << p.out;
       EXPECT_EQ(results, 1) << op << size << "\n" << p.out;
     }
 }

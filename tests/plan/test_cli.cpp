@@ -121,6 +121,13 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
     EXPECT_GT(p[1].get<double>(), 1e7);
     EXPECT_LT(p[1].get<double>(), 2 * j["peak_fp32_flops"].get<double>());
   }
+  // Ring attention's block kernels at cp = 2 (the rate a cp rank's core is timed at).
+  ASSERT_GE(j["ring_attention_curve"].size(), 2u);
+  for (auto& p : j["ring_attention_curve"]) {
+    EXPECT_GT(p[0].get<double>(), 0.0);
+    EXPECT_GT(p[1].get<double>(), 1e7);
+    EXPECT_LT(p[1].get<double>(), 2 * j["peak_fp32_flops"].get<double>());
+  }
   // AdamW plus the gradient norm: between 1 M and 100 G parameters per second on any CPU.
   EXPECT_GT(j["optimizer_params_per_s"].get<double>(), 1e6);
   EXPECT_LT(j["optimizer_params_per_s"].get<double>(), 1e11);
@@ -133,6 +140,11 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
   // fitted the alpha-beta model. Loopback between processes of one host runs between ~10 MB/s
   // (a very loaded machine) and the memory bandwidth; a step's latency between 0 and 10 ms.
   ASSERT_TRUE(j["collectives_measured"].get<bool>()) << c.out;
+  // One thread: kernels are timed by CPU time, and so are the collectives (issue 16), the
+  // wall-clock fit kept beside them.
+  EXPECT_EQ(j["collective_timing"].get<std::string>(), "process CPU time of rank 0") << c.out;
+  EXPECT_GT(j["intra_node_wall_bandwidth"].get<double>(), 0.0);
+  EXPECT_GE(j["intra_node_wall_latency"].get<double>(), 0.0);
   double bw = j["intra_node_bandwidth"].get<double>(), lat = j["intra_node_latency"].get<double>();
   EXPECT_GT(bw, 1e7);
   EXPECT_LT(bw, 2 * j["memory_bandwidth"].get<double>());
@@ -173,6 +185,20 @@ TEST(PlanCli, ParameterCountsEqualTheEnginesForAtollConfigs) {
     EXPECT_GT(j["model"]["params"].get<int64_t>(), 100000) << cfg;
   }
   fs::remove_all(d);
+}
+
+// Issue 16, item 4 (the EP point of the self-check): --from-atoll reads the MoE family's config
+// (models/moe) into the planner's expert keys. Fails if the reader drops the experts (the plan
+// would count a dense model: about 5x fewer parameters than moe-small) or miscounts any of them
+// (routed, shared, router, the dense first layer), and if ep2 gets no all-to-all time.
+TEST(PlanCli, MoeAtollConfigsKeepTheirExpertsAndCountTheEnginesParameters) {
+  CliRun r = run_atoll("plan --from-atoll " + kSrc + "/configs/moe-small.toml --device a100-80gb --devices-per-node 2 "
+                       "--set plan.dp=2 --set plan.ep=2 --set plan.zero=3 --set plan.global_batch=32 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"]["engine_params"].get<int64_t>(), j["model"]["params"].get<int64_t>());
+  EXPECT_GT(j["model"]["params"].get<int64_t>(), 1000000);  // moe-small: 16 + 2 experts in 3 of 4 layers
+  EXPECT_GT(j["time"]["ep"]["total_s"].get<double>(), 0.0) << j["time"].dump();
 }
 
 TEST(PlanCli, ValidateReproducesTheDocsTable) {

@@ -110,6 +110,31 @@ TEST(PlanMemoryTraffic, AttentionCurveInterpolatesAndReplacesTheSingleRate) {
   EXPECT_NEAR(slow.compute - c.compute, core, 1e-9 * slow.compute);
 }
 
+// Issue 16, item 4: a cp rank's attention runs the ring's block kernels, at their own measured
+// rate (ring_attention_curve), not the fused causal kernel's. Without the curve nothing changes;
+// with it at half the fused rate, the cp2 step gains exactly its attention cores' time once more
+// (3 × the rank's forward FLOPs per layer at the fused rate) and a cp = 1 step is unchanged.
+TEST(PlanMemoryTraffic, RingAttentionRunsAtTheBlockKernelsMeasuredRate) {
+  ModelSpec m = model_preset("gpt2-124m");
+  Layout l;
+  l.micro_batch = 1, l.global_batch = 1, l.cp = 2;
+  Device d = find_device("h100-sxm");
+  d.attention_curve = {{1e6, 5e12}, {1e12, 5e12}};
+  EXPECT_DOUBLE_EQ(d.ring_attention_rate(1e9), 5e12);  // no ring curve: the fused kernel's rate
+  Cluster c = make_cluster(d, 2, 1, 1);
+  Prediction fused = predict(m, c, l);
+  Layout one_rank = l;
+  one_rank.cp = 1;
+  Prediction single = predict(m, make_cluster(d, 1, 1, 1), one_rank);
+  d.ring_attention_curve = {{1e6, 2.5e12}, {1e12, 2.5e12}};
+  EXPECT_DOUBLE_EQ(d.ring_attention_rate(1e9), 2.5e12);
+  Prediction ring = predict(m, make_cluster(d, 2, 1, 1), l);
+  const double s_local = double(m.seq) / 2, dh = double(m.hidden) / m.heads;
+  const double core = double(m.layers) * 3 * m.heads * 2.0 * s_local * double(m.seq) * 2 * dh / 5e12;
+  EXPECT_NEAR(ring.compute - fused.compute, core, 1e-9 * ring.compute);
+  EXPECT_DOUBLE_EQ(predict(m, make_cluster(d, 1, 1, 1), one_rank).compute, single.compute);
+}
+
 TEST(PlanMemoryTraffic, NonOverlappingGemmAddsItsOperandTraffic) {
   Device d = find_device("h100-sxm");
   const double m = 2048, n = 64, k = 64, eb = 4;
