@@ -33,6 +33,7 @@
 #include "nn/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
 
 namespace atl::lowcomm {
 
@@ -78,7 +79,9 @@ class LowComm {
 
   // Once the data-parallel strategy exists: refuses strategies that do not hold the whole model
   // on every rank, starts every island from island 0's parameters, takes the outer state.
-  void attach(nn::Model& model, const std::string& strategy);
+  // tp: the tensor-parallel context of this rank's shard (tp inside the islands; null without),
+  // for the parameters every tp rank holds whole (tensor_parallel_islands.cpp).
+  void attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp = nullptr);
   // After the optimizer step of `step` (0-based). Returns the metrics of the syncs it finished
   // (null when none): bytes sent, sync time, compute utilization.
   nlohmann::json after_step(int64_t step);
@@ -126,7 +129,11 @@ class LowComm {
   // The model's 2-D parameters that lie wholly inside the concatenation of the flat ranges
   // [lo, hi) (in order), as spans of that concatenation.
   std::vector<comm::MatrixSpan> matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
-  int64_t wan_bytes(int64_t numel) const;  // what start_average(numel) sends from this rank
+  int64_t wan_bytes(int64_t numel) const;
+  // tp inside the islands (tensor_parallel_islands.cpp): the averaged pseudo-gradient of the
+  // parameters every tp rank holds whole made the same bits on all of them (tp rank 0's), so
+  // that the outer step keeps them equal whatever order the exchange summed them in.
+  void agree_over_tp(Tensor& delta);  // what start_average(numel) sends from this rank
   // One sync's record; blocked_s is the time the inner steps waited for it.
   nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
 
@@ -134,6 +141,13 @@ class LowComm {
   comm::Communicator* world_;
   std::unique_ptr<comm::Communicator> island_comm_;
   comm::Communicator* across_ = nullptr;
+  // The ranks of this island that hold this rank's shard (its data-parallel group): each sends
+  // 1/k of the shard's pseudo-gradient across, then they all-gather the means. The island's
+  // ranks without tp; under tp the island's ranks with this tp coordinate.
+  comm::Communicator* share_ = nullptr;
+  comm::Communicator* tp_comm_ = nullptr;  // the island's tp group (tp > 1)
+  int tp_ = 1;
+  std::vector<std::pair<int64_t, int64_t>> replicated_;  // flat ranges every tp rank holds whole
   int island_ = 0, islands_ = 1;
   std::unique_ptr<PseudoGradientExchange> exchange_;
   nn::Model* model_ = nullptr;
@@ -146,6 +160,11 @@ class LowComm {
 
  private:
   void save_exchange(std::vector<std::pair<std::string, Tensor>>& extra);
+  // tensor_parallel_islands.cpp: refuses what tp inside the islands does not run; the outer
+  // state's checkpoint names (per tp shard under tp).
+  void setup_tensor_parallel(parallel::Mesh& mesh);
+  void save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st);
+  void load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   void load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   // For compute utilization: wall time between records and the time blocked in syncs within it.
   std::chrono::steady_clock::time_point window_start_;

@@ -76,10 +76,11 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
   ATOLL_CHECK(m.pp == 1 || m.cp == 1, "parallel.pp = {} with parallel.cp = {}: pipeline parallelism composes with "
               "data and tensor parallelism only so far (cp must be 1)", m.pp, m.cp);
   // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data
-  // parallelism inside each island; model parallelism inside an island is not composed yet.
-  ATOLL_CHECK(m.island == 1 || (m.tp == 1 && m.cp == 1 && m.pp == 1), "parallel.islands = {} with parallel.tp = {}, "
-              "parallel.cp = {} and parallel.pp = {}: islands run data parallelism inside each island only (tp, cp "
-              "and pp must be 1)", m.island, m.tp, m.cp, m.pp);
+  // and tensor parallelism inside each island (lowcomm/tensor_parallel_islands.cpp); cp and pp
+  // inside an island are not composed yet.
+  ATOLL_CHECK(m.island == 1 || (m.cp == 1 && m.pp == 1), "parallel.islands = {} with parallel.cp = {} and "
+              "parallel.pp = {}: islands run data and tensor parallelism inside each island only (cp and pp must be "
+              "1)", m.island, m.cp, m.pp);
 }
 
 DataParallel::~DataParallel() = default;

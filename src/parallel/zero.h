@@ -66,6 +66,8 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // whole buffer under stage 1 or on one rank.
   std::vector<std::pair<int64_t, int64_t>> reduced_grad_ranges() const;
   size_t num_buckets() const { return layout_.buckets.size(); }
+  comm::CompressedAllReducer* gradient_codec() override { return compressor_.get(); }
+  std::vector<std::pair<std::string, int64_t>> gradient_codec_tensors() const override;  // zero_codec.cpp
 
  private:
   struct BucketState {

@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "lowcomm/codec_checkpoint.h"
 #include "lowcomm/lowcomm.h"
 #include "nn/recompute.h"
 #include "optim/clip.h"
@@ -156,6 +157,7 @@ struct Trainer::Impl {
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
                           {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
     if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
+    lowcomm::save_gradient_codec(*dp, comm.get(), ck.optimizer, ck.state);  // after lowcomm's island gathers
     task->save_tensors(ck.optimizer);  // "task." entries (RL's reference), beside the optimizer's
     return ck;
   }
@@ -173,8 +175,10 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp) return TaskEnv{int(mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate")), int(pc.mesh.dp()),
-                           comm.get(), rank};
+    if (tp) {  // each island reads its own rows (islands x dp data ranks)
+      const int64_t dp = pc.mesh.dp(), dp_rank = mesh->coord(pc.mesh.dp_shard > 1 ? "dp_shard" : "dp_replicate");
+      return TaskEnv{int(mesh->coord("island") * dp + dp_rank), int(pc.mesh.island * dp), comm.get(), rank};
+    }
     const int cp_ranks = int(pc.mesh.cp);
     return TaskEnv{rank / cp_ranks, world / cp_ranks, comm.get(), rank};
   }
@@ -289,7 +293,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
   }
-  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
+  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get());
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
   if (I.dcp) I.dcp->setup(*I.model, I.comm.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
@@ -325,6 +329,7 @@ TrainResult Trainer::run(bool resume) {
       Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
+      lowcomm::load_gradient_codec(*I.dp, I.comm.get(), of.tensors, ck.state, *p);  // DDP/ZeRO error feedback
       if (I.lowcomm) I.lowcomm->load_state(ck.model, of.tensors, ck.state, *p);  // this island's entries
       try {
         if (I.tp) I.tp->local_state(ck.model, of);
