@@ -87,16 +87,23 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
 
 LowComm::~LowComm() = default;
 
-void LowComm::attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp) {
-  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
-              "lowcomm.method = '{}' needs the whole model on every rank of an island, but parallel.strategy = '{}' "
-              "shards the parameters: use ddp, zero1 or zero2 inside the islands", c_.method, strategy);
+void LowComm::attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp,
+                     std::vector<std::pair<int64_t, int64_t>> owned) {
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2" || strategy == "zero3",
+              "lowcomm.method = '{}' exchanges every shard of the model between the islands' ranks that hold it, "
+              "but parallel.strategy = '{}' also replicates shards inside an island: use ddp, zero1, zero2 or zero3 "
+              "inside the islands", c_.method, strategy);
   model_ = &model;
   flat_ = model.flat_values();
+  attach_shards(std::move(owned));
   // Islands initialise alike from the seed; island 0's parameters make sure of it.
-  if (across_ && across_->size() > 1) across_->broadcast(flat_, 0);
-  global_ = flat_.clone();
-  mom_ = Tensor::zeros({flat_.numel()});
+  Tensor x = local_values();
+  if (across_ && across_->size() > 1) {
+    across_->broadcast(x, 0);
+    set_local_values(x);
+  }
+  global_ = x.clone();
+  mom_ = Tensor::zeros({x.numel()});
   if (tp)
     for (nn::Parameter* p : model.parameters())
       if (!tp->sharded(p)) {
@@ -309,7 +316,7 @@ void LowComm::load_exchange(const TensorFile& ours, const nlohmann::json& st, co
 
 void LowComm::finish_load() {
   if (!loaded_plain_) return;
-  global_.copy_from(flat_);
+  global_.copy_from(local_values());
   mom_.zero();
   loaded_plain_ = false;
 }

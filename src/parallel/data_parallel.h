@@ -100,6 +100,9 @@ class DataParallel {
   // (lowcomm/codec_checkpoint.h).
   virtual comm::CompressedAllReducer* gradient_codec() { return nullptr; }
   virtual std::vector<std::pair<std::string, int64_t>> gradient_codec_tensors() const { return {}; }
+  // [lo, hi) ranges of the flat parameter values this rank keeps current between steps (ZeRO-3:
+  // its own shards; the rest is released); empty: all of them.
+  virtual std::vector<std::pair<int64_t, int64_t>> value_ranges() const { return {}; }
 
  protected:
   DataParallel(nn::Model& model, comm::Communicator* comm) : model_(model), comm_(comm) {}

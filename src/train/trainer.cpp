@@ -293,7 +293,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
   }
-  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get());
+  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get(), I.dp->value_ranges());
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
   if (I.dcp) I.dcp->setup(*I.model, I.comm.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
