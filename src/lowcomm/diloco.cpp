@@ -16,16 +16,18 @@ std::string DiLoCo::describe() const {
 nlohmann::json DiLoCo::sync(int64_t step) {
   if (!sync_due(step)) return nullptr;
   auto t0 = Clock::now();
-  const int64_t n = flat_.numel();
+  const Tensor local = local_values();  // the model (ZeRO-3: this rank's shards of it)
+  const int64_t n = local.numel();
   if (!delta_.defined()) delta_ = Tensor::empty({n});
   float* d = delta_.f32();
-  const float *x = flat_.f32(), *g = global_.f32();
+  const float *x = local.f32(), *g = global_.f32();
   for (int64_t i = 0; i < n; ++i) d[i] = g[i] - x[i];
-  if (mats_.empty()) mats_ = matrices_within({{0, n}});
+  if (mats_.empty()) mats_ = matrices_within(local_ranges());
   start_average(delta_, "pseudo_gradient", mats_)();
+  agree_over_tp(delta_);
   merge(delta_);
   outer_sgd(global_.f32(), mom_.f32(), delta_.f32(), n, c_);
-  flat_.copy_from(global_);
+  set_local_values(global_);
   ++outer_steps_;
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
   return record("outer", n, s, s);

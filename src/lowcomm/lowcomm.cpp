@@ -11,6 +11,7 @@
 
 #include "comm/compressed_allreduce.h"
 #include "core/log.h"
+#include "lowcomm/codec_checkpoint.h"
 #include "lowcomm/diloco.h"
 
 namespace atl::lowcomm {
@@ -78,6 +79,7 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
   // differently) is refused on every rank before step 1, each rank's setting named.
   if (world_ && world_->size() > 1) comm::exchange_codec_spec(*world_, c_.codec, "lowcomm.exchange");
   std::string w = c_.codec.where.empty() ? "lowcomm.exchange" : "lowcomm.exchange (" + c_.codec.where + ")";
+  setup_tensor_parallel(mesh);
   exchange_ = exchange_registry().get(c_.exchange, w)(c_.codec);
   exchange_->setup(across_);
   sched_ = make_sync_controller(c_.sync);
@@ -85,16 +87,29 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
 
 LowComm::~LowComm() = default;
 
-void LowComm::attach(nn::Model& model, const std::string& strategy) {
-  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
-              "lowcomm.method = '{}' needs the whole model on every rank of an island, but parallel.strategy = '{}' "
-              "shards the parameters: use ddp, zero1 or zero2 inside the islands", c_.method, strategy);
+void LowComm::attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp,
+                     std::vector<std::pair<int64_t, int64_t>> owned) {
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2" || strategy == "zero3",
+              "lowcomm.method = '{}' exchanges every shard of the model between the islands' ranks that hold it, "
+              "but parallel.strategy = '{}' also replicates shards inside an island: use ddp, zero1, zero2 or zero3 "
+              "inside the islands", c_.method, strategy);
   model_ = &model;
   flat_ = model.flat_values();
+  attach_shards(std::move(owned));
   // Islands initialise alike from the seed; island 0's parameters make sure of it.
-  if (across_ && across_->size() > 1) across_->broadcast(flat_, 0);
-  global_ = flat_.clone();
-  mom_ = Tensor::zeros({flat_.numel()});
+  Tensor x = local_values();
+  if (across_ && across_->size() > 1) {
+    across_->broadcast(x, 0);
+    set_local_values(x);
+  }
+  global_ = x.clone();
+  mom_ = Tensor::zeros({x.numel()});
+  if (tp)
+    for (nn::Parameter* p : model.parameters())
+      if (!tp->sharded(p)) {
+        const int64_t at = p->value.f32() - flat_.f32();
+        replicated_.emplace_back(at, at + p->value.numel());
+      }
   on_attach();
   window_start_ = Clock::now();
   window_open_ = true;
@@ -147,7 +162,7 @@ std::vector<comm::MatrixSpan> LowComm::matrices_within(const std::vector<std::pa
 std::function<void()> LowComm::start_average(const Tensor& buf, const std::string& key,
                                              const std::vector<comm::MatrixSpan>& mats) {
   const int64_t n = buf.numel();
-  const int k = island_comm_ ? island_comm_->size() : 1;
+  const int k = share_ ? share_->size() : 1;
   if (!across_ || across_->size() == 1) return [] {};
   if (++exchanges_ == c_.drop_at_sync && island_ == islands_ - 1) {
     // A dropped link: this island goes silent (no error, no closed socket) for longer than the
@@ -158,7 +173,7 @@ std::function<void()> LowComm::start_average(const Tensor& buf, const std::strin
   }
   if (k == 1) return exchange_->start(buf, across_, key, mats);
   // This rank's share: chunk l of the buffer padded to k equal chunks.
-  const int64_t chunk = (n + k - 1) / k, l = island_comm_->rank();
+  const int64_t chunk = (n + k - 1) / k, l = share_->rank();
   const int64_t lo = std::min(n, l * chunk), hi = std::min(n, lo + chunk);
   Tensor mine = Tensor::zeros({chunk});
   if (hi > lo) std::memcpy(mine.f32(), buf.f32() + lo, size_t(hi - lo) * sizeof(float));
@@ -166,7 +181,7 @@ std::function<void()> LowComm::start_average(const Tensor& buf, const std::strin
   for (const comm::MatrixSpan& m : mats)
     if (m.offset >= lo && m.offset + m.rows * m.cols <= hi) in_share.push_back({m.offset - lo, m.rows, m.cols});
   auto fin = exchange_->start(mine, across_, key, in_share);
-  comm::Communicator* ic = island_comm_.get();
+  comm::Communicator* ic = share_;
   return [fin, mine, buf, ic, chunk, n, k] {
     fin();
     Tensor all = Tensor::empty({chunk * k});
@@ -176,7 +191,7 @@ std::function<void()> LowComm::start_average(const Tensor& buf, const std::strin
 }
 
 int64_t LowComm::wan_bytes(int64_t numel) const {
-  const int k = island_comm_ ? island_comm_->size() : 1;
+  const int k = share_ ? share_->size() : 1;
   return exchange_->wire_bytes((numel + k - 1) / k, islands_);
 }
 
@@ -226,11 +241,10 @@ void LowComm::save_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
     move(model_sd, "model");
     move(opt_sd, "optim");
   }
-  extra.emplace_back(std::string(kPrefix) + "global", global_.clone());
-  extra.emplace_back(std::string(kPrefix) + "momentum", mom_.clone());
   nlohmann::json st = {{"method", c_.method},           {"islands", islands_}, {"inner_steps", c_.inner_steps},
                        {"outer_steps", outer_steps_}, {"job_wan_bytes", job_wan_bytes_},
                        {"exchange", c_.codec.describe()}, {"ranks", world_ ? world_->size() : 1}};
+  save_outer(extra, st);
   save_method(extra, st);  // completes the exchanges in flight
   save_exchange(extra);
   for (auto& e : extra) opt_sd.push_back(std::move(e));
@@ -266,11 +280,7 @@ void LowComm::load_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
     take(model_sd, "model");
     take(opt_sd, "optim");
   }
-  const Tensor& g = ours.get(std::string(kPrefix) + "global");
-  ATOLL_CHECK(g.numel() == global_.numel(), "{}: lowcomm.global has {} elements, the model {}", what, g.numel(),
-              global_.numel());
-  global_.copy_from(g.reshape(global_.shape()));
-  mom_.copy_from(ours.get(std::string(kPrefix) + "momentum").reshape(mom_.shape()));
+  load_outer(ours, st, what);
   load_exchange(ours, st, what);
   outer_steps_ = st.at("outer_steps").get<int64_t>();
   job_wan_bytes_ = st.at("job_wan_bytes").get<int64_t>();
@@ -281,35 +291,7 @@ void LowComm::load_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
 // the ranks hold the same names and shapes (one key per exchanged tensor, equal shares), so
 // each tensor travels by one all_gather (collectives keep every rank's operation count equal).
 void LowComm::save_exchange(std::vector<std::pair<std::string, Tensor>>& extra) {
-  std::vector<std::pair<std::string, Tensor>> mine = exchange_->state();
-  const int W = world_ ? world_->size() : 1, me = world_ ? world_->rank() : 0;
-  auto name = [&](int r, const std::string& n) { return fmt::format("{}exchange.rank{}.{}", kPrefix, r, n); };
-  if (W == 1) {
-    for (auto& [n, t] : mine) extra.emplace_back(name(0, n), t);
-    return;
-  }
-  Tensor count = Tensor::zeros({1}, DType::i64), counts = Tensor::zeros({int64_t(W)}, DType::i64);
-  count.data<int64_t>()[0] = int64_t(mine.size());
-  world_->all_gather(count, counts);
-  for (int r = 1; r < W; ++r)
-    ATOLL_CHECK(counts.data<int64_t>()[r] == counts.data<int64_t>()[0],
-                "lowcomm: rank {}'s exchange state ({} tensors) does not match rank 0's ({})", r,
-                counts.data<int64_t>()[r], counts.data<int64_t>()[0]);
-  // Sizes may differ by rank (GIFT's geometry covers the matrices of each rank's share): each
-  // tensor travels padded to the longest.
-  for (auto& [n, t] : mine) {
-    Tensor len = Tensor::zeros({1}, DType::i64), lens = Tensor::zeros({int64_t(W)}, DType::i64);
-    len.data<int64_t>()[0] = t.numel();
-    world_->all_gather(len, lens);
-    const int64_t* l = lens.data<int64_t>();
-    const int64_t L = *std::max_element(l, l + W);
-    Tensor padded = Tensor::zeros({L}, t.dtype()), all = Tensor::empty({int64_t(W) * L}, t.dtype());
-    Tensor tc = t.contiguous();
-    std::memcpy(padded.raw(), tc.raw(), tc.nbytes());
-    world_->all_gather(padded, all);
-    if (me != 0) continue;
-    for (int r = 0; r < W; ++r) extra.emplace_back(name(r, n), all.slice(0, r * L, r * L + l[r]).clone());
-  }
+  gather_rank_tensors(world_, exchange_->state(), std::string(kPrefix) + "exchange.", extra);
 }
 
 void LowComm::load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what) {
@@ -334,7 +316,7 @@ void LowComm::load_exchange(const TensorFile& ours, const nlohmann::json& st, co
 
 void LowComm::finish_load() {
   if (!loaded_plain_) return;
-  global_.copy_from(flat_);
+  global_.copy_from(local_values());
   mom_.zero();
   loaded_plain_ = false;
 }

@@ -12,6 +12,8 @@
 // Traffic: the ranks of an island hold the same parameters (DDP, ZeRO-1/2), so each sends only
 // its 1/k share of the pseudo-gradient across (k ranks per island) and the island all-gathers the
 // averaged shares over its fast links: the WAN carries one model's worth per island and sync.
+// Ranks that hold shards (tp inside the islands, ZeRO-3) exchange their own shard's instead
+// (tensor_parallel_islands.cpp, sharded_islands.cpp).
 //
 // Checkpoints (save_state/load_state): the outer state (global parameters, momentum, exchanges
 // in flight), every island's own parameters and inner optimizer state, and every rank's
@@ -33,6 +35,7 @@
 #include "nn/model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
 
 namespace atl::lowcomm {
 
@@ -76,9 +79,14 @@ class LowComm {
   // The ranks with this rank's place in every island (ordered by island); null for one process.
   comm::Communicator* across() const { return across_; }
 
-  // Once the data-parallel strategy exists: refuses strategies that do not hold the whole model
-  // on every rank, starts every island from island 0's parameters, takes the outer state.
-  void attach(nn::Model& model, const std::string& strategy);
+  // Once the data-parallel strategy exists: refuses strategies that replicate shards inside an
+  // island (hsdp), starts every island from island 0's parameters, takes the outer state.
+  // tp: the tensor-parallel context of this rank's shard (tp inside the islands; null without),
+  // for the parameters every tp rank holds whole (tensor_parallel_islands.cpp).
+  // owned: the flat ranges of the values this rank keeps (DataParallel::value_ranges; ZeRO-3's
+  // shards, zero3_islands.cpp); empty: the whole model.
+  void attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp = nullptr,
+              std::vector<std::pair<int64_t, int64_t>> owned = {});
   // After the optimizer step of `step` (0-based). Returns the metrics of the syncs it finished
   // (null when none): bytes sent, sync time, compute utilization.
   nlohmann::json after_step(int64_t step);
@@ -126,7 +134,17 @@ class LowComm {
   // The model's 2-D parameters that lie wholly inside the concatenation of the flat ranges
   // [lo, hi) (in order), as spans of that concatenation.
   std::vector<comm::MatrixSpan> matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
-  int64_t wan_bytes(int64_t numel) const;  // what start_average(numel) sends from this rank
+  int64_t wan_bytes(int64_t numel) const;
+  // tp inside the islands (tensor_parallel_islands.cpp): the averaged pseudo-gradient of the
+  // parameters every tp rank holds whole made the same bits on all of them (tp rank 0's), so
+  // that the outer step keeps them equal whatever order the exchange summed them in.
+  void agree_over_tp(Tensor& delta);
+  // ZeRO-3 inside the islands (zero3_islands.cpp): this rank's values, the owned ranges of flat_
+  // packed (flat_ itself without ZeRO-3), in the layout of global_ and mom_; and the reverse.
+  Tensor local_values() const;
+  void set_local_values(const Tensor& v);
+  // The ranges local_values() packs ({{0, n}} for the whole model), for matrices_within().
+  std::vector<std::pair<int64_t, int64_t>> local_ranges() const;  // what start_average(numel) sends from this rank
   // One sync's record; blocked_s is the time the inner steps waited for it.
   nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
 
@@ -134,6 +152,14 @@ class LowComm {
   comm::Communicator* world_;
   std::unique_ptr<comm::Communicator> island_comm_;
   comm::Communicator* across_ = nullptr;
+  // The ranks of this island that hold this rank's shard (its data-parallel group): each sends
+  // 1/k of the shard's pseudo-gradient across, then they all-gather the means. The island's
+  // ranks without tp; under tp the island's ranks with this tp coordinate.
+  comm::Communicator* share_ = nullptr;
+  comm::Communicator* tp_comm_ = nullptr;  // the island's tp group (tp > 1)
+  int tp_ = 1;
+  std::vector<std::pair<int64_t, int64_t>> replicated_;  // flat ranges every tp rank holds whole
+  std::vector<std::pair<int64_t, int64_t>> owned_;       // ZeRO-3: the flat ranges this rank keeps
   int island_ = 0, islands_ = 1;
   std::unique_ptr<PseudoGradientExchange> exchange_;
   nn::Model* model_ = nullptr;
@@ -146,6 +172,12 @@ class LowComm {
 
  private:
   void save_exchange(std::vector<std::pair<std::string, Tensor>>& extra);
+  // tensor_parallel_islands.cpp: refuses what tp inside the islands does not run; the outer
+  // state's checkpoint names (per tp shard under tp).
+  void setup_tensor_parallel(parallel::Mesh& mesh);
+  void attach_shards(std::vector<std::pair<int64_t, int64_t>> owned);  // zero3_islands.cpp
+  void save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st);
+  void load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   void load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   // For compute utilization: wall time between records and the time blocked in syncs within it.
   std::chrono::steady_clock::time_point window_start_;

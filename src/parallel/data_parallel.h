@@ -30,6 +30,10 @@
 #include "parallel/mesh.h"
 #include "parallel/optim/sharded_optimizer.h"
 
+namespace atl::comm {
+class CompressedAllReducer;
+}
+
 namespace atl::parallel {
 
 struct ParallelConfig {
@@ -94,6 +98,14 @@ class DataParallel {
                           std::vector<std::pair<std::string, Tensor>>& opt_state) = 0;
   virtual void load_full_state(const std::vector<std::pair<std::string, Tensor>>& model_sd,
                                const TensorFile& opt_state, const std::string& what) = 0;
+  // The gradient codec's compressed reduction ([parallel] codec; null without one) and the size
+  // of each tensor it reduces, by key: its error feedback goes into checkpoints
+  // (lowcomm/codec_checkpoint.h).
+  virtual comm::CompressedAllReducer* gradient_codec() { return nullptr; }
+  virtual std::vector<std::pair<std::string, int64_t>> gradient_codec_tensors() const { return {}; }
+  // [lo, hi) ranges of the flat parameter values this rank keeps current between steps (ZeRO-3:
+  // its own shards; the rest is released); empty: all of them.
+  virtual std::vector<std::pair<int64_t, int64_t>> value_ranges() const { return {}; }
 
  protected:
   DataParallel(nn::Model& model, comm::Communicator* comm) : model_(model), comm_(comm) {}

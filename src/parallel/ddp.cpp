@@ -118,6 +118,13 @@ double DDP::time_reductions() {
   return now_s() - t0;
 }
 
+std::vector<std::pair<std::string, int64_t>> DDP::gradient_codec_tensors() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (compressor_)
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) out.emplace_back("bucket" + std::to_string(b), layout_.buckets[b].range.size());
+  return out;
+}
+
 double DDP::grad_norm() { return atl::grad_norm(model_.flat_grads()); }
 
 void DDP::step(const StepContext& ctx) { opt_->step(ctx); }

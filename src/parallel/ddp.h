@@ -39,6 +39,8 @@ class DDP final : public DataParallel {
   double time_reductions();
   // The compressed all-reduce (null without a codec): its byte counts.
   const comm::CompressedAllReducer* compressor() const { return compressor_.get(); }
+  comm::CompressedAllReducer* gradient_codec() override { return compressor_.get(); }
+  std::vector<std::pair<std::string, int64_t>> gradient_codec_tensors() const override;
 
  private:
   void on_grad_ready(int param);

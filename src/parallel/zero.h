@@ -66,6 +66,9 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // finish_backward: its own chunk of every bucket under stages 2 and 3 (the rest is stale), the
   // whole buffer under stage 1 or on one rank.
   std::vector<std::pair<int64_t, int64_t>> reduced_grad_ranges() const;
+  std::vector<std::pair<int64_t, int64_t>> value_ranges() const override {
+    return stage_ == 3 && shards() > 1 ? reduced_grad_ranges() : std::vector<std::pair<int64_t, int64_t>>{};
+  }
   size_t num_buckets() const { return layout_.buckets.size(); }
   // The communicator a bucket is sharded over (HSDP: one replica's group; null on one rank) and
   // its size: sums over the own chunks of every bucket (a gradient norm) run over it.
@@ -77,6 +80,8 @@ class Zero final : public DataParallel, private nn::BlockHooks {
   // parameter belongs to exactly one unit.
   using BeforeReduce = std::function<void(const std::vector<nn::Parameter*>& unit)>;
   void set_before_reduce(BeforeReduce f);
+  comm::CompressedAllReducer* gradient_codec() override { return compressor_.get(); }
+  std::vector<std::pair<std::string, int64_t>> gradient_codec_tensors() const override;  // zero_codec.cpp
 
  private:
   struct BucketState {

@@ -27,6 +27,16 @@ void Zero::setup_codec(const comm::CodecSpec& codec) {
   compressor_ = std::make_unique<comm::CompressedAllReducer>(shard_, codec, false);
 }
 
+std::vector<std::pair<std::string, int64_t>> Zero::gradient_codec_tensors() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (!compressor_) return out;
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {  // what reduce_compressed hands the codec
+    const BucketLayout& L = layout_.buckets[b];
+    out.emplace_back(fmt::format("bucket{}", b), stage_ == 1 ? L.range.size() : L.chunk * shards());
+  }
+  return out;
+}
+
 bool Zero::reduce_compressed(size_t b, const Tensor& in) {
   if (!compressor_) return false;
   const std::string key = fmt::format("bucket{}", b);

@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
+#include "lowcomm/codec_checkpoint.h"
 #include "lowcomm/lowcomm.h"
 #include "nn/recompute.h"
 #include "optim/clip.h"
@@ -160,6 +161,7 @@ struct Trainer::Impl {
                 {"eval", {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"seq_len", o.seq_len},
                           {"steps", o.eval_steps}, {"world_size", world}, {"matmul_dtype", o.matmul_dtype}}}};
     if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
+    lowcomm::save_gradient_codec(*dp, comm.get(), ck.optimizer, ck.state);  // after lowcomm's island gathers
     task->save_tensors(ck.optimizer);  // "task." entries (RL's reference), beside the optimizer's
     return ck;
   }
@@ -177,9 +179,10 @@ struct Trainer::Impl {
       const int64_t dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
       return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
     }
-    if (tp)  // this rank's data-parallel coordinate (HSDP: replica-major, as the mesh orders them)
-      return TaskEnv{int(mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard")), int(pc.mesh.dp()),
-                     comm.get(), rank};
+    if (tp) {  // each island reads its own rows; HSDP's data coordinate is replica-major, as the mesh orders them
+      const int64_t dp = pc.mesh.dp(), dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
+      return TaskEnv{int(mesh->coord("island") * dp + dp_rank), int(pc.mesh.island * dp), comm.get(), rank};
+    }
     const int cp_ranks = int(pc.mesh.cp);
     if (pc.strategy == "coded")  // issue 14: a group of s + 1 ranks reads one shard (resilience/coded_strategy.h)
       return TaskEnv{rank / (pc.coded_stragglers + 1), world / (pc.coded_stragglers + 1), comm.get(), rank};
@@ -300,7 +303,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                                         placement.sharded, I.mesh.get());
     if (I.tp) I.tp->attach(*I.dp);  // tp x ZeRO-3/HSDP: partial gradients summed per unit (tensor_parallel.h)
   }
-  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy);
+  if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get(), I.dp->value_ranges());
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
   if (I.dcp) I.dcp->setup(*I.model, I.comm.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
@@ -339,6 +342,7 @@ TrainResult Trainer::run(bool resume) {
       Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
       TensorFile of;
       of.tensors = std::move(ck.optimizer);
+      lowcomm::load_gradient_codec(*I.dp, I.comm.get(), of.tensors, ck.state, *p);  // DDP/ZeRO error feedback
       if (I.lowcomm) I.lowcomm->load_state(ck.model, of.tensors, ck.state, *p);  // this island's entries
       try {
         if (I.tp) I.tp->local_state(ck.model, of);

@@ -1,0 +1,95 @@
+// Islands whose ranks hold shards of the model (issue 13): tp inside the islands
+// (tensor_parallel_islands.cpp) and ZeRO-3 inside the islands. Under ZeRO-3 (Rajbhandari et al.,
+// "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020) each rank of an
+// island keeps only its own chunks of the flat parameters between steps (the rest is released and
+// gathered again for each forward), so the outer step works on those chunks alone: the rank's
+// pseudo-gradient is its chunks' (packed), averaged across the islands with the ranks of the same
+// place (the island axis: same shard layout, since every island has the same model and ranks),
+// applied by the outer optimizer to this rank's slice of the global parameters, and written back
+// into its chunks. No all-gather inside the island follows: the next forward gathers the chunks
+// anyway, and each rank sent its own chunks rather than a 1/k share of a replicated model, so the
+// WAN carries the same bytes as with ddp inside. The outer state is per shard in checkpoints:
+// lowcomm.shard.rank<r>.{global,momentum} (r: the rank in the island), lowcomm.tp.rank<t>.* under
+// tp, lowcomm.{global,momentum} otherwise; a resume needs the same layout.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "lowcomm/codec_checkpoint.h"
+#include "lowcomm/lowcomm.h"
+
+namespace atl::lowcomm {
+
+void LowComm::attach_shards(std::vector<std::pair<int64_t, int64_t>> owned) {
+  owned_ = std::move(owned);
+  if (owned_.empty()) return;
+  ATOLL_CHECK(c_.method == "diloco", "parallel.strategy = 'zero3' inside islands runs lowcomm.method = 'diloco' only, "
+              "not '{}': streaming's fragments and isoloco's whole matrices (Iso-C's SVD) span the shards", c_.method);
+  share_ = nullptr;  // every rank sends its own chunks, not a share of a replicated model
+}
+
+std::vector<std::pair<int64_t, int64_t>> LowComm::local_ranges() const {
+  if (owned_.empty()) return {{0, flat_.numel()}};
+  return owned_;
+}
+
+Tensor LowComm::local_values() const {
+  if (owned_.empty()) return flat_;
+  int64_t n = 0;
+  for (const auto& [lo, hi] : owned_) n += hi - lo;
+  Tensor out = Tensor::empty({n});
+  float* o = out.f32();
+  for (const auto& [lo, hi] : owned_) o = std::copy(flat_.f32() + lo, flat_.f32() + hi, o);
+  return out;
+}
+
+void LowComm::set_local_values(const Tensor& v) {
+  if (owned_.empty()) {
+    if (v.raw() != flat_.raw()) flat_.copy_from(v);
+    return;
+  }
+  const float* i = v.f32();
+  for (const auto& [lo, hi] : owned_) {
+    std::copy(i, i + (hi - lo), flat_.f32() + lo);
+    i += hi - lo;
+  }
+}
+
+void LowComm::save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st) {
+  st["tp"] = tp_;
+  st["shards"] = owned_.empty() ? 1 : (island_comm_ ? island_comm_->size() : 1);
+  if (tp_ == 1 && owned_.empty()) {
+    extra.emplace_back("lowcomm.global", global_.clone());
+    extra.emplace_back("lowcomm.momentum", mom_.clone());
+    return;
+  }
+  // Every island holds the same outer state: the group of world rank 0 (its tp group, or its
+  // island under ZeRO-3) gathers it for the writer; every group gathers alike, only world rank
+  // 0's checkpoint is written.
+  if (!owned_.empty())
+    gather_rank_tensors(island_comm_.get(), {{"global", global_}, {"momentum", mom_}}, "lowcomm.shard.", extra);
+  else
+    gather_rank_tensors(tp_comm_, {{"global", global_}, {"momentum", mom_}}, "lowcomm.tp.", extra);
+}
+
+void LowComm::load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what) {
+  const int saved = st.value("tp", 1), shards = st.value("shards", 1);
+  const int here = owned_.empty() ? 1 : (island_comm_ ? island_comm_->size() : 1);
+  ATOLL_CHECK(saved == tp_, "{} holds the outer state of islands with parallel.tp = {}; this job has parallel.tp = "
+              "{}: the outer parameters and momentum are per tp shard, resume with parallel.tp = {}", what, saved,
+              tp_, saved);
+  ATOLL_CHECK(shards == here, "{} holds the outer state of islands sharded {} ways by ZeRO-3; this job's islands "
+              "keep {} (parallel.strategy, ranks per island): the outer parameters and momentum are per shard, "
+              "resume with the saved layout", what, shards, here);
+  std::string p = "lowcomm.";
+  if (!owned_.empty()) p = fmt::format("lowcomm.shard.rank{}.", island_comm_ ? island_comm_->rank() : 0);
+  else if (tp_ > 1) p = fmt::format("lowcomm.tp.rank{}.", tp_comm_ ? tp_comm_->rank() : 0);
+  const Tensor& g = ours.get(p + "global");
+  ATOLL_CHECK(g.numel() == global_.numel(), "{}: {}global has {} elements, this rank's model {}", what, p, g.numel(),
+              global_.numel());
+  global_.copy_from(g.reshape(global_.shape()));
+  mom_.copy_from(ours.get(p + "momentum").reshape(mom_.shape()));
+}
+
+}  // namespace atl::lowcomm
