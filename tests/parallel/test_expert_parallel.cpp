@@ -8,7 +8,10 @@
 //  - EP = 2 on 2 ranks (ZeRO-3) and dp2 x ep2 on 4 (HSDP): per-step losses, gradient norms and the
 //    final parameters over 10 AdamW steps equal one process's that runs each rank's rows as a
 //    micro-batch (1/W each), to 1e-6 relative;
-//  - bad layouts are refused before any step.
+//  - bad layouts are refused before any step;
+//  - ep x tp (EpTimesTp): dp_shard 2 x tp 2 with ep 2 on 4 ranks follows one process over 10
+//    steps, overlapped or not, and under `atoll train` follows one rank and resumes on one; the
+//    family at tp 2 alone keeps one rank's auxiliary losses.
 //
 // Why the bound holds on any x86-64 CPU: every rank runs the same rows through the same kernels
 // as the one-process reference (routing, attention, norms and head see the same [b, T] batch on
@@ -798,4 +801,46 @@ TEST(EpTimesTp, TrainerRunsDp2Tp2Ep2AndResumesOnOneRank) {
   ASSERT_EQ(cont.size(), 2u);
   ASSERT_EQ(resumed.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(resumed[i], cont[i], 1e-4) << "step " << i + 5;
+}
+
+// The MoE family tensor-parallel alone (tp 2, no ep: every expert on both ranks, in the module
+// tree, replicated over tp): the tp pair shares one batch, each routing its half of the tokens,
+// so with the balance and z losses on (their counts and token total summed over tp) the losses
+// equal one rank's on the same batch, to the tp tests' float-reordering bound.
+TEST(EpTimesTp, Tp2WithoutEpFollowsOneRankWithTheAuxiliaryLosses) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  auto config = [&](const std::string& run, const std::string& parallel) {
+    std::ostringstream c;
+    c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
+      << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\npreset = \"moe-tiny\"\nn_experts = 4\n"
+      << "aux_loss_coef = 0.05\nz_loss_coef = 0.01\n[train]\nsteps = 4\nbatch_size = 4\nseq_len = 16\n"
+      << "warmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 1e-3\neps = 1e-3\n[eval]\nevery = 0\n"
+      << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+      << (parallel.empty() ? "" : "[parallel]\n" + parallel);
+    fs::path p = s.root / (run + ".toml");
+    std::ofstream(p) << c.str();
+    return p;
+  };
+  {
+    Config one = Config::load(config("one", "").string());
+    Trainer(one).run(false);
+  }
+  fs::path cfg = config("tp", "tp = 2\n");
+  const std::string tag = (s.root / "tp").string() + "_log";
+  auto codes = run_rank_programs(2, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+  EXPECT_NE(read_file(tag + ".log0").find("tp=2"), std::string::npos) << read_file(tag + ".log0");
+  const auto one = read_metrics((s.root / "one" / "metrics.jsonl").string()),
+             tp = read_metrics((s.root / "tp" / "metrics.jsonl").string());
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(tp.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(double(tp[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << "step " << i + 1;
+    // Without the tp sums each rank would score its half's balance loss (an E/(k N) over half
+    // the tokens with half the counts: a different number), so this pins them.
+    EXPECT_NEAR(double(tp[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << "step " << i + 1;
+    EXPECT_NEAR(double(tp[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
+  }
 }
