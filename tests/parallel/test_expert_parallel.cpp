@@ -844,3 +844,22 @@ TEST(EpTimesTp, Tp2WithoutEpFollowsOneRankWithTheAuxiliaryLosses) {
     EXPECT_NEAR(double(tp[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
   }
 }
+
+// ep x tp without sequence parallelism would have every tp rank route and compute the same
+// tokens: refused before the first step, naming the key (4 ranks: the mesh needs them).
+TEST(EpTimesTp, WithoutSequenceParallelismIsRefusedNamingTheKey) {
+  Scratch s;
+  fs::path cfg = s.root / "bad.toml";
+  std::ofstream(cfg) << "[run]\ndir = \"" << (s.root / "run").string() << "\"\n[data]\ndir = \""
+                     << (s.root / "nodata").string() << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\n"
+                     << "preset = \"moe-tiny\"\nn_experts = 4\n[train]\nsteps = 1\nbatch_size = 4\nseq_len = 16\n"
+                     << "[parallel]\nstrategy = \"zero1\"\ndp_shard = 2\ntp = 2\nep = 2\nsequence_parallel = false\n";
+  const std::string tag = (s.root / "bad").string();
+  auto codes = run_rank_programs(4, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    EXPECT_NE(codes[r], 0) << "rank " << r << " accepted ep x tp without sequence parallelism";
+    const std::string log = read_file(tag + ".log" + std::to_string(r));
+    EXPECT_NE(log.find("needs parallel.sequence_parallel = true (" + cfg.string() + ":"), std::string::npos) << log;
+    EXPECT_EQ(log.find("step     1"), std::string::npos) << "a step ran:\n" << log;
+  }
+}
