@@ -1,13 +1,19 @@
 // One MoE layer's forward + backward under expert parallelism, per dispatcher: all_gather (the
-// reference), all_to_all, and all_to_all with the experts tiled and overlapped with the return
-// exchange, its tiles sent one message per tile, coalesced into 4 messages per destination (the
-// default) or into one. Run as the ranks of a job; rank 0 prints one JSON line per dispatcher
-// (median step time over the steps) and each overlap's speedup over all_to_all.
-// usage: atoll launch --nproc-per-node 2 -- bench_moe_ep [TOKENS=1024] [DIM=256] [EXPERTS=8] [FFN=512] [STEPS=7]
+// reference), all_to_all, and all_to_all with the experts tiled and overlapped with the
+// exchanges: the forward's return only (parallel.ep_overlap_backward = false), or the backward's
+// two exchanges as well (the default), with the tiles coalesced into 4 messages per destination
+// (the default), one, or sent one per tile. The cases run in rotation, one step each per round,
+// so that a loaded machine's swings fall on all of them alike; rank 0 prints one JSON line per
+// dispatcher (median step time) and each overlap's speedup over all_to_all as the median of the
+// per-round ratios.
+// usage: atoll launch --nproc-per-node 2 -- bench_moe_ep [TOKENS=1024] [DIM=256] [EXPERTS=8] [FFN=512] [ROUNDS=7]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
@@ -50,15 +56,17 @@ int main(int argc, char** argv) {
     parallel::OverlapGrain grain;
   } cases[] = {{"all_gather", "all_gather", false, {}},
                {"all_to_all", "all_to_all", false, {}},
-               {"all_to_all + tile overlap, one message per tile", "all_to_all", true, {64, 0}},
-               {"all_to_all + tile overlap, 4 messages per destination", "all_to_all", true, {64, 4}},
-               {"all_to_all + tile overlap, 1 message per destination", "all_to_all", true, {64, 1}}};
-  std::vector<double> med;
-  for (const Case& k : cases) {
-    auto d = parallel::make_expert_dispatcher(k.kind, comm.get(), k.overlap, k.grain);
-    root.layer->set_dispatcher(d.get());
-    std::vector<double> t;
-    for (int s = 0; s < steps + 1; ++s) {
+               {"overlap forward only, 4 messages per destination", "all_to_all", true, {64, 4, false}},
+               {"overlap forward + backward, 4 messages per destination", "all_to_all", true, {64, 4, true}},
+               {"overlap forward + backward, 1 message per destination", "all_to_all", true, {64, 1, true}},
+               {"overlap forward + backward, one message per tile", "all_to_all", true, {64, 0, true}}};
+  const size_t K = sizeof(cases) / sizeof(cases[0]);
+  std::vector<std::unique_ptr<nn::ExpertDispatcher>> ds;
+  for (const Case& k : cases) ds.push_back(parallel::make_expert_dispatcher(k.kind, comm.get(), k.overlap, k.grain));
+  std::vector<std::vector<double>> t(K);
+  for (int s = 0; s < steps + 1; ++s) {
+    for (size_t i = 0; i < K; ++i) {
+      root.layer->set_dispatcher(ds[i].get());
       comm->barrier();
       auto t0 = std::chrono::steady_clock::now();
       root.zero_grad();
@@ -66,20 +74,27 @@ int main(int argc, char** argv) {
       set_requires_grad(xi, true, "x");
       backward(ops::sum((*root.layer)(xi)));
       comm->barrier();
-      if (s > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (s > 0) t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::sort(t.begin(), t.end());
-    med.push_back(t[t.size() / 2]);
-    if (comm->rank() == 0)
-      std::printf("%s\n", nlohmann::json{{"dispatcher", k.name}, {"ranks", comm->size()}, {"tokens_per_rank", N},
-                                         {"dim", C}, {"experts", E}, {"expert_ffn", F}, {"layer_ms", med.back() * 1e3}}
-                              .dump()
-                              .c_str());
-    root.layer->set_dispatcher(nullptr);
+  }
+  root.layer->set_dispatcher(nullptr);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::string ratios;
+  for (size_t i = 0; i < K && comm->rank() == 0; ++i) {
+    std::vector<double> r;
+    for (size_t s = 0; s < t[i].size(); ++s) r.push_back(t[1][s] / t[i][s]);  // paired with all_to_all's round
+    std::printf("%s\n", nlohmann::json{{"dispatcher", cases[i].name}, {"ranks", comm->size()}, {"tokens_per_rank", N},
+                                       {"dim", C}, {"experts", E}, {"expert_ffn", F}, {"layer_ms", median(t[i]) * 1e3},
+                                       {"speedup_over_all_to_all", median(r)}}
+                            .dump()
+                            .c_str());
+    if (i >= 2) ratios += fmt::format("{}{}: {:.2f}x", ratios.empty() ? "" : ", ", cases[i].name, median(r));
   }
   if (comm->rank() == 0)
-    std::printf("cpu: %s, %d threads per rank (shared machine: under load); overlap speedup over all_to_all: "
-                "per tile %.2fx, 4 messages %.2fx, 1 message %.2fx\n",
-                cpu::cpu_features().model.c_str(), num_threads(), med[1] / med[2], med[1] / med[3], med[1] / med[4]);
+    std::printf("cpu: %s, %d threads per rank (shared machine: under load); median of per-round speedups over "
+                "all_to_all: %s\n", cpu::cpu_features().model.c_str(), num_threads(), ratios.c_str());
   return 0;
 }

@@ -31,18 +31,27 @@ ExpertBatch LocalDispatcher::dispatch(const Tensor& rows, const std::vector<int6
   return b;
 }
 
-FeedForward::FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu)
-    : Module(std::move(prefix)), swiglu_(swiglu) {
+FeedForward::FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu, const TensorParallelContext* tp)
+    : Module(std::move(prefix)), swiglu_(swiglu), tp_(tp) {
+  if (tp_) {
+    ATOLL_CHECK(hidden >= tp_->size(), "parallel.tp = {}: {} has {} hidden units, fewer than the ranks", tp_->size(),
+                name(), hidden);
+    auto [lo, hi] = shard_range(hidden, tp_->rank(), tp_->size());
+    hidden = hi - lo;
+  }
   gate_up_proj = child<Linear>("gate_up_proj", dim, swiglu ? 2 * hidden : hidden, false);
   down_proj = child<Linear>("down_proj", hidden, dim, false);
 }
 
 Tensor FeedForward::operator()(const Tensor& x) const {
-  Tensor h = (*gate_up_proj)(x);
-  return (*down_proj)(swiglu_ ? ops::swiglu(h) : ops::gelu(h));
+  const Tensor none;
+  Tensor h = tp_ ? tp_->column_linear(x, gate_up_proj->weight->value, none) : (*gate_up_proj)(x);
+  h = swiglu_ ? ops::swiglu(h) : ops::gelu(h);
+  return tp_ ? tp_->row_linear(h, down_proj->weight->value, none) : (*down_proj)(h);
 }
 
-MoELayer::MoELayer(std::string prefix, const MoEConfig& c) : Module(std::move(prefix)), c_(c) {
+MoELayer::MoELayer(std::string prefix, const MoEConfig& c, const TensorParallelContext* tp)
+    : Module(std::move(prefix)), c_(c), tp_(tp) {
   c_.validate();
   const int64_t E = c_.n_experts, C = c_.dim, F = c_.expert_ffn;
   gate = declare("gate.weight", {E, C}, ParamRole::matrix);
@@ -68,7 +77,8 @@ MoELayer::MoELayer(std::string prefix, const MoEConfig& c) : Module(std::move(pr
     w_down = own_down_.get();
   }
   if (c_.n_shared > 0)
-    shared = child<FeedForward>("shared_experts", C, c_.n_shared * (c_.shared_ffn > 0 ? c_.shared_ffn : F), c_.swiglu);
+    shared = child<FeedForward>("shared_experts", C, c_.n_shared * (c_.shared_ffn > 0 ? c_.shared_ffn : F), c_.swiglu,
+                                tp_);
 }
 
 std::vector<Parameter*> MoELayer::sharded_experts() const {
@@ -174,19 +184,39 @@ Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
   if (!expert && d.overlaps_experts()) y = d.experts_and_combine(b, w_gate_up->value, w_down->value, c_.swiglu);
   else y = d.combine(expert ? (*expert)(b.rows, b.offsets, b.first_expert) : experts(b.rows, b.offsets, b.first_expert), b);
   Tensor out = ops::segment_sum(ops::mul(y, gate_w), r.token, N);                  // [N, C]
-  if (shared) out = ops::add(out, (*shared)(x2));
+  if (shared) out = ops::add(out, ops::reshape((*shared)(x2), {N, C}));
 
+  // Under sequence parallelism the tp group's tokens make the losses' batch: the counts and the
+  // token total summed over tp (integers, exact in f32), each rank's rows adding their terms.
+  const bool split = tp_ && tp_->sequence_sharded();
+  std::vector<double> count(r.counts.begin(), r.counts.end());
+  double Nt = double(N);
+  if (split) {
+    Tensor t = Tensor::empty({E + 1});
+    for (int64_t e = 0; e < E; ++e) t.f32()[e] = float(r.counts[size_t(e)]);
+    t.f32()[E] = float(N);
+    Tensor sum = tp_->reduce_from_region(t);
+    for (int64_t e = 0; e < E; ++e) count[size_t(e)] = double(sum.f32()[e]);
+    Nt = double(sum.f32()[E]);
+  }
   // Load balance: E/(k N) sum_e count_e mean_n p[n,e] = sum over p of p * E count_e / (k N^2).
   std::vector<float> cw(size_t(N * E));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t e = 0; e < E; ++e)
-      cw[size_t(n * E + e)] = float(double(E) * double(r.counts[size_t(e)]) / (double(k) * double(N) * double(N)));
+      cw[size_t(n * E + e)] = float(double(E) * count[size_t(e)] / (double(k) * Nt * Nt));
   Tensor balance = ops::dot_const(r.probs, Tensor::from_vector(cw, {N, E}));
   // z-loss: logsumexp_n = logits[n,0] - log_softmax(logits)[n,0].
   Tensor col0 = Tensor::from_vector_i32({0}, {1});
   Tensor lse = ops::add(ops::index_select(r.logits, 1, col0),
                         ops::mul(ops::index_select(ops::log_softmax(r.logits), 1, col0), Tensor::full({1}, -1.f)));
-  Tensor z = ops::dot_const(ops::mul(lse, lse), Tensor::full({N, 1}, float(1.0 / double(N))));
+  Tensor z = ops::dot_const(ops::mul(lse, lse), Tensor::full({N, 1}, float(1.0 / Nt)));
+  if (split) {  // the group's losses in value; each rank's gradient is its own rows' share
+    const Shape bs = balance.shape(), zs = z.shape();
+    std::vector<Tensor> parts = ops::split(
+        tp_->reduce_from_region(ops::concat({ops::reshape(balance, {1}), ops::reshape(z, {1})}, 0)), {1, 1}, 0);
+    balance = ops::reshape(parts[0], bs);
+    z = ops::reshape(parts[1], zs);
+  }
   balance_value_ = balance.item();
   z_value_ = z.item();
   dropped_fraction_ = 1.0 - double(M) / double(N * k);

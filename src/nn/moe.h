@@ -29,6 +29,7 @@
 #include "nn/layers.h"
 #include "nn/model.h"
 #include "nn/module.h"
+#include "nn/tensor_parallel.h"
 
 namespace atl::nn {
 
@@ -96,15 +97,18 @@ class LocalDispatcher final : public ExpertDispatcher {
 };
 
 // A dense FFN (the shared experts): gate_up_proj [C, 2F] (SwiGLU) or [C, F] (GELU), down_proj [F, C].
+// With a tensor-parallel context: Megatron's MLP, this rank's F/tp hidden units (gate_up column-
+// parallel, cut per part {gate, up}; down_proj row-parallel); x and the result in the region layout.
 class FeedForward : public Module {
  public:
-  FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu);
+  FeedForward(std::string prefix, int64_t dim, int64_t hidden, bool swiglu, const TensorParallelContext* tp = nullptr);
   Tensor operator()(const Tensor& x) const;
   Linear* gate_up_proj;
   Linear* down_proj;
 
  private:
   bool swiglu_;
+  const TensorParallelContext* tp_;
 };
 
 // The router's decision for one forward (host-side bookkeeping plus the differentiable weights).
@@ -121,7 +125,13 @@ struct Routing {
 
 class MoELayer : public Module {
  public:
-  MoELayer(std::string prefix, const MoEConfig& c);
+  // tp: the tensor-parallel context of a model shard (nn/tensor_parallel.h), null without. Under
+  // sequence parallelism the layer routes this tp rank's token rows only (Megatron-Core's MoE
+  // with sequence parallelism): the routed experts are whole on every tp rank (replicated over tp,
+  // split over ep only), the shared experts tensor-parallel, and the balance and z losses use the
+  // whole tp group's tokens (counts and token total summed over tp, each rank's share of the sums
+  // added with reduce_from_region), so they equal one rank's over the same tokens.
+  MoELayer(std::string prefix, const MoEConfig& c, const TensorParallelContext* tp = nullptr);
   // x [..., C] -> [..., C]. Records this forward's auxiliary losses (aux_loss()).
   Tensor operator()(const Tensor& x) const;
   // The same with the routed experts replaced by `expert(rows, offsets, first_expert)` (tests:
@@ -161,6 +171,7 @@ class MoELayer : public Module {
   MoEConfig c_;
   std::unique_ptr<Parameter> own_gate_up_, own_down_;  // sharded storage
   ExpertDispatcher* dispatcher_ = nullptr;
+  const TensorParallelContext* tp_ = nullptr;
   mutable Tensor aux_total_;
   mutable double balance_value_ = 0, z_value_ = 0, dropped_fraction_ = 0;
 };

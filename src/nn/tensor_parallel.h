@@ -52,6 +52,10 @@ class TensorParallelContext {
   virtual Tensor vocab_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t lo) const = 0;
   // Inference only: the full logits [N, V] from every rank's [N, V_r] (no gradient).
   virtual Tensor gather_vocab(const Tensor& logits, int64_t V) const = 0;
+  // Megatron's g: x summed over the group in forward, the gradient passed through unchanged (each
+  // rank's term of a sum over the group's token shards, an MoE layer's auxiliary losses and
+  // routing counts under sequence parallelism, nn/moe.cpp). Contexts that need none leave it.
+  virtual Tensor reduce_from_region(const Tensor& x) const { fail("this tensor-parallel context sums nothing"); }
 };
 
 // The rows [first, second) of `n` that rank r of `size` holds (n*r/size: uneven splits allowed).

@@ -115,6 +115,7 @@ void run_exchange(const Exchange& ex, const float* x, int64_t width, float* out,
 struct A2AState {
   Exchange to_experts, to_sources;  // dispatch direction and combine direction
   int64_t M = 0;                    // rows on the source side
+  Tensor src;                       // the source side's rows (dispatch's input): the tiled backward's input
   CountMatrix m;
   std::vector<int64_t> offsets;     // expert side, per local expert
 };
@@ -124,6 +125,49 @@ struct A2AState {
 struct Tile {
   int64_t s, e, o0, n, start;
 };
+
+// The tiles of one (expert rank d, source s) pair and their messages, as the forward's
+// experts_and_combine walks them (by local expert, then row chunks of grain.tile_rows; a message
+// closes once it holds ceil(rows / grain.messages) rows, every tile its own with messages = 0).
+struct PairPlan {
+  struct Message {
+    size_t first_tile, tiles;
+    int64_t start, rows;  // on the source side: rows [start, start + rows) of s's sorted rows
+    int tag;
+  };
+  std::vector<Tile> tiles;
+  std::vector<Message> messages;
+  int64_t rows = 0, base = 0;  // base: where d's experts' rows start in s's order
+};
+
+PairPlan plan_pair(const CountMatrix& m, int64_t d, int64_t s, const OverlapGrain& grain) {
+  PairPlan p;
+  const int64_t L = m.local();
+  p.base = m.before(s, d * L);
+  for (int64_t e = 0; e < L; ++e) {
+    const int64_t g = d * L + e, n = m.at(s, g);
+    int64_t o0 = 0;
+    for (int64_t r = 0; r < s; ++r) o0 += m.at(r, g);
+    for (int64_t c = 0; c < n; c += grain.tile_rows)
+      p.tiles.push_back(Tile{s, e, o0 + c, std::min(grain.tile_rows, n - c), m.before(s, g) + c});
+    p.rows += n;
+  }
+  const int64_t close_at = grain.messages > 0 ? (p.rows + grain.messages - 1) / grain.messages : 0;
+  int64_t rows = 0, seen = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < p.tiles.size(); ++i) {
+    rows += p.tiles[i].n, seen += p.tiles[i].n;
+    if (rows >= close_at || seen == p.rows) {
+      p.messages.push_back({first, i + 1 - first, p.tiles[first].start, rows, int(p.messages.size() & 0x7ffff)});
+      first = i + 1, rows = 0;
+    }
+  }
+  return p;
+}
+
+// Tags of the tiled backward's two directions between one pair of ranks: output gradients to the
+// experts carry the message index, input gradients back to the sources this bit besides.
+constexpr int kInputGradTag = 1 << 19;
 
 class AllToAllDispatcher final : public nn::ExpertDispatcher {
  public:
@@ -178,6 +222,7 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
     b.offsets = side.offsets;
     b.first_expert = m.me * L;
     b.rows = move(rows, st->to_experts, st->to_sources, int64_t(side.src.size()), "ep_dispatch");
+    if (overlap_ && grain_.backward) st->src = rows;
     b.state = st;
     return b;
   }
@@ -286,6 +331,17 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
     }
     for (auto& w : sends) w->wait();
     for (auto& w : recvs) w->wait();
+    if (grain_.backward && st->src.defined()) {
+      // The tiled backward takes the dispatch's input directly, so that it sends the input
+      // gradients to their sources itself: the dispatch's own node then gets no gradient and
+      // does not run (its exchange is this node's).
+      if (should_record({&st->src, &w1, &w2}))
+        record("ep_experts_combine_overlapped", out, {st->src, w1, w2},
+               [this, st, h, act, rows = b.rows, swiglu, offsets = b.offsets, first](Node& n) {
+                 tiled_backward(n, *st, rows, h, act, offsets, first, swiglu);
+               });
+      return out;
+    }
     if (should_record({&b.rows, &w1, &w2})) {
       record("ep_experts_combine_overlapped", out, {b.rows, w1, w2},
              [this, st, h, act, swiglu, offsets = b.offsets, first, L, C, G1, F](Node& n) {
@@ -310,7 +366,108 @@ class AllToAllDispatcher final : public nn::ExpertDispatcher {
   }
 
  private:
-
+  // The backward of experts_and_combine with both exchanges tiled (OverlapGrain::backward).
+  // n.inputs: {source-side rows, w_gate_up, w_down}; rows: the expert side's (the forward's).
+  // Every kernel call on a tile is the plain path's on those rows (a row's dx and activation
+  // gradient do not depend on the rows computed with it), and the weight gradients are the plain
+  // path's whole-tensor calls, made after the tiles while the last input gradients travel: the
+  // results equal the plain path's bit for bit.
+  void tiled_backward(Node& n, const A2AState& st, const Tensor& rows, const Tensor& h, const Tensor& act,
+                      const std::vector<int64_t>& offsets, int64_t first, bool swiglu) {
+    const Tensor &src = n.inputs[0], &w1 = n.inputs[1], &w2 = n.inputs[2];
+    const CountMatrix& m = st.m;
+    const int64_t L = m.local(), R = rows.size(0), C = rows.size(1), G1 = w1.size(2), F = w2.size(1);
+    const kernels::KernelTable& K = kernels::table(rows.device(), DType::f32);
+    const Tensor gout = grad_of(n.output).contiguous();  // [M, C], the source side
+    const bool need_dx = requires_grad(src);
+    float* gsrc = need_dx ? grad_buffer(src).f32() : nullptr;
+    Tensor gy = Tensor::zeros({R, C}), gact = Tensor::zeros({R, F}), gh = Tensor::zeros({R, G1}),
+           dx = Tensor::zeros({R, C});
+    std::vector<comm::WorkPtr> sends, dx_recvs;
+    std::vector<PairPlan> as_source(size_t(m.P)), as_experts(size_t(m.P));
+    std::vector<Tensor> dx_in(size_t(m.P)), gy_in(size_t(m.P)), dx_out(size_t(m.P));
+    std::vector<std::vector<comm::WorkPtr>> gy_recvs(size_t(m.P));
+    for (int64_t d = 0; d < m.P; ++d) {
+      if (d == m.me) continue;
+      // As a source: my rows' output gradients to the rank holding their experts, in the
+      // forward's messages, and receives for their input gradients coming back.
+      PairPlan& ps = as_source[size_t(d)] = plan_pair(m, d, m.me, grain_);
+      if (ps.rows > 0 && need_dx) dx_in[size_t(d)] = Tensor::empty({ps.rows, C});
+      for (const auto& msg : ps.messages) {
+        sends.push_back(ep_->send_async(gout.slice(0, msg.start, msg.start + msg.rows), int(d), msg.tag));
+        if (need_dx)
+          dx_recvs.push_back(ep_->recv_async(dx_in[size_t(d)].slice(0, msg.start - ps.base, msg.start - ps.base + msg.rows),
+                                             int(d), kInputGradTag | msg.tag));
+      }
+      // As the experts' rank: receives for the output gradients of source d's rows.
+      PairPlan& pe = as_experts[size_t(d)] = plan_pair(m, m.me, d, grain_);
+      if (pe.rows > 0) gy_in[size_t(d)] = Tensor::empty({pe.rows, C});
+      if (pe.rows > 0 && need_dx) dx_out[size_t(d)] = Tensor::empty({pe.rows, C});
+      for (const auto& msg : pe.messages)
+        gy_recvs[size_t(d)].push_back(ep_->recv_async(
+            gy_in[size_t(d)].slice(0, msg.start - pe.base, msg.start - pe.base + msg.rows), int(d), msg.tag));
+    }
+    // One tile: its output gradient rows (from `g`) through the down projection's and the
+    // activation's backward, and, when wanted, the gate/up projection's input gradient.
+    auto tile = [&](const Tile& t, const float* g) {
+      const int64_t o = offsets[size_t(t.e)] + t.o0, one[2] = {0, t.n};
+      float* gyo = gy.f32() + o * C;  // added to zeros, as the plain path's exchange does (-0 stays +0)
+      for (int64_t c = 0; c < t.n * C; ++c) gyo[c] += g[c];
+      K.moe.grouped_backward(gact.f32() + o * F, nullptr, gy.f32() + o * C, act.f32() + o * F,
+                             w2.f32() + (first + t.e) * F * C, one, 1, F, C);
+      if (swiglu) K.act.swiglu_backward(gh.f32() + o * G1, gact.f32() + o * F, h.f32() + o * G1, t.n, F);
+      else K.act.gelu_backward(gh.f32() + o * G1, gact.f32() + o * F, h.f32() + o * G1, t.n * F);
+      if (need_dx)
+        K.moe.grouped_backward(dx.f32() + o * C, nullptr, gh.f32() + o * G1, rows.f32() + o * C,
+                               w1.f32() + (first + t.e) * C * G1, one, 1, C, G1);
+      return o;
+    };
+    // My own rows first: their gradients are here, while the others' travel.
+    for (const Tile& t : plan_pair(m, m.me, m.me, grain_).tiles) {
+      const int64_t o = tile(t, gout.f32() + t.start * C);
+      if (!need_dx) continue;
+      float* d = gsrc + t.start * C;
+      const float* x = dx.f32() + o * C;
+      for (int64_t c = 0; c < t.n * C; ++c) d[c] += x[c];
+    }
+    // Then each source's messages as they land, each one's input gradients sent back at once.
+    for (int64_t k = 1; k < m.P; ++k) {
+      const int64_t s = (m.me + k) % m.P;
+      const PairPlan& pe = as_experts[size_t(s)];
+      for (size_t i = 0; i < pe.messages.size(); ++i) {
+        const auto& msg = pe.messages[i];
+        gy_recvs[size_t(s)][i]->wait();
+        for (size_t j = msg.first_tile; j < msg.first_tile + msg.tiles; ++j) {
+          const Tile& t = pe.tiles[j];
+          const int64_t o = tile(t, gy_in[size_t(s)].f32() + (t.start - pe.base) * C);
+          if (need_dx)
+            std::memcpy(dx_out[size_t(s)].f32() + (t.start - pe.base) * C, dx.f32() + o * C,
+                        size_t(t.n * C) * sizeof(float));
+        }
+        if (need_dx)
+          sends.push_back(ep_->send_async(
+              dx_out[size_t(s)].slice(0, msg.start - pe.base, msg.start - pe.base + msg.rows), int(s),
+              kInputGradTag | msg.tag));
+      }
+    }
+    // The weight gradients over every row, as the plain path computes them, while the last
+    // input gradients are on their way.
+    if (requires_grad(w2))
+      K.moe.grouped_backward(nullptr, grad_buffer(w2).f32() + first * F * C, gy.f32(), act.f32(),
+                             w2.f32() + first * F * C, offsets.data(), L, F, C);
+    if (requires_grad(w1))
+      K.moe.grouped_backward(nullptr, grad_buffer(w1).f32() + first * C * G1, gh.f32(), rows.f32(),
+                             w1.f32() + first * C * G1, offsets.data(), L, C, G1);
+    for (auto& w : dx_recvs) w->wait();
+    for (int64_t d = 0; need_dx && d < m.P; ++d) {
+      if (d == m.me || !dx_in[size_t(d)].defined()) continue;
+      const PairPlan& ps = as_source[size_t(d)];
+      float* g = gsrc + ps.base * C;
+      const float* x = dx_in[size_t(d)].f32();
+      for (int64_t c = 0; c < ps.rows * C; ++c) g[c] += x[c];
+    }
+    for (auto& w : sends) w->wait();
+  }
 
   // Differentiable: forward along `fwd`, gradient back along `bwd`.
   Tensor move(const Tensor& x, const Exchange& fwd, const Exchange& bwd, int64_t out_rows, const char* op) {
@@ -432,18 +589,27 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   const bool overlap = cfg.get_bool("parallel.ep_overlap", false);
   OverlapGrain grain;
   grain.messages = cfg.get_int("parallel.ep_overlap_messages", grain.messages, 0, 1 << 20);
+  grain.backward = cfg.get_bool("parallel.ep_overlap_backward", grain.backward);
   const MeshShape& m = mesh.shape();
   if (m.ep == 1) return nullptr;
   check_expert_layout(m, *model);
-  ATOLL_CHECK(m.tp == 1 && m.pp == 1 && m.island == 1, "parallel.ep = {} with parallel.tp = {}, parallel.pp = {} and "
-              "parallel.islands = {}: sharded experts compose with data and context parallelism only (tp, pp and "
-              "islands must be 1)", m.ep, m.tp, m.pp, m.island);
+  ATOLL_CHECK(m.pp == 1 && m.island == 1, "parallel.ep = {} with parallel.pp = {} and parallel.islands = {}: sharded "
+              "experts compose with data, context and tensor parallelism only (pp and islands must be 1)", m.ep, m.pp,
+              m.island);
+  // ep x tp (Megatron-Core's composition): each tp rank routes its sequence-parallel share of the
+  // tokens over the ep group of its tp coordinate, to experts whole on every tp rank. Without
+  // sequence parallelism every tp rank would route and compute the same tokens (Megatron-Core
+  // refuses it too).
+  ATOLL_CHECK(m.tp == 1 || cfg.get_bool("parallel.sequence_parallel", true), "parallel.ep = {} with parallel.tp = {} "
+              "needs parallel.sequence_parallel = true ({}): each tp rank dispatches its own share of the tokens",
+              m.ep, m.tp, cfg.where("parallel.sequence_parallel"));
   const int64_t E = dynamic_cast<nn::ExpertModel&>(*model).num_experts();
   const int64_t coord = mesh.coord("ep");
   comm::Communicator* ep = mesh.axis("ep");
   ATOLL_CHECK(!ep || (ep->size() == m.ep && ep->rank() == coord), "expert parallel: the ep group ({} ranks, rank {}) "
               "does not match the mesh (ep = {}, coordinate {})", ep ? ep->size() : 1, ep ? ep->rank() : 0, m.ep, coord);
-  // The ranks holding the same experts: equal ep coordinates (tp = pp = 1, so the whole world).
+  // The ranks holding the same experts: equal ep coordinates over the whole world (pp = 1), the
+  // tp ranks among them (their token shares reach the same experts).
   std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(coord), world->rank()) : nullptr;
   model = dynamic_cast<nn::ExpertModel&>(*model).expert_shard(m.ep, coord);
   allocator_for(Device::cpu()).release_cache();  // the whole model's buffers go back, not to the cache

@@ -44,9 +44,15 @@ void check_expert_layout(const MeshShape& mesh, const nn::Model& model);
 // once it holds ceil(rows / messages) rows), or one message per tile with messages = 0. Fewer,
 // larger messages pay the per-message cost (latency, a shaped link's bursts) fewer times; more of
 // them start the return exchange sooner. Numerics do not depend on either.
+// backward: the backward's two exchanges tiled as well (parallel.ep_overlap_backward, default
+// on): the output gradients reach the experts in the same messages, each computed as it lands
+// (this rank's own rows first), and each tile's input gradient goes back to its source as soon
+// as it is done, while the next tiles and then the weight gradients compute. Off: the backward
+// is the plain path's two blocking all-to-alls around the whole-tensor kernels.
 struct OverlapGrain {
   int64_t tile_rows = 64;
   int64_t messages = 4;
+  bool backward = true;
 };
 
 // The dispatcher over an ep group (ep: its communicator, null for one process).
@@ -54,7 +60,8 @@ std::unique_ptr<nn::ExpertDispatcher> make_expert_dispatcher(const std::string& 
                                                              bool overlap = false, OverlapGrain grain = {});
 
 // [parallel] ep > 1: checks the layout, reads parallel.ep_dispatcher (all_to_all | all_gather)
-// and parallel.ep_overlap (with parallel.ep_overlap_messages, OverlapGrain::messages), replaces `model` by this rank's expert shard (only its experts
+// and parallel.ep_overlap (with parallel.ep_overlap_messages, OverlapGrain::messages, and
+// parallel.ep_overlap_backward, OverlapGrain::backward), replaces `model` by this rank's expert shard (only its experts
 // allocated; call before anything else holds the model) with the dispatcher injected, and returns
 // the shards' state (the caller keeps it as long as the model runs; attach() it once the
 // data-parallel strategy exists). world: the job's communicator (the replica groups are split

@@ -10,11 +10,18 @@ namespace atl::parallel {
 
 ExpertShards::ExpertShards(nn::Model& model, std::unique_ptr<nn::ExpertDispatcher> dispatcher, comm::Communicator* ep,
                            std::unique_ptr<comm::Communicator> replicas)
-    : model_(model), dispatcher_(std::move(dispatcher)), ep_(ep), replicas_(std::move(replicas)) {
+    : model_(&model), dispatcher_(std::move(dispatcher)), ep_(ep), replicas_(std::move(replicas)) {
+  rebind(model);
+}
+
+void ExpertShards::rebind(nn::Model& model) {
+  ATOLL_CHECK(!opt_, "expert shards: rebind() after attach()");
   auto* em = dynamic_cast<nn::ExpertModel*>(&model);
   ATOLL_CHECK(em, "expert shards: model family '{}' has no experts", model.family());
+  model_ = &model;
   params_ = em->sharded_expert_parameters();
   ATOLL_CHECK(!params_.empty(), "expert shards: the model holds its experts unsharded (build it with expert_shard)");
+  em->set_expert_dispatcher(dispatcher_.get());
 }
 
 ExpertShards::~ExpertShards() = default;
@@ -74,7 +81,7 @@ Tensor ExpertShards::gather(const Tensor& local) const {
 
 void ExpertShards::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                               std::vector<std::pair<std::string, Tensor>>& opt_state) {
-  const nn::StateDictAdapter& a = model_.state_dict_adapter();
+  const nn::StateDictAdapter& a = model_->state_dict_adapter();
   for (nn::Parameter* q : params_) model_sd.emplace_back(a.to_file(q->name), gather(q->value));
   std::vector<std::pair<std::string, Tensor>> mine;
   opt_->save_state(mine, "");
@@ -106,7 +113,7 @@ typename V::iterator find_named(V& v, const std::string& n) {
 void ExpertShards::local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state,
                                const std::string& what) {
   ATOLL_CHECK(opt_, "expert shards: local_state() before attach()");
-  const nn::StateDictAdapter& a = model_.state_dict_adapter();
+  const nn::StateDictAdapter& a = model_->state_dict_adapter();
   const int64_t rank = ep_ ? ep_->rank() : 0;
   TensorFile mine;
   const Tensor* step = opt_state.find("step");

@@ -33,6 +33,9 @@ class ExpertShards {
                std::unique_ptr<comm::Communicator> replicas);
   ~ExpertShards();
   nn::ExpertDispatcher& dispatcher() { return *dispatcher_; }
+  // The model was rebuilt after the expert shard (tensor parallelism's shard of it, ep x tp):
+  // takes its expert parameters and injects the dispatcher into it. Before attach().
+  void rebind(nn::Model& model);
 
   // Once the data-parallel strategy is built: the experts' AdamW, and the divisor of the
   // gradients (the strategy's data-parallel ranks). other_optimizer: the job's [optim] places
@@ -63,7 +66,7 @@ class ExpertShards {
  private:
   Tensor gather(const Tensor& local) const;  // [L, ...] on each ep rank -> [E, ...]
 
-  nn::Model& model_;
+  nn::Model* model_;
   std::unique_ptr<nn::ExpertDispatcher> dispatcher_;
   comm::Communicator* ep_;
   std::unique_ptr<comm::Communicator> replicas_;

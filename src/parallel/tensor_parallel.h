@@ -67,7 +67,7 @@ class TensorParallel final : public nn::TensorParallelContext {
 
   // ---- Megatron's region operators, unfused (tensor_parallel_regions.cpp) ----
   Tensor copy_to_region(const Tensor& x) const;      // f: identity forward, all-reduce backward
-  Tensor reduce_from_region(const Tensor& x) const;  // g: all-reduce forward, identity backward
+  Tensor reduce_from_region(const Tensor& x) const override;  // g: all-reduce forward, identity backward
   // x [n, C] (this rank's token rows) -> [size*n, C], rank 0's rows first; reduce-scatter backward.
   Tensor gather_sequence(const Tensor& x) const;
   // x [N, C] -> the sum over ranks of rows [r*N/size, (r+1)*N/size); all-gather backward.

@@ -230,6 +230,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   I.dcp = DataCentricStep::from_config(cfg, I.o, I.pc.mesh, I.world);  // issue 12: layout per batch
   I.tp = parallel::apply_tensor_parallel(cfg, I.model, *I.mesh, I.pc.strategy,  // this rank's shard (tp > 1)
                                          I.o.batch_size * I.o.seq_len);
+  if (I.experts && I.tp) I.experts->rebind(*I.model);  // ep x tp: the experts of the tp shard
   // On the shard (it is a new model): recomputation, and ring attention over its heads (cp x tp).
   nn::apply_recompute_config(cfg, *I.model);  // [train] recompute (nn/recompute.h)
   I.cp = parallel::apply_context_parallel(*I.model, *I.mesh, I.o.seq_len, true, cfg.where("train.seq_len"));  // [parallel] cp

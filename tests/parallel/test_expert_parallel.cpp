@@ -8,7 +8,10 @@
 //  - EP = 2 on 2 ranks (ZeRO-3) and dp2 x ep2 on 4 (HSDP): per-step losses, gradient norms and the
 //    final parameters over 10 AdamW steps equal one process's that runs each rank's rows as a
 //    micro-batch (1/W each), to 1e-6 relative;
-//  - bad layouts are refused before any step.
+//  - bad layouts are refused before any step;
+//  - ep x tp (EpTimesTp): dp_shard 2 x tp 2 with ep 2 on 4 ranks follows one process over 10
+//    steps, overlapped or not, and under `atoll train` follows one rank and resumes on one; the
+//    family at tp 2 alone keeps one rank's auxiliary losses.
 //
 // Why the bound holds on any x86-64 CPU: every rank runs the same rows through the same kernels
 // as the one-process reference (routing, attention, norms and head see the same [b, T] batch on
@@ -33,6 +36,7 @@
 #include "models/moe/moe_model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -77,9 +81,10 @@ struct Trace {
 
 // The whole model's parameters by name (sharded experts gathered, appended after the dense ones,
 // so the order is the names').
-std::vector<float> full_params(DataParallel& dp, ExpertShards* ep = nullptr) {
+std::vector<float> full_params(DataParallel& dp, ExpertShards* ep = nullptr, TensorParallel* tp = nullptr) {
   std::vector<std::pair<std::string, Tensor>> sd, opt;
   dp.full_state(sd, opt);
+  if (tp) tp->full_state(sd, opt);  // this rank's tp pieces -> the whole tensors
   if (ep) ep->full_state(sd, opt);
   std::map<std::string, Tensor> by(sd.begin(), sd.end());
   std::vector<float> v;
@@ -104,12 +109,12 @@ void save_state(const std::string& path, std::vector<std::pair<std::string, Tens
 }
 
 // One process: each of `world` ranks' rows as a micro-batch with backward seed 1/world.
-Trace reference(int world, bool drop, const Segment& seg = {}) {
+Trace reference(int world, bool drop, const Segment& seg = {}, const AdamWConfig& adam = kAdam) {
   set_num_threads(1);
   nn::MoEModel model(ep_model(drop));
   model.init_weights(5);
   ParallelConfig pc;
-  auto dp = make_data_parallel(model, nullptr, pc, kAdam);
+  auto dp = make_data_parallel(model, nullptr, pc, adam);
   if (!seg.load.empty()) {
     TensorFile m = load_safetensors(seg.load + ".model"), o = load_safetensors(seg.load + ".optim");
     dp->load_full_state(m.tensors, o, seg.load);
@@ -214,6 +219,67 @@ void job_rank(const std::string& spec) {
               (long long)shards->full_bytes());
 }
 
+// ep x tp (4 ranks: dp_shard 2 x tp 2, ep 2 over dp_shard; ZeRO-1 over dp, sequence parallelism):
+// the tp pair of a data-parallel rank shares its rows, each tp rank routing its half of the tokens
+// over the ep group of its tp coordinate. AdamW as the tensor-parallel tests take it (lr 1e-3, eps
+// 1e-3: the bound's reasoning, EpTimesTp below).
+const AdamWConfig kAdamTp{1e-3f, 0.9f, 0.95f, 1e-3f, 0.1f};
+
+// ATOLL_EP_TP_JOB = "<dispatcher> <overlap 0|1> <tag>".
+void ep_tp_rank(const std::string& spec) {
+  std::istringstream in(spec);
+  std::string kind, tag;
+  int overlap = 0;
+  in >> kind >> overlap >> tag;
+  set_num_threads(1);
+  auto comm = comm::make_communicator("gloo");
+  MeshShape shape;
+  shape.dp_shard = 2;
+  shape.tp = comm->size() / 2;
+  shape.ep = 2;
+  Mesh mesh(comm.get(), shape);
+  std::unique_ptr<nn::Model> owned = std::make_unique<nn::MoEModel>(ep_model());
+  Config cfg = Config::parse("[parallel]\nep_dispatcher = \"" + kind + "\"\nep_overlap = " +
+                             (overlap ? "true" : "false") + "\n", "ep x tp job");
+  auto shards = apply_expert_parallel(cfg, owned, mesh, comm.get());  // this ep rank's experts
+  auto tp = TensorParallel::apply(owned, mesh, /*sequence_parallel=*/true);  // its tp shard
+  shards->rebind(*owned);
+  nn::Model& model = *owned;
+  model.init_weights(5);
+  ParallelConfig pc;
+  pc.strategy = "zero1";
+  pc.mesh = shape;
+  pc.bucket_mb = 0.004;
+  auto dp = make_data_parallel(model, data_parallel_comm(mesh), pc, kAdamTp, nullptr, {}, &mesh);
+  shards->attach(kAdamTp, dp->world());
+  const int64_t d = mesh.coord("dp_shard");
+  Trace tr;
+  for (int s = 0; s < kSteps; ++s) {
+    dp->zero_grad();
+    shards->zero_grad();
+    Tensor l = model.loss(rows(s, d * kBatch, kBatch, false), rows(s, d * kBatch, kBatch, true));
+    const double lv = l.item();
+    backward(l);
+    dp->finish_backward();
+    shards->finish_backward();
+    tp->finish_backward();
+    tr.loss.push_back(float(dp->average(lv)));
+    tr.gnorm.push_back(float(shards->grad_norm(tp->grad_norm(*dp))));
+    dp->step({1.f, 1.f});
+    shards->step({1.f, 1.f});
+  }
+  tr.params = full_params(*dp, shards.get(), tp.get());
+  const int r = comm->rank();
+  write_floats(tag + ".loss." + std::to_string(r), tr.loss);
+  write_floats(tag + ".gnorm." + std::to_string(r), tr.gnorm);
+  write_floats(tag + ".params." + std::to_string(r), tr.params);
+  write_floats(tag + ".layout." + std::to_string(r),
+               {float(mesh.coord("tp")), float(mesh.coord("ep")), float(shards->ep_size()), float(model.num_params())});
+  std::printf("rank %d: %s, tp coordinate %lld, ep coordinate %lld, dispatcher %s%s\n", r, shape.describe().c_str(),
+              (long long)mesh.coord("tp"), (long long)mesh.coord("ep"), shards->dispatcher().name().c_str(),
+              overlap ? " (overlapped)" : "");
+}
+
 struct Root : nn::Module {
   explicit Root(const nn::MoEConfig& c) : Module("") {
     layer = child<nn::MoELayer>("mlp", c);
@@ -248,10 +314,12 @@ std::vector<float> layer_run(Root& root, nn::ExpertDispatcher* d, comm::Communic
   v.insert(v.end(), gx.begin(), gx.end());
   v.insert(v.end(), gg.begin(), gg.end());
   if (!identity) {  // an expert's gradient lives on its rank: summed over ranks before comparing
-    Tensor g = L.w_gate_up->grad.clone();
-    if (comm) comm->all_reduce(g);
-    auto gs = g.to_vector();
-    v.insert(v.end(), gs.begin(), gs.end());
+    for (nn::Parameter* p : {L.w_gate_up, L.w_down}) {
+      Tensor g = p->grad.clone();
+      if (comm) comm->all_reduce(g);
+      auto gs = g.to_vector();
+      v.insert(v.end(), gs.begin(), gs.end());
+    }
   }
   if (sum_w) {
     NoGradGuard ng;
@@ -287,10 +355,12 @@ void dispatch_rank(const std::string& spec) {
     for (int64_t c = 0; c < 12; ++c) g[2 * 12 + c] = 2.f, g[3 * 12 + c] = 1.5f;
   }
   auto a2a = make_expert_dispatcher("all_to_all", comm.get()), ag = make_expert_dispatcher("all_gather", comm.get());
-  // The overlap at its default grain, and grains that split each (source, expert) block into
-  // several tiles sent one per message, or coalesced into uneven runs of consecutive tiles.
+  // The overlap at its default grain (forward and backward tiled), with the backward's exchanges
+  // plain, and grains that split each (source, expert) block into several tiles sent one per
+  // message, or coalesced into uneven runs of consecutive tiles (both directions).
   std::vector<std::unique_ptr<nn::ExpertDispatcher>> tiled;
-  for (OverlapGrain g : {OverlapGrain{}, OverlapGrain{1, 0}, OverlapGrain{2, 3}, OverlapGrain{3, 1}})
+  for (OverlapGrain g : {OverlapGrain{}, OverlapGrain{64, 4, false}, OverlapGrain{1, 0}, OverlapGrain{2, 3},
+                         OverlapGrain{3, 1}, OverlapGrain{1, 0, false}})
     tiled.push_back(make_expert_dispatcher("all_to_all", comm.get(), /*overlap=*/true, g));
   std::vector<float> sum_w;
   for (bool identity : {true, false}) {
@@ -408,6 +478,7 @@ TEST(ExpertParallel, RankProgram) {
     return;
   }
   if (const char* j = std::getenv("ATOLL_EP_JOB")) return job_rank(j);
+  if (const char* j = std::getenv("ATOLL_EP_TP_JOB")) return ep_tp_rank(j);
   if (const char* d = std::getenv("ATOLL_EP_DISPATCH")) return dispatch_rank(d);
   // Run directly (not as a rank): the one-process reference the rank jobs are held to is itself
   // deterministic, bit for bit, so a mismatch there is the parallelism's.
@@ -627,4 +698,168 @@ TEST(Zero3UntiedHead, LlamaTinyOnTwoRanksFollowsOneRank) {
   ASSERT_EQ(z3.size(), 3u);
   // Before the fix step 1 was already off by 5e-3 (5.5405 vs 5.5452 on the fortunes corpus).
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(z3[i], one[i], 1e-4) << "step " << i + 1;
+}
+
+// ep x tp on 4 ranks (dp_shard 2 x tp 2, ep 2 over dp_shard, ZeRO-1, sequence parallelism):
+// per-step losses, gradient norms and the final parameters over 10 AdamW steps equal one process
+// running each data-parallel rank's rows as a micro-batch. The routing, the balance and z losses
+// (their counts summed over tp) and the experts see exactly the reference's tokens; what tensor
+// parallelism adds is the tp tests' reordering of fp32 sums (row-parallel K sums in halves, the
+// vocabulary softmax in halves, a shared input's gradient summed over ranks: a few ulps each), so
+// the bound and the optimizer settings are theirs (test_tensor_parallel.cpp: 1e-6 with AdamW lr
+// 1e-3, eps 1e-3, which keeps AdamW from amplifying ulps of near-zero gradients). The overlapped
+// dispatcher gives the plain one's results bit for bit.
+TEST(EpTimesTp, Ep2Tp2OnFourRanksFollowsOneProcess) {
+  Scratch s;
+  std::map<std::string, std::map<std::string, std::vector<float>>> got;
+  for (int overlap : {0, 1}) {
+    const std::string k = overlap ? "overlap" : "plain", tag = (s.root / k).string();
+    auto codes = run_rank_programs(4, "ExpertParallel.RankProgram",
+                                   {"ATOLL_EP_TP_JOB=all_to_all " + std::to_string(overlap) + " " + tag}, tag, 180);
+    got[k] = collect_kinds(tag, codes, {"loss", "gnorm", "params"}, "ep2 x tp2 " + k);
+    ASSERT_EQ(got[k].size(), 3u) << k;
+    // The layout: rank r = dp * 2 + tp has tp coordinate r % 2 and ep coordinate r / 2, an ep
+    // group of 2, and a tree of its tp shard's parameters (fewer than the whole dense model's).
+    nn::MoEModel whole(ep_model());
+    for (int r = 0; r < 4; ++r) {
+      const auto lay = read_floats(tag + ".layout." + std::to_string(r));
+      ASSERT_EQ(lay.size(), 4u) << "rank " << r;
+      EXPECT_EQ(lay[0], float(r % 2)) << "rank " << r << ": tp coordinate";
+      EXPECT_EQ(lay[1], float(r / 2)) << "rank " << r << ": ep coordinate";
+      EXPECT_EQ(lay[2], 2.f) << "rank " << r << ": ep group size";
+      EXPECT_LT(lay[3], float(whole.num_params())) << "rank " << r << " holds the whole dense model, not its tp shard";
+    }
+  }
+  const Trace ref = reference(2, false, {}, kAdamTp);
+  ASSERT_EQ(got["plain"]["loss"].size(), size_t(kSteps));
+  EXPECT_LT(ref.loss.back(), ref.loss.front()) << "the reference did not train";
+  for (int i = 0; i < kSteps; ++i)
+    std::printf("step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g\n", i + 1, got["plain"]["loss"][size_t(i)],
+                ref.loss[size_t(i)], got["plain"]["gnorm"][size_t(i)], ref.gnorm[size_t(i)]);
+  std::printf("rel: loss %g, grad norm %g, params %g\n", rel_diff(got["plain"]["loss"], ref.loss),
+              rel_diff(got["plain"]["gnorm"], ref.gnorm), rel_diff(got["plain"]["params"], ref.params));
+  expect_rel(got["plain"]["loss"], ref.loss, 1e-6, "ep2 x tp2: losses");
+  expect_rel(got["plain"]["gnorm"], ref.gnorm, 1e-6, "ep2 x tp2: gradient norms");
+  expect_rel(got["plain"]["params"], ref.params, 1e-6, "ep2 x tp2: final parameters");
+  for (const char* k : {"loss", "gnorm", "params"})
+    EXPECT_EQ(got["overlap"][k], got["plain"][k]) << "tile-overlapped ep x tp differs from the plain all-to-all: " << k;
+}
+
+// `atoll train`'s trainer on 4 ranks with [parallel] dp_shard = 2, tp = 2, ep = 2 (ZeRO-1): the
+// same losses as one rank at the doubled batch (balance loss off, as in TrainerRunsEp2OnTwoRanks:
+// it is not a mean over tokens), its checkpoint the whole model's (one process's names and
+// shapes), and that checkpoint resumed in one process follows the one-process run continued.
+TEST(EpTimesTp, TrainerRunsDp2Tp2Ep2AndResumesOnOneRank) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  auto config = [&](const std::string& run, int batch, const std::string& parallel, int steps = 4) {
+    std::ostringstream c;
+    c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
+      << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\npreset = \"moe-tiny\"\nn_experts = 4\n"
+      << "aux_loss_coef = 0.0\n[train]\nsteps = " << steps << "\nbatch_size = " << batch
+      << "\nseq_len = 16\nwarmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 3e-3\neps = 1e-5\n[eval]\nevery = 0\n"
+      << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+      << (parallel.empty() ? "" : "[parallel]\n" + parallel);
+    fs::path p = s.root / (run + ".toml");
+    std::ofstream(p) << c.str();
+    return p;
+  };
+  {
+    Config one = Config::load(config("one", 8, "").string());
+    Trainer(one).run(false);
+  }
+  fs::path cfg = config("eptp", 4, "strategy = \"zero1\"\ndp_shard = 2\ntp = 2\nep = 2\n");
+  const std::string tag = (s.root / "eptp").string() + "_log";
+  auto codes = run_rank_programs(4, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 180);
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+  const std::string log = read_file(tag + ".log0");
+  EXPECT_NE(log.find("tp=2"), std::string::npos) << log;
+  EXPECT_NE(log.find("ep=2"), std::string::npos) << log;
+  const auto one = run_losses(s, "one"), eptp = run_losses(s, "eptp");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(eptp.size(), 4u);
+  // One rank at 2b vs (2 dp x 2 tp) at b: float summation order (the data-parallel tests' bound).
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(eptp[i], one[i], 1e-4) << "step " << i + 1;
+  auto names_shapes = [&](const std::string& run, const char* file) {
+    std::map<std::string, Shape> m;
+    for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
+      m[n] = t.shape();
+    return m;
+  };
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(names_shapes("eptp", f), names_shapes("one", f)) << f;
+  // Resumed on one rank: steps 5-6 from the ep x tp checkpoint and from one process's own.
+  for (const auto& [from, run] : {std::pair<std::string, std::string>{"one", "one6"}, {"eptp", "one_from_eptp"}}) {
+    fs::create_directories(s.root / run / "checkpoints");
+    fs::copy(s.root / from / "checkpoints/step_00000004", s.root / run / "checkpoints/step_00000004",
+             fs::copy_options::recursive);
+    Config c = Config::load(config(run, 8, "", 6).string());
+    Trainer(c).run(true);
+  }
+  const auto cont = run_losses(s, "one6"), resumed = run_losses(s, "one_from_eptp");
+  ASSERT_EQ(cont.size(), 2u);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(resumed[i], cont[i], 1e-4) << "step " << i + 5;
+}
+
+// The MoE family tensor-parallel alone (tp 2, no ep: every expert on both ranks, in the module
+// tree, replicated over tp): the tp pair shares one batch, each routing its half of the tokens,
+// so with the balance and z losses on (their counts and token total summed over tp) the losses
+// equal one rank's on the same batch, to the tp tests' float-reordering bound.
+TEST(EpTimesTp, Tp2WithoutEpFollowsOneRankWithTheAuxiliaryLosses) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  auto config = [&](const std::string& run, const std::string& parallel) {
+    std::ostringstream c;
+    c << "[run]\ndir = \"" << (s.root / run).string() << "\"\n[data]\ndir = \"" << (s.root / "data").string()
+      << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\npreset = \"moe-tiny\"\nn_experts = 4\n"
+      << "aux_loss_coef = 0.05\nz_loss_coef = 0.01\n[train]\nsteps = 4\nbatch_size = 4\nseq_len = 16\n"
+      << "warmup_steps = 1\nthreads = 1\n[optim.adamw]\nlr = 1e-3\neps = 1e-3\n[eval]\nevery = 0\n"
+      << "[sample]\nevery = 0\n[checkpoint]\nevery = 0\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
+      << (parallel.empty() ? "" : "[parallel]\n" + parallel);
+    fs::path p = s.root / (run + ".toml");
+    std::ofstream(p) << c.str();
+    return p;
+  };
+  {
+    Config one = Config::load(config("one", "").string());
+    Trainer(one).run(false);
+  }
+  fs::path cfg = config("tp", "tp = 2\n");
+  const std::string tag = (s.root / "tp").string() + "_log";
+  auto codes = run_rank_programs(2, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+  EXPECT_NE(read_file(tag + ".log0").find("tp=2"), std::string::npos) << read_file(tag + ".log0");
+  const auto one = read_metrics((s.root / "one" / "metrics.jsonl").string()),
+             tp = read_metrics((s.root / "tp" / "metrics.jsonl").string());
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(tp.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(double(tp[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << "step " << i + 1;
+    // Without the tp sums each rank would score its half's balance loss (an E/(k N) over half
+    // the tokens with half the counts: a different number), so this pins them.
+    EXPECT_NEAR(double(tp[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << "step " << i + 1;
+    EXPECT_NEAR(double(tp[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
+  }
+}
+
+// ep x tp without sequence parallelism would have every tp rank route and compute the same
+// tokens: refused before the first step, naming the key (4 ranks: the mesh needs them).
+TEST(EpTimesTp, WithoutSequenceParallelismIsRefusedNamingTheKey) {
+  Scratch s;
+  fs::path cfg = s.root / "bad.toml";
+  std::ofstream(cfg) << "[run]\ndir = \"" << (s.root / "run").string() << "\"\n[data]\ndir = \""
+                     << (s.root / "nodata").string() << "\"\nauto_prepare = false\n[model]\nfamily = \"moe\"\n"
+                     << "preset = \"moe-tiny\"\nn_experts = 4\n[train]\nsteps = 1\nbatch_size = 4\nseq_len = 16\n"
+                     << "[parallel]\nstrategy = \"zero1\"\ndp_shard = 2\ntp = 2\nep = 2\nsequence_parallel = false\n";
+  const std::string tag = (s.root / "bad").string();
+  auto codes = run_rank_programs(4, "ExpertParallel.RankProgram", {"ATOLL_EP_TRAIN_CFG=" + cfg.string()}, tag, 120);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    EXPECT_NE(codes[r], 0) << "rank " << r << " accepted ep x tp without sequence parallelism";
+    const std::string log = read_file(tag + ".log" + std::to_string(r));
+    EXPECT_NE(log.find("needs parallel.sequence_parallel = true (" + cfg.string() + ":"), std::string::npos) << log;
+    EXPECT_EQ(log.find("step     1"), std::string::npos) << "a step ran:\n" << log;
+  }
 }

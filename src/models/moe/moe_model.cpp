@@ -6,12 +6,13 @@
 
 namespace atl::nn {
 
-MoEBlock::MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* m) : Module(std::move(prefix)) {
+MoEBlock::MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* m, const TensorParallelContext* tp)
+    : Module(std::move(prefix)) {
   input_layernorm = child<Norm>("input_layernorm", a.n_embd, true, false, a.norm_eps);
-  self_attn = child<Attention>("self_attn", a);
+  self_attn = child<Attention>("self_attn", a, tp);
   post_attention_layernorm = child<Norm>("post_attention_layernorm", a.n_embd, true, false, a.norm_eps);
-  if (m) moe = child<MoELayer>("mlp", *m);
-  else dense = child<FeedForward>("mlp", a.n_embd, a.ffn(), a.swiglu);
+  if (m) moe = child<MoELayer>("mlp", *m, tp);
+  else dense = child<FeedForward>("mlp", a.n_embd, a.ffn(), a.swiglu, tp);
 }
 
 Tensor MoEBlock::operator()(const Tensor& x) const {
@@ -20,18 +21,37 @@ Tensor MoEBlock::operator()(const Tensor& x) const {
   return ops::add(r, moe ? (*moe)(h) : (*dense)(h));
 }
 
-MoEModel::MoEModel(const MoEModelConfig& c) : Model(""), c_(c) {
+MoEModel::MoEModel(const MoEModelConfig& c, const TensorParallelContext* tp) : Model(""), c_(c), tp_(tp) {
   c_.validate();
   const GPTConfig& a = c_.attn;  // Attention keeps a reference: c_ outlives the children
-  embed_tokens = child<Embedding>("model.embed_tokens", a.vocab_size, a.n_embd);
+  int64_t V = a.vocab_size;
+  if (tp_) {
+    check_tensor_parallel(a, tp_->size());  // whole heads per rank (models/gpt/parallelize.cpp)
+    auto [lo, hi] = shard_range(V, tp_->rank(), tp_->size());
+    vocab_lo_ = lo, V = hi - lo;
+  }
+  embed_tokens = child<Embedding>("model.embed_tokens", V, a.n_embd);
   for (int64_t i = 0; i < a.n_layer; ++i)
-    layers.push_back(child<MoEBlock>("model.layers." + std::to_string(i), a, i < c_.n_dense_layers ? nullptr : &c_.moe));
+    layers.push_back(
+        child<MoEBlock>("model.layers." + std::to_string(i), a, i < c_.n_dense_layers ? nullptr : &c_.moe, tp_));
   norm = child<Norm>("model.norm", a.n_embd, true, false, a.norm_eps);
-  if (!a.tied_head) lm_head = child<Linear>("lm_head", a.n_embd, a.vocab_size, false, ParamRole::head);
+  if (!a.tied_head) lm_head = child<Linear>("lm_head", a.n_embd, V, false, ParamRole::head);
   materialize();
 }
 
 void MoEModel::init_weights(uint64_t seed) {
+  if (tp_) {  // the whole model's initialisation (this ep rank's experts), this tp rank's pieces of it
+    MoEModel full(c_);
+    full.init_weights(seed);
+    ParallelPlan plan = full.parallelize();
+    for (Parameter* p : parameters()) {
+      Parameter* f = full.find(p->name);
+      p->value.copy_from(take_shard(f->value, shard_rule(plan, p->name, f->shape), tp_->rank(), tp_->size()));
+    }
+    auto mine = sharded_expert_parameters(), theirs = full.sharded_expert_parameters();
+    for (size_t i = 0; i < mine.size(); ++i) mine[i]->value.copy_from(theirs[i]->value);
+    return;
+  }
   // GPT-2's scheme: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layer), norms 1.
   Rng rng(seed, 0);
   const float proj_std = 0.02f / std::sqrt(2.f * float(c_.attn.n_layer));
@@ -66,7 +86,7 @@ std::unique_ptr<Model> MoEModel::expert_shard(int64_t ranks, int64_t rank) const
   MoEModelConfig c = c_;
   c.moe.expert_ranks = ranks;
   c.moe.expert_rank = rank;
-  return std::make_unique<MoEModel>(c);
+  return std::make_unique<MoEModel>(c, tp_);
 }
 
 double MoEModel::activation_bytes(int64_t batch, int64_t seq) const {
@@ -101,7 +121,9 @@ Tensor MoEModel::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.size(1) <= c_.attn.block_size, "sequence length {} exceeds block_size {}", tokens.size(1),
               c_.attn.block_size);
   begin_forward();
-  Tensor x = ops::embedding(tokens, embed_tokens->weight->value, Tensor());
+  if (tp_) tp_->begin_forward(tokens.size(0), tokens.size(1));
+  Tensor x = tp_ ? tp_->vocab_embedding(tokens, embed_tokens->weight->value, vocab_lo_, Tensor())
+                 : ops::embedding(tokens, embed_tokens->weight->value, Tensor());
   aux_.assign(layers.size(), Tensor());
   x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) {
     MoEBlock* b = layers[i];
@@ -123,15 +145,26 @@ Tensor MoEModel::hidden(const Tensor& tokens) const {
   return (*norm)(x);
 }
 
+Tensor MoEModel::logits_of(const Tensor& h) const {
+  if (!tp_) return lm_head ? (*lm_head)(h) : ops::linear_t(h, embed_tokens->weight->value);
+  // The untied head [C, V_r] is column-parallel; the tied one is the embedding's rows [V_r, C].
+  if (!lm_head) return tp_->vocab_logits(h, embed_tokens->weight->value);
+  Tensor l = tp_->column_linear(h, lm_head->weight->value, Tensor());
+  return ops::reshape(l, {l.numel() / l.size(-1), l.size(-1)});
+}
+
 Tensor MoEModel::forward(const Tensor& tokens) const {
-  Tensor h = hidden(tokens);
-  return lm_head ? (*lm_head)(h) : ops::linear_t(h, embed_tokens->weight->value);
+  Tensor l = logits_of(hidden(tokens));
+  if (!tp_) return l;
+  ATOLL_CHECK(!grad_enabled(), "MoEModel::forward under tensor parallelism is for inference (the loss never gathers)");
+  return tp_->gather_vocab(l, c_.attn.vocab_size).view({tokens.size(0), tokens.size(1), c_.attn.vocab_size});
 }
 
 Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {
   ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
               shape_str(tokens.shape()));
-  Tensor l = ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
+  Tensor l = tp_ ? tp_->vocab_cross_entropy(logits_of(hidden(tokens)), targets, vocab_lo_)
+                 : ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
   // The auxiliary losses train the router; an evaluation (no gradients) scores the cross-entropy alone.
   if (grad_enabled())
     for (const Tensor& a : aux_)
@@ -169,6 +202,7 @@ std::map<std::string, std::string> MoEModel::config_metadata() const {
 }
 
 double MoEModel::flops_per_token(int64_t T) const {
+  if (tp_) return MoEModel(c_).flops_per_token(T);  // a shard holds pieces: count the whole model's (once per run)
   double n = 0;
   const double active = double(c_.moe.top_k) / double(c_.moe.n_experts);
   for (Parameter* p : const_cast<MoEModel*>(this)->parameters()) {

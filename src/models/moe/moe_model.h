@@ -15,7 +15,8 @@ namespace atl::nn {
 
 class MoEBlock : public Module {
  public:
-  MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* moe);  // moe null: dense FFN
+  // moe null: dense FFN. tp: the tensor-parallel context of a shard (null: the whole model).
+  MoEBlock(std::string prefix, const GPTConfig& a, const MoEConfig* moe, const TensorParallelContext* tp = nullptr);
   Tensor operator()(const Tensor& x) const;
   Norm* input_layernorm;
   Attention* self_attn;
@@ -26,7 +27,10 @@ class MoEBlock : public Module {
 
 class MoEModel : public Model, public TokenModel, public ExpertModel {
  public:
-  explicit MoEModel(const MoEModelConfig& c);
+  // tp: build this tp rank's shard (parallelize.cpp's plan): attention, dense FFNs and shared
+  // experts tensor-parallel, embedding and head split by vocabulary rows, routed experts whole
+  // (replicated over tp; split over ep by expert_shard). Null: the whole model.
+  explicit MoEModel(const MoEModelConfig& c, const TensorParallelContext* tp = nullptr);
   const MoEModelConfig& config() const { return c_; }
   std::string family() const override { return "moe"; }
   std::string describe() const override { return c_.describe(); }
@@ -65,6 +69,9 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
 
  private:
   MoEModelConfig c_;
+  const TensorParallelContext* tp_ = nullptr;
+  int64_t vocab_lo_ = 0;             // first vocabulary row of this tp rank
+  Tensor logits_of(const Tensor& h) const;  // [N, V_r] under tp, [.., V] without
   std::vector<bool> full_moe_;       // MoE blocks under "full" recompute (checkpointed in hidden())
   mutable std::vector<Tensor> aux_;  // each MoE block's auxiliary loss of the last forward, in its graph
 };
