@@ -26,6 +26,11 @@ struct ModelSpec {
   bool qk_norm = false;             // per-head RMSNorm on q and k (Qwen3)
   // Execution properties that shape activation memory (Korthikanti et al. 2022, Table 2):
   std::string attention = "flash";  // "standard" keeps the [b,a,s,s] softmax, "flash" does not
+  // Packed rows of several documents under document masks (Data-Centric Parallel): Σ len² of a
+  // row's documents, the mean over the micro-batch's rows; flash attention then costs the sum of
+  // per-document causal attention instead of causal attention over all `seq`. 0: one document
+  // of `seq` per row.
+  double attention_sq_len = 0;
   bool dropout = false;             // dropout masks are stored when on
   // Multi-head latent attention (DeepSeek-V2 §2.1): used when kv_lora_rank > 0.
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_rope_dim = 0, qk_nope_dim = 0, v_head_dim = 0;
