@@ -5,7 +5,8 @@
 // rows as long as its longest document), so every parallel layout — data-parallel ranks,
 // context-parallel groups, accumulation micro-batches — computes the same rows, hence the same
 // loss: a layout changes only how rows are grouped and where a row is cut, never a row itself.
-// Positions are a row's own (0 at its start): the first document of a row starts at 0.
+// Positions restart at every document (0 at its first token), as if the document were alone: with
+// the document mask, a packed document's forward is that document's own forward.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -17,6 +18,7 @@ namespace atl {
 
 struct PackedRow {
   std::vector<int32_t> input, target, doc_ids;  // of `used()` positions
+  std::vector<int32_t> positions;               // each token's position in its own document
   std::vector<int64_t> doc_lengths;             // the documents in the row, in order
   int64_t used() const { return int64_t(input.size()); }
   // Work of the row for balancing: positions plus quad·Σ length² (attention within documents).
@@ -34,9 +36,11 @@ std::vector<std::vector<int64_t>> balance_rows(const std::vector<PackedRow>& row
                                                int64_t parts, double quad = 0);
 
 // Rows as [n, T] i32 tensors, T at least every row's use (padding: input 0, target -1, which no
-// loss counts, doc id -1, which no real token sees). n = 0 gives one row of padding.
+// loss counts, doc id -1, which no real token sees; positions count on from the row's last
+// document, so they stay below T and a row's positions are runs of consecutive values).
+// n = 0 gives one row of padding.
 struct PackedTensors {
-  Tensor input, target, doc_ids;
+  Tensor input, target, doc_ids, positions;
   int64_t targets = 0;  // real targets (>= 0) in the rows
 };
 PackedTensors rows_to_tensors(const std::vector<PackedRow>& rows, const std::vector<int64_t>& which, int64_t T);

@@ -30,6 +30,11 @@ struct ModelSpec {
   // (FlashAttention-2, Dao 2023) or "triton" (the Triton FlashAttention of flash-attn 1.x, which
   // llm-foundry runs for attn_impl: triton). predict.cpp says what each one's ceilings are.
   std::string attention_kernel = "flash2";
+  // Packed rows of several documents under document masks (Data-Centric Parallel): Σ len² of a
+  // row's documents, the mean over the micro-batch's rows; flash attention then costs the sum of
+  // per-document causal attention instead of causal attention over all `seq`. 0: one document
+  // of `seq` per row.
+  double attention_sq_len = 0;
   bool dropout = false;             // dropout masks are stored when on
   // Multi-head latent attention (DeepSeek-V2 §2.1): used when kv_lora_rank > 0.
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_rope_dim = 0, qk_nope_dim = 0, v_head_dim = 0;

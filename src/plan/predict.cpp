@@ -144,10 +144,13 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
   const double heads_local = b * m.heads / t;
   const double dq = double(m.score_dim()) / m.heads, dv = double(m.value_dim()) / m.heads;
   const double s_keys = double(m.seq);
+  // Query-key pairs of one row on this rank: s × s_keys, or with packed documents (document
+  // masks) Σ len² over the row's documents, each document causal on its own, split over cp.
+  const double pairs = m.attention_sq_len > 0 ? m.attention_sq_len / double(l.cp) : s * s_keys;
   if (m.attention == "flash" && (d.attention_flops > 0 || !d.attention_curve.empty())) {
     // A measured fused-attention kernel (cpu-local): its rate is defined on these FLOPs, for one
     // call over every local head of the micro-batch.
-    const double f = heads_local * 2.0 * s * s_keys * (dq + dv);
+    const double f = heads_local * 2.0 * pairs * (dq + dv);
     x.compute += f / (l.cp > 1 ? d.ring_attention_rate(f) : d.attention_rate(f));
   } else if (m.attention == "flash") {
     // Causal flash attention skips the blocks above the diagonal (1/1.75 of the non-causal time,
@@ -156,7 +159,7 @@ void time_attention_core(Timer& out, const ModelSpec& m, const Layout& l, const 
     // forward's 2, i.e. 2.5× the forward's FLOPs (Dao 2023, FlashAttention-2 §3.1-3.2), at the
     // backward kernel's own lower ceiling (flash_backward_factor); folded in here because the
     // layer's backward is taken as 2× its forward.
-    const double f = kFlashCausalFraction * heads_local * 2.0 * s * s_keys * (dq + dv);
+    const double f = kFlashCausalFraction * heads_local * 2.0 * pairs * (dq + dv);
     const double bytes = act_e * heads_local * (s * dq + s_keys * dq + s_keys * dv + s * dv);
     const double e_fwd = std::min(flash_forward_ceiling(d, m), d.gemm_efficiency(f, x.prec));
     x.launch_at(f, bytes, e_fwd, backward ? flash_backward_factor(d, e_fwd, f, x.prec, flash_backward_ceiling(d, m)) : 1.0);

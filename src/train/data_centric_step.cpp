@@ -85,6 +85,17 @@ std::vector<DcpMicroBatch> dcp_rank_share(const std::vector<PackedRow>& rows, in
   return out;
 }
 
+plan::ModelSpec dcp_micro_batch_model(const plan::ModelSpec& base, const std::vector<PackedRow>& rows,
+                                      const DcpMicroBatch& mb) {
+  plan::ModelSpec m = base;
+  m.seq = mb.T;
+  double sq = 0;
+  for (int64_t r : mb.rows)
+    for (int64_t l : rows[size_t(r)].doc_lengths) sq += double(l) * double(l);
+  m.attention_sq_len = mb.rows.empty() ? 0 : sq / double(mb.rows.size());
+  return m;
+}
+
 DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   DcpSettings s;
   s.data.batch_tokens = cfg.get_int("data.varlen_tokens", 0, 0, int64_t(1) << 30);
@@ -225,7 +236,8 @@ std::string DataCentricStep::describe() const {
 // plan::choose_dcp prices a batch as sequences padded to its longest and split evenly over the dp
 // groups; packed rows are not even (a row of one long document beside a row of a few short ones),
 // so each candidate is priced here as it would run: every dp group's micro-batches, each cut to
-// its own longest row, by plan's model of one micro-batch on one cp group (compute, memory-bound
+// its own longest row with its attention the sum of its documents' own (dcp_micro_batch_model),
+// by plan's model of one micro-batch on one cp group (compute, memory-bound
 // and recompute time, gradient buffers, exposed ring traffic), the step taking the slowest group.
 // The gradient reduction and the optimizer step are the same for every candidate (data
 // parallelism always reduces over all the ranks), so they are left out of the comparison.
@@ -240,8 +252,7 @@ plan::DcpChoice DataCentricStep::price(const std::vector<PackedRow>& rows, int64
   for (int64_t g = 0; g < c.dp; ++g) {
     double t = 0;
     for (const DcpMicroBatch& mb : dcp_rank_share(rows, cp, accum, world_, int(g * cp), quad_)) {
-      plan::ModelSpec m = job_.model;
-      m.seq = mb.T;
+      const plan::ModelSpec m = dcp_micro_batch_model(job_.model, rows, mb);
       plan::Layout l;
       l.dp = 1, l.cp = cp, l.zero = 0;
       l.micro_batch = l.global_batch = std::max<int64_t>(1, int64_t(mb.rows.size()));
@@ -321,6 +332,7 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
     const DcpMicroBatch& mb = share[m];
     const PackedTensors t = rows_to_tensors(rows, mb.rows, mb.T);
     masked.set_document_ids(t.doc_ids);
+    masked.set_position_ids(t.positions);
     dp.set_sync(m + 1 == share.size());  // gradients are summed over the ranks once, after the last
     Tensor loss = model.loss(t.input, t.target);
     // loss is the mean over the micro-batch's targets (its cp group's, under cp, with each rank's
@@ -331,6 +343,7 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
     backward(loss, float(scale));
   }
   masked.set_document_ids(Tensor());
+  masked.set_position_ids(Tensor());
   sharded.set_context_attention(nullptr);
   last_ = c;
   last_tokens_ = N;

@@ -44,6 +44,12 @@ struct DcpMicroBatch {
 std::vector<DcpMicroBatch> dcp_rank_share(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum, int64_t world,
                                           int rank, double quad);
 
+// The cost model's spec of one micro-batch: rows cut to mb.T, attention priced as the sum of each
+// row's per-document causal attention (Σ len², documents masked from one another), not as causal
+// attention over the padded row.
+plan::ModelSpec dcp_micro_batch_model(const plan::ModelSpec& base, const std::vector<PackedRow>& rows,
+                                      const DcpMicroBatch& mb);
+
 struct DcpSettings {
   VarlenOptions data;
   int64_t cp = 0, accum = 0;       // 0: chosen per batch

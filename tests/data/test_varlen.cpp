@@ -156,6 +156,7 @@ TEST(VarlenPacker, RowsHoldWholeDocumentsWithTheirIds) {
       for (int64_t i = 0; i < r.doc_lengths[d]; ++i) {
         EXPECT_EQ(r.doc_ids[size_t(at + i)], int32_t(d));
         EXPECT_EQ(r.target[size_t(at + i)], r.input[size_t(at + i)] + 1);
+        EXPECT_EQ(r.positions[size_t(at + i)], int32_t(i)) << "positions restart at every document";
       }
       at += r.doc_lengths[d];
     }
@@ -170,9 +171,18 @@ TEST(VarlenPacker, RowsHoldWholeDocumentsWithTheirIds) {
   EXPECT_EQ(t.doc_ids.i32()[15], -1);
   EXPECT_EQ(t.doc_ids.i32()[14], 2);
   EXPECT_EQ(t.target.i32()[32 + 29], rows[1].target[29]);
+  // Positions: row 3 is 7 + 5 + 3, then padding counting on from the last document's 2.
+  EXPECT_EQ(t.positions.i32()[7], 0);
+  EXPECT_EQ(t.positions.i32()[12], 0);
+  EXPECT_EQ(t.positions.i32()[14], 2);
+  EXPECT_EQ(t.positions.i32()[15], 3);
+  EXPECT_EQ(t.positions.i32()[31], 19);
+  EXPECT_EQ(t.positions.i32()[32 + 29], 29);
+  EXPECT_EQ(t.positions.i32()[32 + 30], 30);
   PackedTensors none = rows_to_tensors(rows, {}, 4);
   EXPECT_EQ(none.targets, 0);
   EXPECT_EQ(none.input.shape(), (Shape{1, 4}));
+  EXPECT_EQ(none.positions.i32()[3], 3);
   EXPECT_THROW(rows_to_tensors(rows, {0}, 16), Error);
   EXPECT_THROW(pack_documents(docs, 20), Error);
 }

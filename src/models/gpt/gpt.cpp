@@ -99,10 +99,11 @@ Tensor GPT::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.block_size, "sequence length {} exceeds block_size {}", tokens.size(1), c_.block_size);
   begin_forward();
-  Tensor wpe_t = wpe ? wpe->weight->value : Tensor();
+  Tensor wpe_t = wpe && !pos_ids_.defined() ? wpe->weight->value : Tensor();
   if (tp_) tp_->begin_forward(tokens.size(0), tokens.size(1));
   Tensor x = tp_ ? tp_->vocab_embedding(tokens, wte->weight->value, vocab_lo_, wpe_t)
                  : ops::embedding(tokens, wte->weight->value, wpe_t);
+  if (wpe && pos_ids_.defined()) x = ops::add(x, learned_positions(pos_ids_));  // per document (set_position_ids)
   x = run_blocks(x, h.size(), [this](size_t i, const Tensor& in) { return (*h[i])(in); });
   return (*ln_f)(x);
 }

@@ -30,6 +30,7 @@ class Attention : public Module {
   bool recompute_core = false;               // [train] recompute = "selective"
   const ContextAttention* context = nullptr;  // set by GPT::set_context_attention
   const Tensor* doc_ids = nullptr;            // set by GPT::set_document_ids (packed documents)
+  const Tensor* positions = nullptr;          // set by GPT::set_position_ids (RoPE per document)
 
  private:
   const GPTConfig& c_;
@@ -108,6 +109,7 @@ class GPT : public Model,
   void set_recompute(std::vector<Recompute> per_block) override;
   // Packed documents (nn/document_mask.h; gpt_context.cpp): attention within each document.
   void set_document_ids(const Tensor& doc_ids) override;
+  void set_position_ids(const Tensor& positions) override;
 
   // Weights keep Hugging Face GPT-2 names (the tied head is not written, as in HF's files, and
   // is ignored when a file carries it).
@@ -160,6 +162,9 @@ class GPT : public Model,
   GPTConfig c_;
   const ContextAttention* context_ = nullptr;
   Tensor doc_ids_;  // set_document_ids
+  Tensor pos_ids_;  // set_position_ids
+  // wpe's rows at positions pos [B, T] i32 -> [B, T, C] (gpt_context.cpp).
+  Tensor learned_positions(const Tensor& pos) const;
   const TensorParallelContext* tp_ = nullptr;
   int64_t vocab_lo_ = 0;  // first vocabulary row of this rank's tables
 };
