@@ -316,7 +316,11 @@ std::vector<float> gathered_grads(nn::Model& model, PipelineParallel& pipe, Mesh
   }
   Tensor all = Tensor::from_vector(g, {int64_t(g.size())});
   mesh.axis("pp")->all_reduce(all);
-  if (over_dp) data_parallel_comm(mesh)->all_reduce(all);  // dp (x cp): ZeRO-2's group
+  // dp (x cp): ZeRO-2's group. Under HSDP each replica holds every reduced gradient once, over
+  // its dp_shard ranks (the pipeline's shard group; pp x cp x HSDP is refused), so the sum runs
+  // over dp_shard only: data_parallel_comm spans both replicas there and would count each twice.
+  const MeshShape& m = mesh.shape();
+  if (over_dp) (m.dp_replicate > 1 && m.dp_shard > 1 ? mesh.axis("dp_shard") : data_parallel_comm(mesh))->all_reduce(all);
   return whole(model, tp, std::vector<float>(all.f32(), all.f32() + all.numel()));
 }
 
