@@ -42,7 +42,7 @@ def read_run(d):
     # eigendecompositions) are left out.
     opt = [r["opt_ms"] for r in recs if "opt_ms" in r][3:]
     return {"val": val, "final": val[-1][1], "opt_ms": statistics.mean(opt) if opt else float("nan"),
-            "train": [(r["tokens"], r["loss"]) for r in recs]}
+            "train": [(r["tokens"], r["loss"]) for r in recs if "tokens" in r and "loss" in r]}
 
 
 def mean_curve(runs):
