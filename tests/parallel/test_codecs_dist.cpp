@@ -121,7 +121,9 @@ int check_reductions(comm::Communicator* comm, const std::string& out) {
       differs += lowp[size_t(i)] != want[size_t(i)];
     }
     EXPECT_EQ(bad, 0) << name << " reduce-scatter on " << W << " ranks: elements differing from the f32 sum";
-    if (W > 1) EXPECT_GT(differs, 0) << name << ": a low-precision accumulation gives the same result";
+    if (W > 1) {
+      EXPECT_GT(differs, 0) << name << ": a low-precision accumulation gives the same result";
+    }
     const int64_t words = (r.codec().encoded_bytes(c) + 3) / 4;
     EXPECT_EQ(r.stats().bytes_sent, int64_t(W - 1) * words * 4) << name;
     failed += bad > 0 || (W > 1 && differs == 0);

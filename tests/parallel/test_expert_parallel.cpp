@@ -506,7 +506,9 @@ TEST(ExpertParallel, AllToAllEqualsAllGatherTileOverlapIsIdenticalAndIdentityExp
     }
     EXPECT_EQ(got["experts"][2], 0.f) << "tile-overlapped and plain all-to-all differ";
     // Every row to rank 1: a pair carries all of rank 0's rows, past an even share's buffer.
-    if (skew) EXPECT_GT(got["growths"][0], 0.f) << "the skewed routing did not grow the buffers";
+    if (skew) {
+      EXPECT_GT(got["growths"][0], 0.f) << "the skewed routing did not grow the buffers";
+    }
   }
 }
 

@@ -198,8 +198,9 @@ TEST(Islands, StoppedAndResumedIsBitExact) {
             n.find(".residual") != std::string::npos)
           residuals += t.numel();
       EXPECT_GT(residuals, 0) << tag << ": the last rank's error feedback is not in the checkpoint";
-      if (tag == "diloco_gift_int8")
+      if (tag == "diloco_gift_int8") {
         EXPECT_NE(opt.find("lowcomm.exchange.rank1.pseudo_gradient.gift"), nullptr) << "GIFT's geometry is not in the checkpoint";
+      }
     }
     ASSERT_EQ(f.train(tag + "_cut", ranks, with(args, {"--resume"})), 0);
     EXPECT_NE(f.log(tag + "_cut").find("resumed from"), std::string::npos) << f.log(tag + "_cut");

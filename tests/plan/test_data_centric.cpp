@@ -37,7 +37,9 @@ TEST(DataCentricParallel, ShortBatchesGetDataParallelismLongOnesContextParalleli
   for (const auto& [lengths, c] : {std::pair{shorts, s}, std::pair{longest, l}}) {
     EXPECT_TRUE(c.fits);
     for (const DcpChoice& o : dcp_candidates(j, lengths))
-      if (o.fits) EXPECT_LE(c.step_s, o.step_s) << c.describe() << " vs " << o.describe();
+      if (o.fits) {
+        EXPECT_LE(c.step_s, o.step_s) << c.describe() << " vs " << o.describe();
+      }
   }
   // The long sequence does not fit one device's memory without context parallelism and recompute
   // of everything: its cp = 1 candidates are all over memory or slower.

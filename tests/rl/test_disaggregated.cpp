@@ -98,7 +98,9 @@ TEST(RlDisaggregated, RankProgram) {
     clear_tape();
     nlohmann::json mt = eng.step_metrics();
     EXPECT_EQ(mt.at("staleness").get<int64_t>(), k - want_version);
-    if (k - want_version == 0) EXPECT_EQ(mt.at("ratio").get<double>(), 1.0) << "step " << k;
+    if (k - want_version == 0) {
+      EXPECT_EQ(mt.at("ratio").get<double>(), 1.0) << "step " << k;
+    }
     EXPECT_GT(mt.at("sync_ms").get<double>(), 0.0);
     EXPECT_GE(mt.at("sync_buckets").get<int64_t>(), 1);
     // An update: every weight moves (as an optimizer step would move them).
@@ -183,7 +185,9 @@ TEST(RlDisaggregated, ThreeRanksThroughLaunchTrainOnPolicy) {
     EXPECT_EQ(j.at("clip_frac").get<double>(), 0.0) << line;
     EXPECT_EQ(j.at("staleness").get<int64_t>(), 0) << line;
     EXPECT_EQ(j.at("rollout_version").get<int64_t>(), j.at("step").get<int64_t>() - 1) << line;
-    if (j.at("rl_step").get<int64_t>() == 1) EXPECT_EQ(j.at("kl").get<double>(), 0.0) << line;
+    if (j.at("rl_step").get<int64_t>() == 1) {
+      EXPECT_EQ(j.at("kl").get<double>(), 0.0) << line;
+    }
     EXPECT_GT(j.at("sync_ms").get<double>(), 0.0) << line;  // rank 0 pushed, timed
     EXPECT_GE(j.at("sync_buckets").get<int64_t>(), 1) << line;
     EXPECT_GT(j.at("gen_ms").get<double>(), 0.0) << line;
