@@ -4,6 +4,7 @@
 // with command-line overrides, each in its own run dir with its own log.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ struct LaunchFixture {
             bool always_launch = false);
   std::string log_path(const std::string& run) const;
   std::string log(const std::string& run) const;
+  // The run's checkpoint directory of `step` (the trainer's step_%08d naming).
+  std::filesystem::path ckpt(const std::string& run, int step) const {
+    char b[32];
+    std::snprintf(b, sizeof b, "step_%08d", step);
+    return root / run / "checkpoints" / b;
+  }
 };
 
 }  // namespace atl::parallel::test

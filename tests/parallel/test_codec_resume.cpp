@@ -31,11 +31,6 @@ struct CodecResume : LaunchFixture {
   int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
     return LaunchFixture::train(run, ranks, std::move(extra), expect_fail, /*always_launch=*/true);
   }
-  fs::path ckpt(const std::string& run, int step) {
-    char b[32];
-    std::snprintf(b, sizeof b, "step_%08d", step);
-    return root / run / "checkpoints" / b;
-  }
 };
 
 std::vector<float> model_of(const fs::path& ck) {

@@ -44,11 +44,6 @@ struct Islands : LaunchFixture {
   int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
     return LaunchFixture::train(run, ranks, std::move(extra), expect_fail, /*always_launch=*/true);
   }
-  fs::path ckpt(const std::string& run, int step) {
-    char b[32];
-    std::snprintf(b, sizeof b, "step_%08d", step);
-    return root / run / "checkpoints" / b;
-  }
   std::vector<nlohmann::json> metrics(const std::string& run) {
     std::ifstream f(root / run / "metrics.jsonl");
     std::vector<nlohmann::json> out;

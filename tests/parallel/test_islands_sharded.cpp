@@ -34,11 +34,6 @@ struct IslandsTp : LaunchFixture {
   int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
     return LaunchFixture::train(run, ranks, std::move(extra), expect_fail, /*always_launch=*/true);
   }
-  fs::path ckpt(const std::string& run, int step) {
-    char b[32];
-    std::snprintf(b, sizeof b, "step_%08d", step);
-    return root / run / "checkpoints" / b;
-  }
 };
 
 // The model's f32 tensors in file order; from an optimizer file, those named prefix + the model's name.
