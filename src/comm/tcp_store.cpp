@@ -14,6 +14,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <random>
 #include <cerrno>
 #include <cstdlib>
 #include <condition_variable>
@@ -127,8 +131,54 @@ sockaddr_in resolve(const std::string& host, int port) {
 
 }  // namespace
 
+namespace {
+
+// The kernel's range for ports it hands out itself (bind to 0, connect): every Gloo pair and
+// every outgoing connection of every job on the machine draws from it.
+std::pair<int, int> ephemeral_range() {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  return {lo, hi};
+}
+
+bool can_bind(const std::string& host, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ATOLL_CHECK(fd >= 0, "socket(): {}", std::strerror(errno));
+  sockaddr_in a = resolve(host, port);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+// A port picked this way is free when picked but is only taken when rank 0 listens on it, a
+// process start later. Taken from the kernel's ephemeral range (bind to 0), it was lost in that
+// window to any connection the machine opened meanwhile: under `ctest -j2` the suite opens
+// thousands, and CI lost a test to it ("Address already in use"). So the port is drawn at random
+// from the 12,000 ports just below that range, which the kernel never hands out by itself; what
+// is left is two pickers drawing the same port within one window, about one in 10^5 per pick.
+// When the range leaves no room below (a tuned machine), the kernel's own choice is the fallback.
 int pick_free_port(const std::string& host) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  auto [lo, hi] = ephemeral_range();
+  const int below_lo = std::max(1024, lo - 12000), below_hi = lo - 1;
+  if (below_hi - below_lo >= 1000) {
+    static std::mutex mu;
+    static std::mt19937_64 rng(std::random_device{}() ^ (uint64_t(::getpid()) << 32) ^
+                               uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      int port;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        port = below_lo + int(rng() % uint64_t(below_hi - below_lo + 1));
+      }
+      if (can_bind(host, port)) return port;
+    }
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ATOLL_CHECK(fd >= 0, "socket(): {}", std::strerror(errno));
   sockaddr_in a = resolve(host, 0);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {

@@ -72,7 +72,8 @@ class TcpStore {
 // ATOLL_CONNECT_TIMEOUT seconds when set, else the smaller of `collective` and 60 s.
 std::chrono::milliseconds connect_timeout(std::chrono::milliseconds collective);
 
-// Free TCP port on host (bind to port 0 and release): for tests and the single-node launcher.
+// A TCP port free on host, drawn below the kernel's ephemeral range so that no connection the
+// machine opens meanwhile takes it before it is listened on: for tests and the single-node launcher.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
 }  // namespace atl::comm

@@ -1,7 +1,9 @@
 // The rendezvous store: values, counters, waiting with a timeout, and dead-rank detection.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <thread>
 
 #include "comm/tcp_store.h"
@@ -106,4 +108,26 @@ TEST(TcpStore, ConnectTimeoutIsSeparateFromTheCollectiveTimeoutAndReportsProgres
       << err;
   EXPECT_EQ(connect_timeout(Millis(300000)), Millis(60000)) << "the default is the smaller of the two";
   EXPECT_EQ(connect_timeout(Millis(5000)), Millis(5000));
+}
+
+// CI lost a test when the port picked for rank 0 was handed to another connection before rank 0
+// listened on it: picked ports must come from outside the kernel's own (ephemeral) range, be
+// listenable, and not repeat from one pick to the next.
+TEST(TcpStore, PickedPortsLieOutsideTheEphemeralRangeAndCanBeListenedOn) {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%d %d", &lo, &hi), 2);
+    std::fclose(f);
+  }
+  if (lo - 1024 < 1000) GTEST_SKIP() << "the ephemeral range starts at " << lo << ": no room below it";
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    int port = pick_free_port();
+    EXPECT_TRUE(port < lo || port > hi) << port << " is inside " << lo << "-" << hi;
+    EXPECT_GE(port, 1024);
+    seen.insert(port);
+    TcpStoreServer server("127.0.0.1", port);
+    EXPECT_EQ(server.port(), port);
+  }
+  EXPECT_GE(seen.size(), 15u) << "twenty picks gave only " << seen.size() << " different ports";
 }
