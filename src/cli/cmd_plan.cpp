@@ -651,7 +651,8 @@ int run_calibrate(int argc, char** argv) {
   // layer's projections and MLP see them, whole or as tp shards.
   std::vector<std::array<double, 4>> linear_grid;  // (tokens, inputs, outputs, FLOP/s)
   {
-    const std::vector<int64_t> toks = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{256, 1024, 4096};
+    // Tokens per micro-batch as a rank sees them: b·s, halved per cp rank.
+    const std::vector<int64_t> toks = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
     const std::vector<int64_t> widths = quick ? std::vector<int64_t>{64, 128, 256, 512}
                                               : std::vector<int64_t>{64, 128, 256, 512, 1024};
     for (int64_t n : toks)
