@@ -114,8 +114,10 @@ for spec in "${layouts[@]}"; do
   # Kept for the per-phase comparison (time.* of --explain; docs/plan.md, "Per phase").
   echo "$pj" >"$run.plan.json"
   pred=$($PY -c 'import json,sys; print("%.1f" % (1e3*json.load(sys.stdin)["time"]["step_s"]))' <<<"$pj")
-  # A pipeline stage waiting out its bubble sleeps in a receive, which CPU time does not count.
-  prednb=$($PY -c 'import json,sys; t=json.load(sys.stdin)["time"]; print("%.1f" % (1e3*(t["step_s"]-t["bubble_s"])))' <<<"$pj")
+  # A pipeline stage waiting out its bubble sleeps in a receive, and a rank in a blocking
+  # collective sleeps until its peer has sent (time.sync_wait: the calibration's wall-clock fit of
+  # the all-reduces less its CPU-time fit): CPU time counts neither.
+  prednb=$($PY -c 'import json,sys; t=json.load(sys.stdin)["time"]; print("%.1f" % (1e3*(t["step_s"]-t["bubble_s"]-t.get("sync_wait_s",0))))' <<<"$pj")
   rows+=("$name|$meas|$cpums|$pred|$prednb")
 done
 cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
@@ -129,7 +131,7 @@ print("calibration: peak %.0f GFLOP/s, loopback all-reduce %.2f GB/s + %.1f us p
 echo "$cal_note"
 if [[ -f $CAL2T ]]; then echo "2-rank memory bandwidth: two-thread triad $($PY -c 'import json,sys; print("%.2f GB/s" % (json.load(open(sys.argv[1]))["memory_bandwidth"]/1e9))' "$CAL2T") (split between the ranks)"
 else echo "2-rank memory bandwidth: the one-thread triad, split between the ranks (no two-thread calibration: under load)"; fi
-echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | predicted without bubble/CPU | CPU | load average |"
+echo "| layout | measured wall ms | measured CPU ms/step/rank | predicted ms | predicted/wall | predicted/CPU | predicted without bubble and waits/CPU | CPU | load average |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do
   IFS='|' read -r name meas cpums pred prednb <<<"$r"
@@ -143,12 +145,12 @@ fi
 echo "(work dir: $WORK)"
 # The prediction per phase (ms per step; time.* of `atoll plan --json`), to set beside a perf profile
 # of the same run (docs/plan.md, "Per phase").
-echo "| layout | compute | memory-bound | grad buffers | optimizer | bubble | tp | cp | ep | pp p2p | dp | control (step collectives) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| layout | compute | memory-bound | grad buffers | ep copies | optimizer | bubble | tp | cp | ep | pp p2p | dp | control (step collectives) | waits in collectives |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${layouts[@]}"; do
   IFS='|' read -r name _ <<<"$spec"
   $PY -c 'import json,sys; t=json.load(open(sys.argv[2]))["time"]
-f=lambda k: "%.1f" % (1e3*(t[k]["total_s"] if isinstance(t[k], dict) else t[k]))
-print("| %s | %s |" % (sys.argv[1], " | ".join(f(k) for k in ("compute_s","memory_bound_s","grad_buffers_s","optimizer_s","bubble_s","tp","cp","ep","pp_p2p","dp","control"))))' \
+f=lambda k: "%.1f" % (1e3*(t[k]["total_s"] if isinstance(t[k], dict) else t.get(k, 0)))
+print("| %s | %s |" % (sys.argv[1], " | ".join(f(k) for k in ("compute_s","memory_bound_s","grad_buffers_s","ep_copies_s","optimizer_s","bubble_s","tp","cp","ep","pp_p2p","dp","control","sync_wait_s"))))' \
     "$name" "$WORK/run_${name//[^a-z0-9]/_}_$STEPS.plan.json"
 done

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -431,6 +432,35 @@ double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int sample
   return 3.0 * B * H * 2.0 * T * T * (2.0 * hd) / best;
 }
 
+// FLOP/s of the engine's linear layer (cpu::linear_forward, then linear_backward's two GEMMs
+// dout·Wᵀ and xᵀ·dout, as autograd calls them; no bias) on N tokens of C inputs and OC outputs,
+// counted as the planner counts a linear: 2·N·C·OC forward, twice that backward (rate = 3 ×
+// forward FLOPs / (forward + backward time)). The square-GEMM curve does not describe these
+// shapes: OpenBLAS packs both operands into panels and writes C in passes of their own, so a
+// token-major GEMM with a thin side (tp shards: C or OC of 64–256) spends more of its time in
+// packing than a cube of the same FLOPs, and the backward's xᵀ·dout reduces over the tokens.
+// Cold caches before the forward and before the backward (evict_caches), as inside a step.
+double measure_linear(int64_t N, int64_t C, int64_t OC, int samples) {
+  std::vector<float> x(N * C), w(C * OC), y(N * OC), dy(N * OC, 0.01f), dx(N * C, 0.f), dw(C * OC, 0.f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(int(i % 13) - 6);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * float(int(i % 7) - 3);
+  cpu::linear_forward(y.data(), x.data(), w.data(), nullptr, N, C, OC);  // warm-up: page faults, pool start
+  cpu::linear_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, C, OC);
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < samples; ++r) {
+    evict_caches();
+    clock.reset();
+    cpu::linear_forward(y.data(), x.data(), w.data(), nullptr, N, C, OC);
+    double fwd = clock.seconds();
+    evict_caches();
+    clock.reset();
+    cpu::linear_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, C, OC);
+    best = std::min(best, fwd + clock.seconds());
+  }
+  return 3.0 * 2.0 * double(N) * double(C) * double(OC) / best;
+}
+
 // FLOP/s of one context-parallel rank's ring attention at `cp` ranks (balanced head-and-tail
 // chunks of a row of T), forward + backward, through the engine's block kernels as
 // parallel/context_parallel.cpp calls them: a block_forward per key block of the ring, then a
@@ -617,6 +647,22 @@ int run_calibrate(int argc, char** argv) {
     std::printf("  ring attention blocks %.2f GFLOP/s (cp=2 rank, fwd+bwd, 16 × %lld heads, T=128, head dim 32)\n",
                 r / 1e9, (long long)heads);
   }
+  // The linear layers' GEMMs on token-major shapes (a grid: tokens × inputs × outputs), as a
+  // layer's projections and MLP see them, whole or as tp shards.
+  std::vector<std::array<double, 4>> linear_grid;  // (tokens, inputs, outputs, FLOP/s)
+  {
+    // Tokens per micro-batch as a rank sees them: b·s, halved per cp rank.
+    const std::vector<int64_t> toks = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
+    const std::vector<int64_t> widths = quick ? std::vector<int64_t>{64, 128, 256, 512}
+                                              : std::vector<int64_t>{64, 128, 256, 512, 1024};
+    for (int64_t n : toks)
+      for (int64_t c : widths)
+        for (int64_t oc : widths) linear_grid.push_back({double(n), double(c), double(oc), measure_linear(n, c, oc, 2 * reps)});
+    double lo = 1e30, hi = 0;
+    for (auto& g : linear_grid) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
+    std::printf("  linear layers %.2f-%.2f GFLOP/s (fwd+bwd, %zu token-major shapes, widths %lld-%lld)\n", lo / 1e9,
+                hi / 1e9, linear_grid.size(), (long long)widths.front(), (long long)widths.back());
+  }
   double opt_rate = measure_optimizer(int64_t(1) << 22, 2 * reps);
   std::printf("  AdamW update + gradient norm %.1f M params/s\n", opt_rate / 1e6);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -680,6 +726,9 @@ int run_calibrate(int argc, char** argv) {
     j["all_reduce_2_ranks"] = nlohmann::json::array();
     for (auto [bytes, t] : fit.medians) j["all_reduce_2_ranks"].push_back({bytes, t});
   }
+  // Relative to the peak, like gemm_curve, so that a device that scales the peak scales these.
+  j["linear_curve"] = nlohmann::json::array();
+  for (auto& g : linear_grid) j["linear_curve"].push_back({g[0], g[1], g[2], g[3] / peak});
   j["gemm_curve"] = nlohmann::json::array();
   for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});
   auto dir = std::filesystem::path(out).parent_path();

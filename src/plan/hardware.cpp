@@ -4,6 +4,8 @@
 // round on-demand cloud list figures, meant to be overridden (price_per_device_hour).
 #include "plan/hardware.h"
 
+#include <set>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -87,6 +89,44 @@ static double rate_on_curve(const std::vector<std::pair<double, double>>& curve,
     }
   }
   return curve.back().second;
+}
+
+// Position of x among sorted axis values: the bracketing index i (x between axis[i] and
+// axis[i+1]) and the fraction in log x, clamped at the ends.
+static std::pair<size_t, double> bracket(const std::vector<double>& axis, double x) {
+  if (axis.size() == 1 || x <= axis.front()) return {0, 0.0};
+  if (x >= axis.back()) return {axis.size() - 2, 1.0};
+  size_t i = size_t(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin()) - 1;
+  return {i, (std::log(x) - std::log(axis[i])) / (std::log(axis[i + 1]) - std::log(axis[i]))};
+}
+
+double Device::linear_efficiency(double tokens, double inputs, double outputs) const {
+  if (linear_curve.empty()) return gemm_efficiency(2 * tokens * inputs * outputs);
+  std::vector<double> ax[3];
+  for (auto& p : linear_curve)
+    for (int a = 0; a < 3; ++a) ax[a].push_back(p[a]);
+  for (auto& v : ax) std::sort(v.begin(), v.end()), v.erase(std::unique(v.begin(), v.end()), v.end());
+  auto at = [&](size_t i, size_t j, size_t k) {
+    for (auto& p : linear_curve)
+      if (p[0] == ax[0][i] && p[1] == ax[1][j] && p[2] == ax[2][k]) return p[3];
+    return 0.0;  // not reached: device_from_calibration checks the grid is complete
+  };
+  const double x[3] = {tokens, inputs, outputs};
+  std::pair<size_t, double> b[3];
+  for (int a = 0; a < 3; ++a) b[a] = bracket(ax[a], x[a]);
+  double e = 0;
+  for (int corner = 0; corner < 8; ++corner) {
+    double w = 1;
+    size_t idx[3];
+    for (int a = 0; a < 3; ++a) {
+      const bool up = corner >> a & 1;
+      if (ax[a].size() == 1 && up) w = 0;
+      idx[a] = std::min(b[a].first + (up ? 1 : 0), ax[a].size() - 1);
+      w *= up ? b[a].second : 1.0 - b[a].second;
+    }
+    if (w > 0) e += w * at(idx[0], idx[1], idx[2]);
+  }
+  return e;
 }
 
 double Device::attention_rate(double f) const {
@@ -227,6 +267,31 @@ Device device_from_calibration(const std::string& path) {
   d.reserved_bytes = 0;
   d.shared_by_node = true;
   d.gemm_overlaps_memory = false;  // OpenBLAS packs operands in passes of their own
+  if (j.contains("linear_curve")) {
+    for (auto& p : j["linear_curve"]) {
+      std::array<double, 4> g{p.at(0).get<double>(), p.at(1).get<double>(), p.at(2).get<double>(), p.at(3).get<double>()};
+      ATOLL_CHECK(g[0] >= 1 && g[1] >= 1 && g[2] >= 1 && g[3] > 0 && g[3] <= 4,
+                  "calibration file '{}': linear_curve points are [tokens, inputs, outputs, efficiency] with sizes ≥ 1 "
+                  "and 0 < efficiency ≤ 4 (rerun `atoll plan calibrate`)", path);
+      d.linear_curve.push_back(g);
+    }
+    std::set<double> ax[3];
+    std::set<std::array<double, 3>> seen;
+    for (auto& g : d.linear_curve) {
+      for (int a = 0; a < 3; ++a) ax[a].insert(g[a]);
+      ATOLL_CHECK(seen.insert({g[0], g[1], g[2]}).second, "calibration file '{}': linear_curve has the shape {}×{}→{} "
+                  "twice (rerun `atoll plan calibrate`)", path, g[0], g[1], g[2]);
+    }
+    ATOLL_CHECK(seen.size() == ax[0].size() * ax[1].size() * ax[2].size(),
+                "calibration file '{}': linear_curve must hold every combination of its tokens, inputs and outputs "
+                "({} of {}; rerun `atoll plan calibrate`)", path, seen.size(), ax[0].size() * ax[1].size() * ax[2].size());
+  }
+  if (j.value("collective_timing", std::string()) == "process CPU time of rank 0" && j.contains("intra_node_wall_bandwidth")) {
+    d.intra_wall_bw = j["intra_node_wall_bandwidth"].get<double>();
+    d.intra_wall_latency = j.value("intra_node_wall_latency", 0.0);
+    ATOLL_CHECK(d.intra_wall_bw > 0 && d.intra_wall_latency >= 0, "calibration file '{}': intra_node_wall_bandwidth "
+                "must be positive and intra_node_wall_latency non-negative (rerun `atoll plan calibrate`)", path);
+  }
   for (auto& p : need("gemm_curve")) d.gemm_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
   ATOLL_CHECK(!d.gemm_curve.empty(), "calibration file '{}' has an empty gemm_curve", path);
   std::sort(d.gemm_curve.begin(), d.gemm_curve.end());

@@ -1,6 +1,7 @@
 // Accelerator catalog: peak FLOP/s per dtype, memory size and bandwidth, and the fraction of
 // peak a GEMM of a given size achieves. "cpu-local" is filled from `atoll plan calibrate`.
 #pragma once
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,19 @@ struct Device {
   bool gemm_overlaps_memory = true;
   // GEMM efficiency curve: (2·m·n·k, achieved/peak) points, interpolated in log(flops).
   std::vector<std::pair<double, double>> gemm_curve;
+  // The engine's linear layers on token-major shapes (cpu-local, `atoll plan calibrate`): a grid
+  // of (tokens, inputs, outputs, forward+backward efficiency against the peak), every combination
+  // of its tokens, inputs and outputs present. Where present, a linear layer's GEMMs take their
+  // efficiency from it (trilinear in the logs of the three sizes, clamped at the grid's edges)
+  // instead of from gemm_curve, and their operand passes are inside the measurement. Empty: the
+  // square curve (GPUs).
+  std::vector<std::array<double, 4>> linear_curve;
+  // Efficiency of a linear layer's GEMMs on `tokens` rows, `inputs` → `outputs` (linear_curve).
+  double linear_efficiency(double tokens, double inputs, double outputs) const;
+  // Wall-clock fit of the calibration's all-reduces where the link figures above are CPU time
+  // (cpu-local; 0: none). A blocking collective's rank sleeps while its peer wakes and sends:
+  // time the wall clock counts and CPU time does not (predict.h, Prediction::sync_wait).
+  double intra_wall_bw = 0, intra_wall_latency = 0;
   double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
   // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
   // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.

@@ -85,6 +85,15 @@ struct Timer {
     else if (c >= mem) compute += c * times;
     else memory += mem * times;
   }
+  // A linear layer's GEMM on m tokens, k inputs → n outputs: on a device with a measured
+  // linear_curve its forward at that efficiency, operand passes included (the backward follows as
+  // 2× the forward, which is what the curve's forward+backward efficiency is defined on); else
+  // an ordinary GEMM on the square curve.
+  void linear(double m, double n, double k, double times = 1) {
+    if (d.linear_curve.empty()) return gemm(m, n, k, times);
+    if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
+    compute += times * 2 * m * n * k / (d.peak(prec) * d.linear_efficiency(m, k, n));
+  }
   // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
   // known (on a CPU GELU's tanh and LayerNorm's reductions keep them below STREAM bandwidth).
   void stream(double bytes) { memory += bytes / (d.elementwise_bw > 0 ? d.elementwise_bw : d.mem_bw); }
@@ -200,10 +209,10 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
   Timer& g = lt.full;
   // Projections.
   if (m.is_mla()) {
-    g.gemm(T, double(m.attn_params()) / h / t, h);
+    g.linear(T, double(m.attn_params()) / h / t, h);
   } else {
-    g.gemm(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
-    g.gemm(T, h, m.value_dim() / t);
+    g.linear(T, (m.q_dim() + 2.0 * m.kv_dim()) / t, h);
+    g.linear(T, h, m.value_dim() / t);
   }
   for (Timer* x : {&g, &lt.core}) time_attention_core(*x, m, l, d, act_e);
   time_attention_core(lt.core_fwd, m, l, d, act_e, false);
@@ -215,8 +224,8 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.compute += router.compute, g.memory += router.memory;
     const double f = double(m.expert_ffn);
     if (m.shared_experts > 0) {
-      g.gemm(T, mult * f * m.shared_experts / t, h);
-      g.gemm(T, h, f * m.shared_experts / t);
+      g.linear(T, mult * f * m.shared_experts / t, h);
+      g.linear(T, h, f * m.shared_experts / t);
     }
     const double local_experts = double(m.experts) / l.ep;
     const double tokens_per_expert = T * m.top_k * l.ep / m.experts;
@@ -224,8 +233,8 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     g.gemm(tokens_per_expert, mult * f / split, h, local_experts);
     g.gemm(tokens_per_expert, h, f / split, local_experts);
   } else {
-    g.gemm(T, mult * m.ffn / t, h);
-    g.gemm(T, h, m.ffn / t);
+    g.linear(T, mult * m.ffn / t, h);
+    g.linear(T, h, m.ffn / t);
   }
   // Element-wise work: traffic proportional to what the layer stores (Korthikanti's terms).
   ActivationOptions ao{l.tp, l.sp, "none", act_e, moe};
@@ -371,6 +380,10 @@ MuonCost muon_step_cost(const std::vector<MuonMatrix>& mats, const Device& d, co
   return out;
 }
 
+double ep_copy_bytes(double tokens, double top_k, double hidden, double act_e, int64_t ep) {
+  return ep > 1 ? 4.0 * 4.0 * tokens * top_k * hidden * act_e : 0.0;
+}
+
 double fsdp_copy_bytes(double unit_params, double grad_e, bool fp32_reduce, bool copy) {
   return unit_params * ((copy ? 2.0 * grad_e : 0.0) + (fp32_reduce ? grad_e + 4.0 : 0.0));
 }
@@ -401,7 +414,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const int64_t moe_in_stage = std::min<int64_t>(per_stage, m.moe_layers());
   const double n_dense = double(per_stage - moe_in_stage), n_moe = double(moe_in_stage);
   Timer head{d, nonlinear_precision(l.precision), act_e};
-  head.gemm(b * s_local, double(m.vocab) / t, h);
+  head.linear(b * s_local, double(m.vocab) / t, h);
   head.stream(3 * 4.0 * b * s_local * m.vocab / t);  // fp32 softmax / cross-entropy passes
   const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
   const double fwd_m = n_dense * dense.full.memory + n_moe * moe.full.memory + head.memory;
@@ -474,8 +487,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
   const bool grad_copy = l.fsdp_grad_copy < 0 ? d.name != "cpu-local" : l.fsdp_grad_copy > 0;
   const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce, grad_copy) / d.mem_bw : 0.0;
+  // Expert parallelism's pack/unpack copies (ep_copy_bytes), plain memory streams.
+  const double mb_ep_copies =
+      l.ep > 1 && moe_in_stage > 0 ? n_moe * ep_copy_bytes(b * s_local, double(m.top_k), h, act_e, l.ep) / d.mem_bw : 0.0;
   const StepProtocol proto = step_protocol_collectives(m, c, l);
-  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + tp_mb.total() + cp_mb.total() + ep_mb.total() +
+  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_ep_copies + tp_mb.total() + cp_mb.total() + ep_mb.total() +
                          proto.per_micro_batch.total();
 
   // ---- pipeline ----
@@ -511,6 +527,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double grad_accum = accum_bytes / d.mem_bw;
   p.grad_buffers = n_micro * mb_grad + param_zero + grad_accum;
   p.fsdp_copies = n_micro * mb_fsdp;
+  p.ep_copies = n_micro * mb_ep_copies;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
   p.ep = ep_mb.scaled(double(n_micro));
@@ -635,6 +652,23 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.step = pipe_time + param_zero + grad_accum + p.pp_p2p.total() + p.dp.total() + p.optimizer + p.offload + p.outer.total() +
            proto.per_step.total();
 
+  // ---- the wall clock's share of blocking collectives (cpu-local, CPU-timed links) ----
+  // The calibration fitted the same 2-rank all-reduces twice: by CPU time (the links above) and
+  // by the wall clock, which also counts a rank asleep in the collective until its peer has woken
+  // and sent. Pricing every collective of the step with the wall-clock fit (the same formulas,
+  // overlaps and counts) and taking the difference gives that sleep; a tp step's tens of
+  // latency-bound collectives are where it shows. Only where the intra-node link is the
+  // calibrated one (not overridden in [cluster]).
+  if (d.intra_wall_bw > 0 && c.intra.bw == d.intra_bw && c.intra.latency == d.intra_latency) {
+    Cluster cw = c;
+    cw.intra = {d.intra_wall_bw, d.intra_wall_latency};
+    cw.device.intra_wall_bw = 0;  // priced once, by the wall clock
+    PredictOptions quiet = opt;
+    quiet.explain = false;
+    p.sync_wait = std::max(0.0, predict(m, cw, l, quiet).step - p.step);
+    p.step += p.sync_wait;
+  }
+
   // ---- throughput, utilisation, time and cost ----
   p.tokens_per_step = double(l.batch()) * m.seq;
   p.tokens_per_s = p.tokens_per_step / p.step;
@@ -665,7 +699,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost comm = p.comm_total();
     std::vector<std::pair<double, std::string>> parts = {
         {p.compute, "compute-bound (GEMMs)"},
-        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.optimizer + p.offload,
+        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.ep_copies + p.optimizer + p.offload,
          "memory-bound (element-wise kernels, gradient buffers, optimizer)"},
         {p.bubble, "pipeline-bubble-bound"},
     };
@@ -719,9 +753,19 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                                : std::string();
       std::string ceiling = d.gemm_eff_max > 0 ? fmt::format("; curve ceiling e_max={:.3f} ({})", d.gemm_eff_max, d.note)
                                                : std::string("; calibrated curve");
+      std::string linears;
+      if (!d.linear_curve.empty()) {
+        const double T = b * s_local;
+        linears = fmt::format("; linear layers on the measured token-major curve ({} shapes): e.g. QKV {}×{}→{} at eff "
+                              "{:.3f}, MLP down {}×{}→{} at {:.3f} (operand passes included)",
+                              d.linear_curve.size(), T, h, (m.q_dim() + 2.0 * m.kv_dim()) / t,
+                              d.linear_efficiency(T, h, (m.q_dim() + 2.0 * m.kv_dim()) / t), T, double(m.ffn) / t, h,
+                              d.linear_efficiency(T, double(m.ffn) / t, h));
+      }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head){}; each "
-                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}",
-                         n_micro, per_stage, stages, peak / 1e12, d.gemm_efficiency(1e11, l.precision), ceiling, attn);
+                         "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}{}",
+                         n_micro, per_stage, stages, peak / 1e12, d.gemm_efficiency(1e11, l.precision), ceiling, linears,
+                         attn);
     });
     rec.add("time.memory_bound", p.memory_bound, "s", [&] {
       return fmt::format("m × 3 × ({:.1f} × activation bytes of the stage's layers + 12·b·s·V/t softmax/"
@@ -756,6 +800,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          fp32_reduce ? fmt::format(" and cast to fp32 for an fp32 reduction ({} B read + 4 B written; "
                                                    "the reduce-scatter then moves 4 B per parameter)", sb.grad)
                                      : std::string());
+    });
+    rec.add("time.ep_copies", p.ep_copies, "s", [&] {
+      return fmt::format("m × {} MoE layers × 4 exchanges × pack + unpack (read + write) of b·s·top_k = {:g} routed "
+                         "rows × {:g} × {:g} B at memory bandwidth {:.4g} GB/s", n_moe, b * s_local * m.top_k, h,
+                         act_e, d.mem_bw / 1e9);
     });
     rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
     rec.add("time.tp", p.tp.total(), "s", [&] {
@@ -834,9 +883,17 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       return fmt::format("DiLoCo/gossip sync of fp32 pseudo-gradients × compression {:g}, every H={} steps: {}",
                          l.diloco_compression, std::max<int64_t>(1, l.diloco_h), lv(p.outer));
     });
+    rec.add("time.sync_wait", p.sync_wait, "s", [&] {
+      if (d.intra_wall_bw <= 0) return std::string("none: the links are not CPU-timed calibrations");
+      return fmt::format("a rank asleep in blocking collectives: the step with every intra-node collective at the "
+                         "calibration's wall-clock fit ({:.4g} GB/s + {:.4g} us per step) less the step at its "
+                         "CPU-time fit ({:.4g} GB/s + {:.4g} us){}", d.intra_wall_bw / 1e9, 1e6 * d.intra_wall_latency,
+                         d.intra_bw / 1e9, 1e6 * d.intra_latency,
+                         p.sync_wait > 0 ? "" : " (no intra-node collective, or the link overridden)");
+    });
     rec.add("time.step", p.step, "s", [&] {
       return "(m + (p−1)/v) × micro-batch time (FSDP copies included) + parameter-gradient zeroing + p2p + dp + "
-             "optimizer + offload + outer sync + the step's own collectives";
+             "optimizer + offload + outer sync + the step's own collectives + the wait in them (sync_wait)";
     });
     rec.add("throughput.tokens_per_s", p.tokens_per_s, "tokens/s", [&] {
       return fmt::format("global batch {} × seq {} / step {}", l.batch(), m.seq, fmt_s(p.step));

@@ -24,11 +24,20 @@ struct Prediction {
   // ZeRO-3/FSDP framework memory traffic per micro-batch: the unsharded gradients copied into the
   // reduce-scatter's flat input, and cast to fp32 first where the reduction runs in fp32.
   double fsdp_copies = 0;
+  // Expert parallelism's copies outside the all-to-alls (ep_copy_bytes): every routed row packed
+  // into the send buffer and unpacked from the receive buffer, in each of the micro-batch's four
+  // exchanges (dispatch and combine, forward and backward).
+  double ep_copies = 0;
   double bubble = 0;
   double optimizer = 0, offload = 0;
   CommCost tp, cp, ep, pp_p2p, dp, outer;  // exposed communication by kind and level
   // The step's own small collectives (step_protocol_collectives), per step: latency-bound.
   CommCost control;
+  // cpu-local with collectives calibrated by CPU time: what the wall clock adds to the step while
+  // a rank sleeps in a blocking collective for its peer (the step priced once more with the
+  // calibration's wall-clock fit of the same all-reduces, less the step priced by CPU time).
+  // Included in step; like the bubble, CPU time does not see it.
+  double sync_wait = 0;
   double step = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0, tokens_per_s_device = 0, tokens_per_s_island = 0;
@@ -63,6 +72,14 @@ struct PredictOptions {
   double train_tokens = 1e12;  // tokens to train, for time and cost
   FaultModel fault;            // checkpoint interval against MTBF (train time and cost only)
 };
+
+// Bytes one MoE layer's expert-parallel exchanges move through memory per micro-batch outside
+// the collectives: each of the 4 all-to-alls (dispatch and combine, forward and backward) packs
+// the rank's routed rows (tokens × top_k of width `hidden`, act_e bytes each) into a send buffer
+// and unpacks the received rows: a read and a write each, 4 passes over the rows per exchange
+// (parallel/expert_parallel.cpp, run_exchange). 0 without expert parallelism (one rank's
+// experts read their rows in place).
+double ep_copy_bytes(double tokens, double top_k, double hidden, double act_e, int64_t ep);
 
 // The overlap formulas, exposed for their tests (docs/plan.md, "Communication"):
 // FSDP micro-batch over `units` equal units with per-unit forward/backward compute and per-unit

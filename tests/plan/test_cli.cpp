@@ -9,6 +9,8 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include "plan/hardware.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -129,6 +131,15 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
     EXPECT_LT(p[1].get<double>(), 2 * j["peak_fp32_flops"].get<double>());
   }
   // AdamW plus the gradient norm: between 1 M and 100 G parameters per second on any CPU.
+  // The linear layers' token-major grid: every (tokens, inputs, outputs) combination, efficiencies
+  // against the peak (a thin shape may beat the square curve's best, not by 4×).
+  ASSERT_EQ(j["linear_curve"].size(), 2u * 4u * 4u);
+  for (auto& p : j["linear_curve"]) {
+    ASSERT_EQ(p.size(), 4u);
+    EXPECT_GT(p[3].get<double>(), 0.0);
+    EXPECT_LE(p[3].get<double>(), 4.0);
+  }
+  EXPECT_FALSE(atl::plan::device_from_calibration(cal.string()).linear_curve.empty());
   EXPECT_GT(j["optimizer_params_per_s"].get<double>(), 1e6);
   EXPECT_LT(j["optimizer_params_per_s"].get<double>(), 1e11);
   CliRun p = run_atoll("plan --device cpu-local --devices-per-node 1 --model gpt2-124m --set plan.precision=\"fp32\" --json",
