@@ -11,6 +11,12 @@
 // WAN carries the same bytes as with ddp inside. The outer state is per shard in checkpoints:
 // lowcomm.shard.rank<r>.{global,momentum} (r: the rank in the island), lowcomm.tp.rank<t>.* under
 // tp, lowcomm.{global,momentum} otherwise; a resume needs the same layout.
+// HSDP (replicas of a ZeRO-3 shard group inside the island) sends each chunk once: each replica a
+// 1/R share of it, all-gathered over the replicas after (start_average's share). With tp too
+// (tp x ZeRO-3 / HSDP) each rank's chunks are of its tp shard. What spans the chunks — the
+// replicated parameters agreed over tp, Iso-C's whole matrices — is made whole over the shard
+// group by gather_whole(), the pieces put back by scatter_whole(); Streaming's fragments are
+// exchanged as the pieces each rank holds of them (held()).
 #include <fmt/format.h>
 
 #include <algorithm>
