@@ -24,14 +24,34 @@ class IsoLoCo final : public DiLoCo {
   void merge(Tensor& delta) override {
     if (c_.merge != "iso_c") return;
     const float* base = flat_.f32();
+    Ranges want;
+    std::vector<std::pair<int64_t, int64_t>> shapes;
     for (nn::Parameter* p : model_->parameters()) {
       if (p->shape.size() != 2) continue;
       // Embedding and head rows of tokens a round never saw carry no signal; Iso-C would give
       // them the mean singular value's weight, so by default only the hidden matrices merge so.
       if (c_.merge_scope == "hidden" && resolve_role(p->role, p->shape) != ParamRole::matrix) continue;
-      int64_t o = p->value.f32() - base;
-      iso_c(delta.f32() + o, p->shape[0], p->shape[1]);
+      const int64_t o = p->value.f32() - base;
+      want.emplace_back(o, o + p->shape[0] * p->shape[1]);
+      shapes.emplace_back(p->shape[0], p->shape[1]);
     }
+    if (owned_.empty()) {  // delta is the whole model
+      for (size_t i = 0; i < want.size(); ++i) iso_c(delta.f32() + want[i].first, shapes[i].first, shapes[i].second);
+      return;
+    }
+    // ZeRO-3 / HSDP: this rank's chunks cut the matrices, whose SVD needs them whole. The shard
+    // group makes the merged matrices whole on each of its ranks (their means are the same bits
+    // on every rank, and Iso-C is deterministic), each merges them all, keeps its own pieces.
+    // Costs, per sync, an all-reduce of the merged matrices over the island's fast links and
+    // their size in memory while it runs (ZeRO-3 holds only its chunks otherwise).
+    const std::vector<Piece> layout = held({{0, flat_.numel()}});
+    Tensor whole = gather_whole(delta, layout, want, "iso_c");
+    int64_t at = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      iso_c(whole.f32() + at, shapes[i].first, shapes[i].second);
+      at += want[i].second - want[i].first;
+    }
+    scatter_whole(whole, delta, layout, want);
   }
 };
 }  // namespace

@@ -80,6 +80,10 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
   if (world_ && world_->size() > 1) comm::exchange_codec_spec(*world_, c_.codec, "lowcomm.exchange");
   std::string w = c_.codec.where.empty() ? "lowcomm.exchange" : "lowcomm.exchange (" + c_.codec.where + ")";
   setup_tensor_parallel(mesh);
+  if (world_) {  // for HSDP inside the islands (sharded_islands.cpp); split here, on every rank alike
+    shard_axis_ = mesh.axis("dp_shard");
+    replica_axis_ = mesh.axis("dp_replicate");
+  }
   exchange_ = exchange_registry().get(c_.exchange, w)(c_.codec);
   exchange_->setup(across_);
   sched_ = make_sync_controller(c_.sync);
@@ -89,17 +93,13 @@ LowComm::~LowComm() = default;
 
 void LowComm::attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp,
                      std::vector<std::pair<int64_t, int64_t>> owned) {
-  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2" || strategy == "zero3",
-              "lowcomm.method = '{}' exchanges every shard of the model between the islands' ranks that hold it, "
-              "but parallel.strategy = '{}' also replicates shards inside an island: use ddp, zero1, zero2 or zero3 "
-              "inside the islands", c_.method, strategy);
-  // tp x ZeRO-3 (parallel/tensor_parallel_fsdp.cpp) shards a tp shard again over dp: islands
-  // over that layout are not composed or tested yet.
-  ATOLL_CHECK(!tp || strategy != "zero3", "parallel.islands with parallel.tp > 1 and parallel.strategy = 'zero3': "
-              "tp inside islands runs under ddp, zero1 or zero2 so far");
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2" || strategy == "zero3" ||
+                  strategy == "hsdp",
+              "lowcomm.method = '{}' has no exchange for parallel.strategy = '{}' inside the islands: use ddp, zero1, "
+              "zero2, zero3 or hsdp", c_.method, strategy);
   model_ = &model;
   flat_ = model.flat_values();
-  attach_shards(std::move(owned));
+  attach_shards(std::move(owned), strategy);
   // Islands initialise alike from the seed; island 0's parameters make sure of it.
   Tensor x = local_values();
   if (across_ && across_->size() > 1) {
@@ -167,7 +167,9 @@ std::function<void()> LowComm::start_average(const Tensor& buf, const std::strin
                                              const std::vector<comm::MatrixSpan>& mats) {
   const int64_t n = buf.numel();
   const int k = share_ ? share_->size() : 1;
-  if (!across_ || across_->size() == 1) return [] {};
+  // n = 0: this rank holds none of buf's ranges (ZeRO-3 chunks), nor do the ranks of its place
+  // in the other islands (the same layout), nor its share group (HSDP replicas).
+  if (!across_ || across_->size() == 1 || n == 0) return [] {};
   if (++exchanges_ == c_.drop_at_sync && island_ == islands_ - 1) {
     // A dropped link: this island goes silent (no error, no closed socket) for longer than the
     // others' communicator timeout, then leaves.

@@ -68,6 +68,12 @@ void outer_sgd(float* x, float* b, const float* d, int64_t n, const LowCommConfi
 
 class LowComm {
  public:
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  // A part of flat_ this rank holds: its offset in flat_, its offset in local_values()'s packing
+  // (global_, mom_), its length.
+  struct Piece {
+    int64_t flat, at, len;
+  };
   LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicator* world, Config& cfg);
   virtual ~LowComm();
   virtual std::string describe() const = 0;
@@ -79,12 +85,12 @@ class LowComm {
   // The ranks with this rank's place in every island (ordered by island); null for one process.
   comm::Communicator* across() const { return across_; }
 
-  // Once the data-parallel strategy exists: refuses strategies that replicate shards inside an
-  // island (hsdp), starts every island from island 0's parameters, takes the outer state.
+  // Once the data-parallel strategy exists: starts every island from island 0's parameters, takes
+  // the outer state.
   // tp: the tensor-parallel context of this rank's shard (tp inside the islands; null without),
   // for the parameters every tp rank holds whole (tensor_parallel_islands.cpp).
   // owned: the flat ranges of the values this rank keeps (DataParallel::value_ranges; ZeRO-3's
-  // shards, zero3_islands.cpp); empty: the whole model.
+  // shards, sharded_islands.cpp); empty: the whole model.
   void attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp = nullptr,
               std::vector<std::pair<int64_t, int64_t>> owned = {});
   // After the optimizer step of `step` (0-based). Returns the metrics of the syncs it finished
@@ -135,11 +141,25 @@ class LowComm {
   // [lo, hi) (in order), as spans of that concatenation.
   std::vector<comm::MatrixSpan> matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
   int64_t wan_bytes(int64_t numel) const;
+  // The parts of the flat ranges `scope` (whole parameters, ascending) this rank holds, in scope
+  // order, each cut by the owned ranges (ZeRO-3) in their order; a buffer "laid out as" them is
+  // their values concatenated (local_values() is laid out as held({{0, flat_.numel()}})).
+  std::vector<Piece> held(const Ranges& scope) const;
+  // The flat ranges `want` (concatenated) whole on every rank, from buf laid out as `layout`:
+  // under ZeRO-3 / HSDP the shard group's ranks' pieces summed (they partition each range; a
+  // count checks it once per key); without it the pieces are all here. And the reverse: this
+  // rank's pieces of `whole` back into buf.
+  Tensor gather_whole(const Tensor& buf, const std::vector<Piece>& layout, const Ranges& want, const std::string& key);
+  void scatter_whole(const Tensor& whole, Tensor& buf, const std::vector<Piece>& layout, const Ranges& want) const;
   // tp inside the islands (tensor_parallel_islands.cpp): the averaged pseudo-gradient of the
   // parameters every tp rank holds whole made the same bits on all of them (tp rank 0's), so
-  // that the outer step keeps them equal whatever order the exchange summed them in.
-  void agree_over_tp(Tensor& delta);
-  // ZeRO-3 inside the islands (zero3_islands.cpp): this rank's values, the owned ranges of flat_
+  // that the outer step keeps them equal whatever order the exchange summed them in. delta is
+  // laid out as held(scope); scope: the whole model by default (DiLoCo), a fragment (streaming).
+  void agree_over_tp(Tensor& delta, const Ranges& scope = {}, const std::string& key = "pseudo_gradient");
+  // The group whose ranks hold different parts of the outer state inside an island: the island
+  // under ZeRO-3 / HSDP, the tp group under tp, null when every rank holds all of it.
+  comm::Communicator* outer_state_group() const;
+  // ZeRO-3 inside the islands (sharded_islands.cpp): this rank's values, the owned ranges of flat_
   // packed (flat_ itself without ZeRO-3), in the layout of global_ and mom_; and the reverse.
   Tensor local_values() const;
   void set_local_values(const Tensor& v);
@@ -157,6 +177,10 @@ class LowComm {
   // ranks without tp; under tp the island's ranks with this tp coordinate.
   comm::Communicator* share_ = nullptr;
   comm::Communicator* tp_comm_ = nullptr;  // the island's tp group (tp > 1)
+  comm::Communicator* dp_comm_ = nullptr;  // tp > 1: the island's dp ranks of this tp coordinate
+  // ZeRO-3 / HSDP: the ranks one shard of the model is cut over (their owned ranges partition it).
+  comm::Communicator* zero_shard_ = nullptr;
+  comm::Communicator *shard_axis_ = nullptr, *replica_axis_ = nullptr;  // the mesh's dp_shard, dp_replicate
   int tp_ = 1;
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // flat ranges every tp rank holds whole
   std::vector<std::pair<int64_t, int64_t>> owned_;       // ZeRO-3: the flat ranges this rank keeps
@@ -175,7 +199,7 @@ class LowComm {
   // tensor_parallel_islands.cpp: refuses what tp inside the islands does not run; the outer
   // state's checkpoint names (per tp shard under tp).
   void setup_tensor_parallel(parallel::Mesh& mesh);
-  void attach_shards(std::vector<std::pair<int64_t, int64_t>> owned);  // zero3_islands.cpp
+  void attach_shards(std::vector<std::pair<int64_t, int64_t>> owned, const std::string& strategy);  // sharded_islands.cpp
   void save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st);
   void load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
   void load_exchange(const TensorFile& ours, const nlohmann::json& st, const std::string& what);
@@ -187,6 +211,7 @@ class LowComm {
   bool window_open_ = false;
   bool loaded_plain_ = false;
   bool guarded_once_ = false;
+  std::vector<std::string> covered_;  // gather_whole's keys whose pieces' cover was checked
 };
 
 using MethodMaker = std::function<std::unique_ptr<LowComm>(const LowCommConfig&, parallel::Mesh&,

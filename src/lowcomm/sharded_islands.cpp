@@ -11,6 +11,12 @@
 // WAN carries the same bytes as with ddp inside. The outer state is per shard in checkpoints:
 // lowcomm.shard.rank<r>.{global,momentum} (r: the rank in the island), lowcomm.tp.rank<t>.* under
 // tp, lowcomm.{global,momentum} otherwise; a resume needs the same layout.
+// HSDP (replicas of a ZeRO-3 shard group inside the island) sends each chunk once: each replica a
+// 1/R share of it, all-gathered over the replicas after (start_average's share). With tp too
+// (tp x ZeRO-3 / HSDP) each rank's chunks are of its tp shard. What spans the chunks — the
+// replicated parameters agreed over tp, Iso-C's whole matrices — is made whole over the shard
+// group by gather_whole(), the pieces put back by scatter_whole(); Streaming's fragments are
+// exchanged as the pieces each rank holds of them (held()).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,12 +27,19 @@
 
 namespace atl::lowcomm {
 
-void LowComm::attach_shards(std::vector<std::pair<int64_t, int64_t>> owned) {
+void LowComm::attach_shards(std::vector<std::pair<int64_t, int64_t>> owned, const std::string& strategy) {
   owned_ = std::move(owned);
-  if (owned_.empty()) return;
-  ATOLL_CHECK(c_.method == "diloco", "parallel.strategy = 'zero3' inside islands runs lowcomm.method = 'diloco' only, "
-              "not '{}': streaming's fragments and isoloco's whole matrices (Iso-C's SVD) span the shards", c_.method);
-  share_ = nullptr;  // every rank sends its own chunks, not a share of a replicated model
+  if (owned_.empty()) return;  // (HSDP over shards of one rank keeps the whole model: as DDP)
+  if (strategy == "hsdp") {
+    // The island's replicas (dp_replicate) hold the same chunks: each of them sends 1/R of the
+    // chunks' pseudo-gradient across and they all-gather the means, as DDP's ranks do with the
+    // whole model, so the WAN carries one model per island still.
+    share_ = replica_axis_ && replica_axis_->size() > 1 ? replica_axis_ : nullptr;
+    zero_shard_ = shard_axis_;
+  } else {
+    share_ = nullptr;  // every rank sends its own chunks, not a share of a replicated model
+    zero_shard_ = tp_ > 1 ? dp_comm_ : island_comm_.get();
+  }
 }
 
 std::vector<std::pair<int64_t, int64_t>> LowComm::local_ranges() const {
@@ -54,6 +67,77 @@ void LowComm::set_local_values(const Tensor& v) {
     std::copy(i, i + (hi - lo), flat_.f32() + lo);
     i += hi - lo;
   }
+}
+
+std::vector<LowComm::Piece> LowComm::held(const Ranges& scope) const {
+  std::vector<Piece> out;
+  for (const auto& [lo, hi] : scope) {
+    if (owned_.empty()) {
+      out.push_back({lo, lo, hi - lo});
+      continue;
+    }
+    int64_t at = 0;
+    for (const auto& [olo, ohi] : owned_) {
+      const int64_t a = std::max(lo, olo), b = std::min(hi, ohi);
+      if (a < b) out.push_back({a, at + a - olo, b - a});
+      at += ohi - olo;
+    }
+  }
+  return out;
+}
+
+namespace {
+// For each overlap of a piece of `layout` (buffer offsets: the pieces' lengths summed) with a
+// range of `want` (offsets in their concatenation): f(buffer offset, whole offset, length).
+template <class F>
+void overlaps(const std::vector<LowComm::Piece>& layout, const LowComm::Ranges& want, F f) {
+  int64_t w = 0;
+  for (const auto& [lo, hi] : want) {
+    int64_t b = 0;
+    for (const LowComm::Piece& p : layout) {
+      const int64_t a = std::max(lo, p.flat), e = std::min(hi, p.flat + p.len);
+      if (a < e) f(b + a - p.flat, w + a - lo, e - a);
+      b += p.len;
+    }
+    w += hi - lo;
+  }
+}
+}  // namespace
+
+Tensor LowComm::gather_whole(const Tensor& buf, const std::vector<Piece>& layout, const Ranges& want,
+                             const std::string& key) {
+  int64_t n = 0;
+  for (const auto& [lo, hi] : want) n += hi - lo;
+  Tensor whole = Tensor::zeros({n});
+  const float* b = buf.f32();
+  float* w = whole.f32();
+  overlaps(layout, want, [&](int64_t bo, int64_t wo, int64_t len) { std::copy_n(b + bo, len, w + wo); });
+  if (owned_.empty() || !zero_shard_ || zero_shard_->size() == 1) return whole;
+  // The shard group's ranks own disjoint pieces that cover `want`: x + 0 + ... is exact.
+  if (std::find(covered_.begin(), covered_.end(), key) == covered_.end()) {
+    Tensor cnt = Tensor::zeros({n});
+    overlaps(layout, want, [&](int64_t, int64_t wo, int64_t len) { std::fill_n(cnt.f32() + wo, len, 1.f); });
+    zero_shard_->all_reduce(cnt, comm::ReduceOp::sum);
+    for (int64_t i = 0; i < n; ++i)
+      ATOLL_CHECK(cnt.f32()[i] == 1.f, "lowcomm ({}): element {} of the ranges made whole is held by {} ranks of the "
+                  "ZeRO-3 shard group, not one", key, i, cnt.f32()[i]);
+    covered_.push_back(key);
+  }
+  zero_shard_->all_reduce(whole, comm::ReduceOp::sum);
+  return whole;
+}
+
+void LowComm::scatter_whole(const Tensor& whole, Tensor& buf, const std::vector<Piece>& layout,
+                            const Ranges& want) const {
+  const float* w = whole.f32();
+  float* b = buf.f32();
+  overlaps(layout, want, [&](int64_t bo, int64_t wo, int64_t len) { std::copy_n(w + wo, len, b + bo); });
+}
+
+comm::Communicator* LowComm::outer_state_group() const {
+  if (!owned_.empty()) return island_comm_.get();
+  if (tp_ > 1) return tp_comm_;
+  return nullptr;
 }
 
 void LowComm::save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st) {

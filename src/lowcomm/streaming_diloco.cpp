@@ -12,6 +12,7 @@
 #include <deque>
 
 #include "core/log.h"
+#include "lowcomm/codec_checkpoint.h"
 #include "lowcomm/diloco.h"
 
 namespace atl::lowcomm {
@@ -75,11 +76,23 @@ class StreamingDiLoCo final : public LowComm {
     if (at < flat_.numel()) frags_[0].push_back({at, flat_.numel()});
     if (blocks.empty()) frags_[0] = {{0, flat_.numel()}};
     for (auto& f : frags_) std::sort(f.begin(), f.end(), [](auto& a, auto& b) { return a.lo < b.lo; });
+    // What this rank holds of each (the same blocks on every tp rank and shard: the same model).
+    for (auto& f : frags_) {
+      Ranges scope;
+      for (auto& r : f) scope.emplace_back(r.lo, r.hi);
+      std::vector<Piece> h = held(scope);
+      Ranges mine;
+      for (const Piece& q : h) mine.emplace_back(q.flat, q.flat + q.len);
+      scopes_.push_back(scope);
+      held_.push_back(std::move(h));
+      mats_.push_back(matrices_within(mine));
+    }
   }
 
+  // This rank's part of fragment p: all of it, or under ZeRO-3 / HSDP its owned chunks of it.
   int64_t frag_numel(int64_t p) const {
     int64_t n = 0;
-    for (auto& r : frags_[size_t(p)]) n += r.hi - r.lo;
+    for (const Piece& q : held_[size_t(p)]) n += q.len;
     return n;
   }
   int64_t offset(int64_t p) const { return (p + 1) * c_.inner_steps / int64_t(frags_.size()); }
@@ -104,13 +117,12 @@ class StreamingDiLoCo final : public LowComm {
       Pending pd{p, step + c_.overlap_steps, Tensor::empty({frag_numel(p)}), nullptr, t0};
       float* d = pd.buf.f32();
       const float *x = flat_.f32(), *g = global_.f32();
-      for (auto& r : frags_[size_t(p)])
-        for (int64_t i = r.lo; i < r.hi; ++i) *d++ = g[i] - x[i];
-      std::vector<std::pair<int64_t, int64_t>> ranges;
-      for (auto& r : frags_[size_t(p)]) ranges.push_back({r.lo, r.hi});
-      pd.finish = start_average(pd.buf, fmt::format("fragment{}", p), matrices_within(ranges));
+      for (const Piece& q : held_[size_t(p)])
+        for (int64_t i = 0; i < q.len; ++i) *d++ = g[q.at + i] - x[q.flat + i];
+      pd.finish = start_average(pd.buf, fmt::format("fragment{}", p), mats_[size_t(p)]);
       if (c_.overlap_steps == 0) {
         pd.finish();
+        pd.finish = nullptr;
         apply(pd);
         ++outer_steps_;
         out.push_back(record(fmt::format("fragment {}", p), pd.buf.numel(), since(t0), since(t0)));
@@ -123,30 +135,38 @@ class StreamingDiLoCo final : public LowComm {
   }
 
   void apply(Pending& pd) {
+    // tp: the replicated parameters' means made tp rank 0's (as DiLoCo; a no-op without tp).
+    agree_over_tp(pd.buf, scopes_[size_t(pd.frag)], fmt::format("fragment{}", pd.frag));
     const float* d = pd.buf.f32();
     float *x = flat_.f32(), *g = global_.f32(), *b = mom_.f32();
     const float a = float(c_.mixing);
-    for (auto& r : frags_[size_t(pd.frag)]) {
-      const int64_t n = r.hi - r.lo;
-      outer_sgd(g + r.lo, b + r.lo, d, n, c_);
-      if (a == 0.f) std::memcpy(x + r.lo, g + r.lo, size_t(n) * sizeof(float));
+    for (const Piece& q : held_[size_t(pd.frag)]) {
+      outer_sgd(g + q.at, b + q.at, d, q.len, c_);
+      if (a == 0.f) std::memcpy(x + q.flat, g + q.at, size_t(q.len) * sizeof(float));
       else
-        for (int64_t i = r.lo; i < r.hi; ++i) x[i] = a * x[i] + (1.f - a) * g[i];
-      d += n;
+        for (int64_t i = 0; i < q.len; ++i) x[q.flat + i] = a * x[q.flat + i] + (1.f - a) * g[q.at + i];
+      d += q.len;
     }
   }
 
   void save_method(std::vector<std::pair<std::string, Tensor>>& out, nlohmann::json& st) override {
     nlohmann::json list = nlohmann::json::array();
+    NamedTensors mine;
     for (size_t i = 0; i < pending_.size(); ++i) {
       Pending& pd = pending_[i];
       if (pd.finish) {  // completing early changes no value: the mean is applied when due
         pd.finish();
         pd.finish = nullptr;
       }
-      out.emplace_back(fmt::format("lowcomm.pending.{}", i), pd.buf.clone());
+      mine.emplace_back(std::to_string(i), pd.buf.clone());
       list.push_back({{"fragment", pd.frag}, {"apply_at", pd.apply_at}});
     }
+    // The means are the same on every island; inside one they are per shard under tp / ZeRO-3
+    // (lowcomm.pending.rank<r>.<i>, r the rank in the group), whole otherwise (lowcomm.pending.<i>).
+    if (comm::Communicator* g = outer_state_group())
+      gather_rank_tensors(g, mine, "lowcomm.pending.", out);
+    else
+      for (auto& [i, t] : mine) out.emplace_back("lowcomm.pending." + i, t);
     st["pending"] = list;
     st["fragments"] = frags_.size();
   }
@@ -157,15 +177,22 @@ class StreamingDiLoCo final : public LowComm {
                 frags_.size());
     pending_.clear();
     size_t i = 0;
+    comm::Communicator* g = outer_state_group();
+    const std::string prefix = g ? fmt::format("lowcomm.pending.rank{}.", g->rank()) : "lowcomm.pending.";
     for (auto& e : st.at("pending")) {
       Pending pd{e.at("fragment").get<int64_t>(), e.at("apply_at").get<int64_t>(),
-                 f.get(fmt::format("lowcomm.pending.{}", i++)).clone(), nullptr, Clock::now()};
+                 f.get(prefix + std::to_string(i++)).clone(), nullptr, Clock::now()};
+      ATOLL_CHECK(pd.buf.numel() == frag_numel(pd.frag), "{}: {}{} has {} elements, this rank's part of fragment {} "
+                  "{}", what, prefix, i - 1, pd.buf.numel(), pd.frag, frag_numel(pd.frag));
       pending_.push_back(std::move(pd));
     }
   }
 
  private:
   std::vector<std::vector<Range>> frags_;
+  std::vector<Ranges> scopes_;               // each fragment's flat ranges
+  std::vector<std::vector<Piece>> held_;     // what this rank holds of each, in its buffer's order
+  std::vector<std::vector<comm::MatrixSpan>> mats_;  // the whole matrices in each buffer (GIFT)
   std::deque<Pending> pending_;
 };
 }  // namespace

@@ -13,8 +13,13 @@
 //    rank (lowcomm.tp.rank<t>.{global,momentum}; sharded_islands.cpp), and resume needs the same
 //    tp (the model and inner optimizer are saved whole by TensorParallel::full_state, as without
 //    islands);
-//  * DiLoCo only: Streaming keeps exchanges in flight per fragment and saves them from world rank
-//    0's shard alone, and IsoLoCo's Iso-C takes the SVD of whole matrices, which tp splits.
+//  * under ZeRO-3 as well (tp x ZeRO-3 inside the islands) each rank holds its chunks of the
+//    shard (sharded_islands.cpp), which cut the replicated parameters at places that differ by tp
+//    rank: agree_over_tp() sums the island's dp ranks' pieces into the whole before tp rank 0's
+//    are broadcast;
+//  * Streaming DiLoCo's fragments are the shard's blocks (the same on every tp rank): each rank
+//    exchanges its shard of a fragment, and the exchanges in flight are saved per tp rank;
+//  * not IsoLoCo: Iso-C takes the SVD of whole matrices, which tp splits.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,27 +34,33 @@ void LowComm::setup_tensor_parallel(parallel::Mesh& mesh) {
   tp_ = int(mesh.shape().tp);
   share_ = island_comm_.get();
   if (tp_ == 1) return;
-  ATOLL_CHECK(c_.method == "diloco", "parallel.tp = {} inside islands runs lowcomm.method = 'diloco' only, not '{}': "
-              "streaming keeps its fragments' exchanges in flight per shard and isoloco merges whole matrices "
-              "(Iso-C's SVD), which tp splits", tp_, c_.method);
+  ATOLL_CHECK(c_.method != "isoloco", "parallel.tp = {} inside islands runs lowcomm.method = 'diloco' or "
+              "'streaming', not '{}': isoloco merges whole matrices (Iso-C's SVD), which tp splits", tp_, c_.method);
   if (!world_) return;
   tp_comm_ = mesh.axis("tp");
   share_ = parallel::data_parallel_comm(mesh);  // the island's dp ranks of this tp coordinate
+  dp_comm_ = share_;
 }
 
-void LowComm::agree_over_tp(Tensor& delta) {
+void LowComm::agree_over_tp(Tensor& delta, const Ranges& scope_in, const std::string& key) {
   if (!tp_comm_ || tp_comm_->size() == 1 || replicated_.empty()) return;
-  int64_t n = 0;
-  for (const auto& [lo, hi] : replicated_) n += hi - lo;
-  Tensor buf = Tensor::empty({n});
-  float* b = buf.f32();
-  for (const auto& [lo, hi] : replicated_) b = std::copy(delta.f32() + lo, delta.f32() + hi, b);
+  const Ranges scope = scope_in.empty() ? Ranges{{0, flat_.numel()}} : scope_in;
+  // The replicated parameters inside the scope, whole: the same list on every tp rank (the same
+  // parameters, shapes and order). Under ZeRO-3 this rank holds pieces of them cut at places
+  // that differ by tp rank when the tp split is uneven (tensor_parallel_fsdp.cpp), so they are
+  // made whole over the shard group first.
+  Ranges want;
+  for (const auto& [lo, hi] : replicated_)
+    for (const auto& [slo, shi] : scope)
+      if (lo < shi && slo < hi) {
+        want.emplace_back(lo, hi);
+        break;
+      }
+  if (want.empty()) return;
+  const std::vector<Piece> layout = held(scope);
+  Tensor buf = gather_whole(delta, layout, want, "tp." + key);
   tp_comm_->broadcast(buf, 0);
-  b = buf.f32();
-  for (const auto& [lo, hi] : replicated_) {
-    std::copy(b, b + (hi - lo), delta.f32() + lo);
-    b += hi - lo;
-  }
+  scatter_whole(buf, delta, layout, want);
 }
 
 }  // namespace atl::lowcomm

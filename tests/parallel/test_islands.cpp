@@ -213,10 +213,7 @@ TEST(Islands, BadLayoutsAreRefusedBeforeTheFirstStep) {
   std::string log = f.log("three");
   EXPECT_NE(log.find("does not divide WORLD_SIZE = 2"), std::string::npos) << log;
   EXPECT_EQ(log.find("step     1"), std::string::npos) << log;
-  // HSDP replicates shards inside an island (zero3 is composed since session 7: test_islands_sharded.cpp).
-  EXPECT_NE(f.train("z3", 2, {"--parallel.islands=2", "--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=1"}, true), 0);
-  EXPECT_NE(f.log("z3").find("also replicates shards inside an island: use ddp, zero1, zero2 or zero3"),
-            std::string::npos) << f.log("z3");
+  // (hsdp inside the islands, refused here until session 8, is composed: test_islands_sharded.cpp.)
   EXPECT_NE(f.train("tau", 2, {"--parallel.islands=2", "--lowcomm.method=streaming", "--lowcomm.inner_steps=2",
                                "--lowcomm.overlap_steps=2"}, true), 0);
   EXPECT_NE(f.log("tau").find("lowcomm.overlap_steps = 2"), std::string::npos) << f.log("tau");
@@ -428,7 +425,7 @@ std::vector<std::vector<float>> torch_sgd(double lr, double mu, bool nesterov, c
   std::string log = in.string() + ".out";
   int rc = run_command({"/bin/sh", "-c", std::string(ATOLL_PYTHON) + " " + ATOLL_SOURCE_DIR +
                                              "/tools/torch_outer_sgd_ref.py < " + in.string()},
-                       {}, log, 60);
+                       {}, log, 300);  // `import torch` alone took over 60 s under load 20 (session 8)
   std::string out = read_file(log);
   fs::remove(in);
   fs::remove(log);

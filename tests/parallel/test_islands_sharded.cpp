@@ -51,6 +51,17 @@ std::vector<float> island1_of(const fs::path& ck) {
   return tensors_of(load_safetensors((ck / "optimizer.safetensors").string()), "lowcomm.island1.model.");
 }
 
+// Each outer step's bytes sent across by rank 0 (metrics.jsonl's sync records).
+std::vector<int64_t> wan_bytes_of(const fs::path& run) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::vector<int64_t> out;
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty())
+      if (auto j = nlohmann::json::parse(line); j.contains("sync")) out.push_back(j.at("sync").at("wan_bytes").get<int64_t>());
+  return out;
+}
+
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -112,9 +123,11 @@ TEST(IslandsTensorParallel, DiLoCoWithTp2InsideTwoIslandsFollowsDiLoCoWithoutTp)
 
 TEST(IslandsTensorParallel, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   IslandsTp f;
-  EXPECT_NE(f.train("stream", 4, {"--parallel.tp=2", "--lowcomm.method=streaming", "--lowcomm.fragments=2"}, true), 0);
-  std::string log = f.log("stream");
-  EXPECT_NE(log.find("inside islands runs lowcomm.method = 'diloco' only, not 'streaming'"), std::string::npos) << log;
+  // (streaming with tp, refused here until session 8, is composed: IslandsStreaming below.)
+  EXPECT_NE(f.train("iso", 4, {"--parallel.tp=2", "--lowcomm.method=isoloco"}, true), 0);
+  std::string log = f.log("iso");
+  EXPECT_NE(log.find("inside islands runs lowcomm.method = 'diloco' or 'streaming', not 'isoloco'"), std::string::npos)
+      << log;
   EXPECT_EQ(log.find("step     1"), std::string::npos) << log;
   EXPECT_NE(f.train("cp", 4, {"--parallel.cp=2"}, true), 0);
   log = f.log("cp");
@@ -155,4 +168,177 @@ TEST(IslandsZero3, DiLoCoWithZero3InsideTheIslandsEqualsDdpInside) {
   // Its per-shard outer state does not go to islands that keep the whole model.
   EXPECT_NE(f.train("z3_cut", 4, {"--parallel.strategy=ddp", "--train.steps=8", "--resume"}, true), 0);
   EXPECT_NE(f.log("z3_cut").find("sharded 2 ways by ZeRO-3"), std::string::npos) << f.log("z3_cut");
+}
+
+// tp x ZeRO-3 inside the islands: 2 islands of dp 2 x tp 2 (8 ranks) under ZeRO-3 against 2
+// islands of 2 DDP ranks (the same batches: dp 2 splits each island's rows alike). Bound: the
+// tp test's above (1e-5 on losses, 1e-4 on parameters: tensor parallelism's partial sums and
+// split softmax, AdamW turning the key bias's rounding noise into lr-sized steps), as ZeRO-3 over
+// 2 ranks adds nothing but the clip coefficient's ulps (IslandsZero3). Faults it catches: the
+// replicated parameters' pieces put back at the wrong places of a shard (agree_over_tp under
+// ZeRO-3), islands exchanging another rank's chunks, or a missed exchange, each far above 1e-4.
+// Then the same with the int8 exchange, stopped mid-round and resumed: bit for bit.
+TEST(IslandsTpZero3, DiLoCoWithTp2AndZero3InsideTwoIslandsFollowsDdpInside) {
+  IslandsTp f;
+  // block_size 160: the positions table (replicated under tp) then straddles the half of the
+  // bottom root unit, whose size differs by tp rank (the vocabulary's 257 rows split 128 + 129),
+  // so the two tp ranks' ZeRO-3 chunks cut it at different rows (15.5 and 16): their pieces of
+  // its pseudo-gradient must be made whole over dp before tp rank 0's are broadcast.
+  const std::vector<std::string> bs = {"--model.block_size=160"};
+  ASSERT_EQ(f.train("ddp", 4, with(bs, {"--parallel.strategy=ddp"})), 0);
+  const std::vector<std::string> tz = with(bs, {"--parallel.strategy=zero3", "--parallel.tp=2"});
+  ASSERT_EQ(f.train("tz", 8, with(tz, {"--checkpoint.every=1"})), 0);
+  const std::string log = f.log("tz");
+  EXPECT_NE(log.find("islands: diloco over 2 islands"), std::string::npos) << log;
+  EXPECT_NE(log.find("tp=2"), std::string::npos) << log;
+  EXPECT_NE(log.find("zero3 over 2 ranks"), std::string::npos) << log;
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "tz");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_LT(a.back(), a.front()) << "the loss must fall";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const auto pa = model_of(f.ckpt("ddp", 6)), pb = model_of(f.ckpt("tz", 6));
+  ASSERT_EQ(pa.size(), pb.size()) << "the tp x zero3 checkpoint holds the whole model";
+  const double d = rel_diff(pb, pa);
+  std::printf("DiLoCo over 2 islands of tp2 x zero3 (dp 2) vs of 2 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt("tz", step)), model_of(f.ckpt("tz", step))), 0.0) << step;
+  EXPECT_GT(rel_diff(island1_of(f.ckpt("tz", 4)), model_of(f.ckpt("tz", 4))), 0.0) << "islands equal mid-round";
+  const TensorFile opt = load_safetensors((f.ckpt("tz", 4) / "optimizer.safetensors").string());
+  EXPECT_NE(opt.find("lowcomm.shard.rank3.global"), nullptr) << "the outer state is not per shard (4 per island)";
+
+  // int8 exchange (per-rank error feedback), stopped after step 4 and resumed: bit for bit.
+  const auto t8 = with(tz, {"--lowcomm.exchange=int8"});
+  ASSERT_EQ(f.train("int8", 8, t8), 0);
+  ASSERT_EQ(f.train("int8_cut", 8, with(t8, {"--train.stop_after=4"})), 0);
+  ASSERT_EQ(f.train("int8_cut", 8, with(t8, {"--resume"})), 0);
+  EXPECT_NE(f.log("int8_cut").find("resumed from"), std::string::npos) << f.log("int8_cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("int8_cut", 6)), model_of(f.ckpt("int8", 6))), 0.0);
+  const auto c = metric_values(f.root / "int8"), e = metric_values(f.root / "int8_cut");
+  ASSERT_EQ(c.size(), 6u);
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], e[i]) << "step " << i + 1;
+  // Islands that keep whole tp shards cannot take its per-shard outer state.
+  EXPECT_NE(f.train("int8_cut", 8, with(bs, {"--parallel.strategy=ddp", "--parallel.tp=2", "--lowcomm.exchange=int8",
+                                              "--train.steps=8", "--resume"}), true), 0);
+  EXPECT_NE(f.log("int8_cut").find("sharded 4 ways by ZeRO-3"), std::string::npos) << f.log("int8_cut");
+}
+
+// HSDP inside the islands: 2 islands of 2 replicas x 2 shards (8 ranks) against 2 islands of 4
+// DDP ranks, the same batches (dp 4 either way). Each replica holds the same chunks, so each
+// sends half of its chunks' pseudo-gradient across (lowcomm/sharded_islands.cpp) and the WAN
+// carries what DDP's 4 ranks send (a quarter of the model each): checked on rank 0's bytes,
+// which double if the replicas each send their whole chunks. Bound: the gradient is summed over
+// 4 ranks in another order (a reduce-scatter over 2 shards, then an all-reduce over 2 replicas,
+// against DDP's 4-rank ring), a few ulps apart, and AdamW's normalised step turns the gradients
+// that are pure rounding noise (the attention's key bias, which the softmax ignores) into
+// lr-sized steps, as under tp above: 1e-4 on the parameters, 1e-5 on the losses; a missed
+// exchange, another rank's chunks, or islands apart change each outer step's mean far above.
+TEST(IslandsHsdp, DiLoCoWithHsdpInsideTwoIslandsFollowsDdpInside) {
+  IslandsTp f;
+  ASSERT_EQ(f.train("ddp", 8, {"--parallel.strategy=ddp"}), 0);
+  const std::vector<std::string> h = {"--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2"};
+  ASSERT_EQ(f.train("hsdp", 8, with(h, {"--checkpoint.every=1"})), 0);
+  EXPECT_NE(f.log("hsdp").find("hsdp"), std::string::npos) << f.log("hsdp");
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "hsdp");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_LT(a.back(), a.front()) << "the loss must fall";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const auto pa = model_of(f.ckpt("ddp", 6)), pb = model_of(f.ckpt("hsdp", 6));
+  ASSERT_EQ(pa.size(), pb.size());
+  const double d = rel_diff(pb, pa);
+  std::printf("DiLoCo over 2 islands of hsdp (2 x 2) vs of 4 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt("hsdp", step)), model_of(f.ckpt("hsdp", step))), 0.0) << step;
+  EXPECT_GT(rel_diff(island1_of(f.ckpt("hsdp", 4)), model_of(f.ckpt("hsdp", 4))), 0.0) << "islands equal mid-round";
+  const TensorFile opt = load_safetensors((f.ckpt("hsdp", 4) / "optimizer.safetensors").string());
+  EXPECT_NE(opt.find("lowcomm.shard.rank3.global"), nullptr) << "the outer state is not per shard";
+  const auto wa = wan_bytes_of(f.root / "ddp"), wb = wan_bytes_of(f.root / "hsdp");
+  ASSERT_EQ(wa.size(), 2u);
+  ASSERT_EQ(wb.size(), 2u);
+  // Within 1%: the shares are padded to equal chunks (a few elements per bucket).
+  std::printf("bytes across per outer step, rank 0: ddp %lld, hsdp %lld\n", (long long)wa[0], (long long)wb[0]);
+  EXPECT_NEAR(double(wb[0]), double(wa[0]), 0.01 * double(wa[0]));
+  // Stopped mid-round and resumed: bit for bit.
+  ASSERT_EQ(f.train("hsdp_cut", 8, with(h, {"--train.stop_after=4"})), 0);
+  ASSERT_EQ(f.train("hsdp_cut", 8, with(h, {"--resume"})), 0);
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("hsdp_cut", 6)), model_of(f.ckpt("hsdp", 6))), 0.0);
+  const auto c = metric_values(f.root / "hsdp_cut");
+  ASSERT_EQ(c.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], b[i]) << "step " << i + 1;
+}
+
+// Streaming DiLoCo (2 fragments, each exchange applied one inner step later, mixing 0.5) with
+// ranks that hold shards: tp 2 inside 2 islands against no tp (bound: the tp test's above, 1e-5
+// on losses, 1e-4 on parameters, for the same reasons), ZeRO-3 inside against DDP inside (2
+// ranks each: exact sums as IslandsZero3, 1e-6), tp 2 x ZeRO-3 against DDP (1e-4), and ZeRO-3 stopped while fragment 0's exchange
+// is in flight (after step 4; its mean is saved per shard) and resumed: bit for bit. A fragment
+// exchanged from the wrong places of a shard, its mean applied elsewhere, or a pending exchange
+// lost at the resume, moves these far beyond the bounds.
+TEST(IslandsStreaming, WithTpOrZero3InsideTheIslandsFollowsTheSameWithout) {
+  IslandsTp f;
+  // block_size 160: the tp ranks' ZeRO-3 chunks cut the positions table at different rows
+  // (IslandsTpZero3), for the tp x zero3 run below.
+  const std::vector<std::string> st = {"--lowcomm.method=streaming", "--lowcomm.fragments=2",
+                                       "--lowcomm.overlap_steps=1", "--lowcomm.mixing=0.5", "--model.block_size=160"};
+  ASSERT_EQ(f.train("plain", 2, st), 0);
+  ASSERT_EQ(f.train("tp", 4, with(st, {"--parallel.tp=2"})), 0);
+  EXPECT_NE(f.log("tp").find("islands: streaming over 2 islands"), std::string::npos) << f.log("tp");
+  auto a = metric_values(f.root / "plain"), b = metric_values(f.root / "tp");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_LT(a.back(), a.front()) << "the loss must fall";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  double d = rel_diff(model_of(f.ckpt("tp", 6)), model_of(f.ckpt("plain", 6)));
+  std::printf("streaming over 2 islands of tp2 vs of one rank: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+
+  ASSERT_EQ(f.train("ddp", 4, with(st, {"--parallel.strategy=ddp"})), 0);
+  const auto z3 = with(st, {"--parallel.strategy=zero3"});
+  ASSERT_EQ(f.train("z3", 4, z3), 0);
+  a = metric_values(f.root / "ddp");
+  b = metric_values(f.root / "z3");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  d = rel_diff(model_of(f.ckpt("z3", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("streaming over 2 islands of 2 ranks, zero3 vs ddp inside: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-6);
+  // tp x ZeRO-3 (8 ranks) against ddp inside: tp's bound, 1e-4.
+  ASSERT_EQ(f.train("tz", 8, with(z3, {"--parallel.tp=2"})), 0);
+  const auto t = metric_values(f.root / "tz");
+  ASSERT_EQ(t.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(t[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  d = rel_diff(model_of(f.ckpt("tz", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("streaming over 2 islands of tp2 x zero3 vs of 2 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  ASSERT_EQ(f.train("z3_cut", 4, with(z3, {"--train.stop_after=4"})), 0);
+  const TensorFile opt = load_safetensors((f.ckpt("z3_cut", 4) / "optimizer.safetensors").string());
+  EXPECT_NE(opt.find("lowcomm.pending.rank1.0"), nullptr) << "no exchange in flight saved per shard";
+  ASSERT_EQ(f.train("z3_cut", 4, with(z3, {"--resume"})), 0);
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("z3_cut", 6)), model_of(f.ckpt("z3", 6))), 0.0);
+  const auto c = metric_values(f.root / "z3_cut");
+  ASSERT_EQ(c.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], b[i]) << "step " << i + 1;
+}
+
+// IsoLoCo with ZeRO-3 inside the islands: the shard group makes the merged matrices whole for
+// Iso-C's SVD, each rank keeps its pieces of the merge. Against IsoLoCo with DDP inside (2
+// ranks per island): the same means (exact 2-term sums, as IslandsZero3) go into the same
+// deterministic Iso-C, so the bound is IslandsZero3's 1e-6; Iso-C taken on the chunks instead
+// of the whole matrices, or skipped, moves every outer step's update by its whole size.
+TEST(IslandsIsoLoCo, IsoCWithZero3InsideTheIslandsEqualsDdpInside) {
+  IslandsTp f;
+  ASSERT_EQ(f.train("ddp", 4, {"--lowcomm.method=isoloco", "--parallel.strategy=ddp"}), 0);
+  ASSERT_EQ(f.train("z3", 4, {"--lowcomm.method=isoloco", "--parallel.strategy=zero3"}), 0);
+  EXPECT_NE(f.log("z3").find("merge iso_c"), std::string::npos) << f.log("z3");
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "z3");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_LT(a.back(), a.front()) << "the loss must fall";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  const double d = rel_diff(model_of(f.ckpt("z3", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("isoloco over 2 islands of 2 ranks, zero3 vs ddp inside: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-6);
 }
