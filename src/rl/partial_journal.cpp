@@ -11,6 +11,7 @@
 // process's round journals (every logged line recomputed and checked, the rest appended), so its
 // batch, and every later one of the stream, is the no-fault run's token for token.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -96,6 +97,7 @@ RolloutBatch RlEngine::journaled_partial(const nn::Model& gen, PartialRollouts& 
   const uint64_t key = weights_hash(values_of(gen)) ^ mix3(seed, uint64_t(version), 7);
   const std::string base = fmt::format("rollouts_r{}_s{}_v{}_{:016x}_partial", seed_rank, step, version, key);
   WorkerStats total;
+  const auto t0 = std::chrono::steady_clock::now();
   auto round_gen = [&](const std::vector<std::vector<int32_t>>& rows, const std::vector<int64_t>& ids,
                        const nn::SamplingConfig& s, int64_t round) {
     std::vector<RolloutRequest> reqs;
@@ -103,7 +105,9 @@ RolloutBatch RlEngine::journaled_partial(const nn::Model& gen, PartialRollouts& 
     const std::string path = (fs::path(c_.journal_dir) / fmt::format("{}_p{}.journal", base, round)).string();
     RolloutWorker w(gen, s, c_.partial_tokens);
     const int64_t die = journal_die_after > 0 ? journal_die_after - journal_sampled_ : 0;
+    const double before = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const WorkerStats st = w.run_batched(reqs, path, die);
+    if (total.first_token_s < 0 && st.first_token_s >= 0) total.first_token_s = before + st.first_token_s;
     journal_sampled_ += st.sampled_tokens;
     total.fresh += st.fresh;
     total.resumed += st.resumed;
