@@ -64,7 +64,7 @@ RlEngine::~RlEngine() {
   // unwinds: the push could wait on a broken job, which `atoll launch` ends anyway.
   if (channel_ && !rollout_rank_ && !stopped_ && std::uncaught_exceptions() == 0) {
     try {
-      PushHeader h{calls_, rl_steps_, true};
+      PushHeader h{calls_, rl_steps_, true, {}};
       channel_->push(h);
     } catch (const std::exception& e) {
       log::warn("rl: could not tell the rollout ranks to stop: {}", e.what());
@@ -295,7 +295,7 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   const std::vector<Tensor> params = param_values(*policy_);
   pushed_hash_[updates] = weights_hash(params);
   while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
-  PushHeader h{updates, rl_steps_, false};
+  PushHeader h{updates, rl_steps_, false, {}};
   h.pools = std::move(resume_pools_);  // a resumed run's carried pools, with its first push only
   resume_pools_.clear();
   double wait_s = 0;

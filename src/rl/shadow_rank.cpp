@@ -31,7 +31,7 @@ void RlEngine::serve_shadow() {
   // rank generates step k+1's batch with version k while the trainers train step k; dying there, it
   // leaves a journal that needs version k's weights after version k+1 has arrived.
   std::map<int64_t, std::unique_ptr<nn::Model>> held;
-  PushHeader last{-1, -1, false}, before{-1, -1, false};
+  PushHeader last{-1, -1, false, {}}, before{-1, -1, false, {}};
   std::set<int> adopted;                                          // slots whose rank died
   std::map<int, std::pair<int64_t, std::vector<int32_t>>> ready;  // trainer -> (RL step, payload)
   std::set<int> pooled;  // partial rollouts: streams whose carried pool was taken from the dead rank's files
