@@ -33,13 +33,13 @@ struct JobRun {
 };
 
 JobRun launch(const std::filesystem::path& root, const std::string& name, const std::vector<std::string>& extra,
-           int ranks = 4, int steps = 8) {
+           int ranks = 4, int steps = 8, int staleness = 0) {
   const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
   const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
   std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", std::to_string(ranks), "--outlive", "1",
                                    "--timeout", "60", "--", atoll, "train", cfg, "--run.dir=" + (root / name).string(),
                                    "--train.steps=" + std::to_string(steps), "--rl.sft_steps=3", "--rl.prompts=4", "--rl.group_size=4",
-                                   "--rl.partial_tokens=1", "--rl.max_staleness=0", "--eval.every=0", "--sample.every=0",
+                                   "--rl.partial_tokens=1", "--rl.max_staleness=" + std::to_string(staleness), "--eval.every=0", "--sample.every=0",
                                    "--hardware.peak_gflops=1", "--rl.placement=disaggregated", "--rl.rollout_ranks=1",
                                    "--checkpoint.every=4"};
   if (ranks == 4)
@@ -86,9 +86,10 @@ std::filesystem::path fresh_root(const std::string& what) {
 // below, so a change in the token counts shows up as a failed precondition, not a weaker test).
 constexpr int64_t kKill = 345;
 
-TEST(RlPartialDisaggregated, ShadowTakesOverARolloutRankHoldingCarriedRollouts) {
-  const auto root = fresh_root("shadow");
-  const JobRun a = launch(root, "a", {}), b = launch(root, "b", {"--fault.rl_kill_after_tokens=" + std::to_string(kKill)});
+void shadow_takeover(int staleness) {
+  const auto root = fresh_root("shadow" + std::to_string(staleness));
+  const JobRun a = launch(root, "a", {}, 4, 8, staleness),
+               b = launch(root, "b", {"--fault.rl_kill_after_tokens=" + std::to_string(kKill)}, 4, 8, staleness);
   ASSERT_EQ(a.rc, 0) << a.out;
   EXPECT_EQ(a.out.find("takes over"), std::string::npos) << a.out;
   ASSERT_EQ(b.rc, 0) << "the job did not outlive its rollout rank: " << b.out;
@@ -99,15 +100,27 @@ TEST(RlPartialDisaggregated, ShadowTakesOverARolloutRankHoldingCarriedRollouts) 
   ASSERT_NE(at, std::string::npos) << b.out;
   const int64_t step = std::stoll(b.out.substr(at + said.size()));
   ASSERT_GE(step, 1) << "the rank died before any rollout was carried: " << b.out;
-  // The step the shadow took over trained on rollouts begun before it (trainer 0's metrics).
-  ASSERT_TRUE(a.rl.count(4 + step)) << a.out;
-  ASSERT_GT(a.rl.at(4 + step).at("partial_samples").get<int64_t>(), 0) << "no carried rollout in the taken-over step";
+  // On policy step 1 is generated with version 4; one step off, with version 3 (kept by the shadow).
+  EXPECT_NE(b.out.find(said + "1 (version " + std::to_string(4 - staleness) + ")"), std::string::npos) << b.out;
+  // On policy the step the shadow took over trains rollouts begun under an older version
+  // (trainer 0's metrics); one step off steps 0 and 1 share version 3, so rollouts carried through
+  // the shadow's adopted pool show two versions from step 2 on.
+  ASSERT_TRUE(a.rl.count(4 + step + staleness)) << a.out;
+  ASSERT_GT(a.rl.at(4 + step + staleness).at("partial_samples").get<int64_t>(), 0)
+      << "no rollout carried across an update through the taken-over stream";
   EXPECT_NE(b.out.find("continued over a journal"), std::string::npos) << "the dead rank's lines were not continued";
   ASSERT_EQ(b.rl.size(), 5u) << "the job did not run to its end: " << b.out;
   expect_equal_steps(a, b, 0);
   EXPECT_GE(b.rl.rbegin()->second.at("from_shadow").get<int64_t>(), 1);
   std::filesystem::remove_all(root);
 }
+
+// On policy: the rank dies mid-round of trainer 0's RL step 1 batch (version 4).
+TEST(RlPartialDisaggregated, ShadowTakesOverARolloutRankHoldingCarriedRollouts) { shadow_takeover(0); }
+
+// One step off: the same token count falls while the rank pre-generates step 1 with version 3
+// (the trainers are at version 4): the shadow continues it with the version-3 weights it kept.
+TEST(RlPartialDisaggregated, ShadowTakesOverARolloutRankHoldingCarriedRolloutsOneStepOff) { shadow_takeover(1); }
 
 TEST(RlPartialDisaggregated, TrainerDeathStopsTheJobNamingItAndTheResumeContinuesTheSameRollouts) {
   const auto root = fresh_root("trainer");
