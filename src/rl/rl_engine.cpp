@@ -346,9 +346,9 @@ void RlEngine::serve() {
       // Trainer 0 gone, or the job stopping after another trainer's death: name the trainer.
       const int t = channel_->dead_trainer();
       if (t < 0) throw;
-      fail("rl: rollout rank {} stops: trainer rank {} died ({}); the trainers are one data-parallel group, so "
-                 "the job resumes from its last checkpoint",
-                 rank_, t, e.what());
+      fail("rl: rollout rank {} stops: trainer rank {} died ({}); the trainers are one data-parallel group, so the "
+           "job resumes from its last checkpoint",
+           rank_, t, e.what());
     }
     if (h.stop) break;
     if (!h.pools.empty()) take_resume_pools(h);
