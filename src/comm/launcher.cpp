@@ -227,6 +227,23 @@ int launch(const LaunchOptions& o) {
     kill_at = term_at + Millis(3000);
   };
 
+  // A job may declare the ranks it can go on without (`launch/outlivable/<rank>`, with
+  // `launch/outlive_declared`: an RL job's rollout ranks, rl/shadow_channel.cpp); another rank's
+  // failure then stops the job at once, naming it, whatever --outlive allows.
+  auto outlive_refused = [&](int rank, int pid, int st) {
+    try {
+      if (!store->check({"launch/outlive_declared"}) || store->check({"launch/outlivable/" + std::to_string(rank)}))
+        return false;
+      const std::string why = store->try_get("launch/outlive_declared").value_or("");
+      begin_teardown(fmt::format("rank {} (pid {}) {}; the job cannot go on without it ({})", rank, pid,
+                                 describe_status(st), why),
+                     false);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+
   char buf[65536];
   for (;;) {
     std::vector<pollfd> pfds;
@@ -274,7 +291,7 @@ int launch(const LaunchOptions& o) {
             c.exited = false;
             c.pid = spawn(again, c, c.rank - o.node_rank * o.nproc_per_node, port, master_port);
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && outlived < o.outlive && failure.empty() &&
-                     !g_interrupted) {
+                     !g_interrupted && !outlive_refused(c.rank, int(c.pid), st)) {
             ++outlived;
             std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; the job goes on without it (%d of %d)\n", c.rank,
                          int(c.pid), describe_status(st).c_str(), outlived, o.outlive);

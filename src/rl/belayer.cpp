@@ -30,7 +30,10 @@ JournalState JournalState::read(const std::string& path) {
     char kind = 0;
     int64_t id = 0, v = 0;
     in >> kind >> id >> v;
-    ATOLL_CHECK(in && (kind == 'T' || kind == 'D'), "rollout journal {}: bad line '{}'", path, line);
+    // Nothing may follow the three fields: a torn line with a new one appended to it ("T 3 1T 3 5;")
+    // is a bad line, never a token (run() cuts a torn last line before it appends).
+    ATOLL_CHECK(in && (kind == 'T' || kind == 'D') && (in >> std::ws).eof(), "rollout journal {}: bad line '{}'", path,
+                line);
     Entry& e = j.requests[id];
     ATOLL_CHECK(!e.done, "rollout journal {}: request {} has a line after it finished", path, id);
     if (kind == 'T') e.tokens.push_back(int32_t(v));
@@ -49,6 +52,15 @@ RolloutWorker::RolloutWorker(const nn::Model& model, nn::SamplingConfig s, int64
 namespace {
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A kill mid-write leaves the journal's last line without its newline: cut it, so that the next
+// append starts a line of its own (the token it held is sampled again, from the same state).
+void cut_torn_tail(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  if (keep < text.size()) std::filesystem::resize_file(path, keep);
 }
 }  // namespace
 
@@ -80,6 +92,7 @@ WorkerStats RolloutWorker::run(const std::vector<RolloutRequest>& reqs, const st
   NoGradGuard ng;
   const auto t0 = std::chrono::steady_clock::now();
   const JournalState js = JournalState::read(path);
+  if (js.torn_lines > 0) cut_torn_tail(path);  // appending to it would glue the next line on
   WorkerStats st;
   st.journal_s = since(t0);
   std::FILE* f = std::fopen(path.c_str(), "a");
@@ -278,7 +291,8 @@ int64_t JournalFollower::poll() {
     char kind = 0;
     int64_t id = 0, v = 0;
     in >> kind >> id >> v;
-    ATOLL_CHECK(in && (kind == 'T' || kind == 'D'), "rollout journal {}: bad line '{}'", path_, line);
+    ATOLL_CHECK(in && (kind == 'T' || kind == 'D') && (in >> std::ws).eof(), "rollout journal {}: bad line '{}'", path_,
+                line);
     if (kind == 'D') {
       if (live_ && live_->id == id) live_.reset();
       tokens_.clear();

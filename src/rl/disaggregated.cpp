@@ -69,6 +69,57 @@ constexpr int32_t kMagic = 0x524c4231;  // "RLB1"
 
 }  // namespace
 
+void push_header(comm::Communicator& g, PushHeader& h, bool root) {
+  Tensor hdr = Tensor::zeros({4}, DType::i64);
+  auto* v = hdr.data<int64_t>();
+  if (root) {
+    v[0] = h.version;
+    v[1] = h.rl_step;
+    v[2] = h.stop ? 1 : 0;
+    v[3] = int64_t(h.pools.size());
+  }
+  g.broadcast(hdr, 0);
+  if (v[3] > 0) {  // a resumed run's carried pools, once
+    Tensor w = Tensor::zeros({v[3]}, DType::i32);
+    if (root) std::memcpy(w.i32(), h.pools.data(), h.pools.size() * 4);
+    g.broadcast(w, 0);
+    if (!root) h.pools.assign(w.i32(), w.i32() + v[3]);
+  } else if (!root) {
+    h.pools.clear();
+  }
+  if (!root) {
+    h.version = v[0];
+    h.rl_step = v[1];
+    h.stop = v[2] != 0;
+  }
+}
+
+std::vector<int32_t> encode_pools(const std::map<int, std::vector<int32_t>>& pools) {
+  std::vector<int32_t> w = {int32_t(pools.size())};
+  for (const auto& [t, words] : pools) {
+    w.push_back(t);
+    w.push_back(int32_t(words.size()));
+    w.insert(w.end(), words.begin(), words.end());
+  }
+  return w;
+}
+
+std::map<int, std::vector<int32_t>> decode_pools(const std::vector<int32_t>& w) {
+  std::map<int, std::vector<int32_t>> out;
+  size_t at = 0;
+  ATOLL_CHECK(!w.empty() && w[0] >= 0, "rl: a push's carried pools are malformed");
+  for (int32_t n = w[at++]; n > 0; --n) {
+    ATOLL_CHECK(at + 2 <= w.size() && w[at + 1] >= 0 && at + 2 + size_t(w[at + 1]) <= w.size(),
+                "rl: a push's carried pools end early (word {} of {})", at, w.size());
+    const int t = w[at];
+    const size_t len = size_t(w[at + 1]);
+    out[t].assign(w.begin() + std::ptrdiff_t(at + 2), w.begin() + std::ptrdiff_t(at + 2 + len));
+    at += 2 + len;
+  }
+  ATOLL_CHECK(at == w.size(), "rl: a push's carried pools have {} words past their end", w.size() - at);
+  return out;
+}
+
 uint64_t weights_hash(const std::vector<Tensor>& tensors) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (const Tensor& t : tensors) {
@@ -118,15 +169,7 @@ SyncStats RolloutChannel::push(PushHeader& h, double* header_wait_s) {
   SyncStats st;
   if (!push_) return st;
   const double t0 = now_s();
-  Tensor hdr = Tensor::zeros({3}, DType::i64);
-  auto* v = hdr.data<int64_t>();
-  if (push_->rank() == 0) {
-    v[0] = h.version;
-    v[1] = h.rl_step;
-    v[2] = h.stop ? 1 : 0;
-  }
-  push_->broadcast(hdr, 0);
-  h = {v[0], v[1], v[2] != 0};
+  push_header(*push_, h, push_->rank() == 0);
   if (header_wait_s) *header_wait_s = now_s() - t0;
   if (h.stop) return st;
   return sync_->broadcast(*push_, 0);
@@ -183,6 +226,7 @@ std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_has
   std::vector<int32_t> lp(size_t(b.old_logp.numel()));
   std::memcpy(lp.data(), b.old_logp.f32(), lp.size() * 4);  // the behaviour log-probs' bits
   w.ids(lp);
+  w.ids(b.carried);
   return std::move(w.w);
 }
 
@@ -215,6 +259,7 @@ RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weight
   ATOLL_CHECK(int64_t(lp.size()) == b.B * b.T, "rl: a rollout payload's log-probs ({}) do not fit its batch [{},{}]",
               lp.size(), b.B, b.T);
   std::memcpy(b.old_logp.f32(), lp.data(), lp.size() * 4);
+  b.carried = r.ids();
   ATOLL_CHECK(r.at == words.size(), "rl: a rollout payload has {} words past its end", words.size() - r.at);
   b.policy_version = version;
   b.gen_version = gen_version;

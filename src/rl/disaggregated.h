@@ -31,7 +31,14 @@ struct PushHeader {
   int64_t version = 0;  // optimizer steps the pushed weights have taken
   int64_t rl_step = 0;  // the RL step whose rollouts the receivers generate next
   bool stop = false;    // the run is over: rollout ranks return
+  // A resumed run's first push: every trainer stream's carried partial-rollout pool from the
+  // checkpoint (encode_pools), which the rollout ranks continue. Empty otherwise.
+  std::vector<int32_t> pools;
 };
+
+// Pools by trainer stream as one word vector for the push, and back.
+std::vector<int32_t> encode_pools(const std::map<int, std::vector<int32_t>>& pools);
+std::map<int, std::vector<int32_t>> decode_pools(const std::vector<int32_t>& words);
 
 class RolloutChannel {
  public:
@@ -69,6 +76,8 @@ class RolloutChannel {
   // Sends trainer's batch of rl_step over their pair (the trainer's question, if any, is answered).
   void shadow_send(int trainer, const std::vector<int32_t>& words, int64_t rl_step);
   bool answered(int trainer, int64_t rl_step) const { return answered_.count({trainer, rl_step}) > 0; }
+  // The lowest trainer rank the job's store knows dead, or -1 (shadow mode; -1 without a store).
+  int dead_trainer();
   // Trainers: how many batches this trainer took from the shadow.
   int64_t from_shadow() const { return from_shadow_; }
 
@@ -93,6 +102,9 @@ class RolloutChannel {
   int64_t pushes_ = 0, from_shadow_ = 0, seen_events_ = -1;
   std::set<std::pair<int, int64_t>> answered_;  // shadow: questions returned
 };
+
+// The push's header (and a resumed run's pools) from g's rank 0, `root` there.
+void push_header(comm::Communicator& g, PushHeader& h, bool root);
 
 // A batch of scored rollouts as words for the exchange: each sample's prompt, completion, stop,
 // group, reward and problem, the behaviour log-probs [B*T], the generating version, a hash of the

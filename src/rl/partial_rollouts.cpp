@@ -28,7 +28,8 @@ bool PartialRollouts::Group::complete() const {
   return std::all_of(seqs.begin(), seqs.end(), [](const Seq& s) { return s.done; });
 }
 
-RolloutBatch PartialRollouts::step(const nn::Model& gen, int64_t version, Rng& draw, uint64_t seed) {
+RolloutBatch PartialRollouts::step(const nn::Model& gen, int64_t version, Rng& draw, uint64_t seed,
+                                   const RoundGen& round_gen) {
   ATOLL_CHECK(c_.partial_tokens > 0, "rl: partial rollouts need rl.partial_tokens > 0");
   const auto& policy = dynamic_cast<const nn::PolicyModel&>(gen);
   nn::SamplingConfig s;
@@ -53,17 +54,21 @@ RolloutBatch PartialRollouts::step(const nn::Model& gen, int64_t version, Rng& d
     // One round over every unfinished rollout: its prefix is its prompt (+ what it has so far).
     std::vector<Seq*> live;
     std::vector<std::vector<int32_t>> rows;
+    std::vector<int64_t> ids;
     for (Group& g : pool_)
-      for (Seq& q : g.seqs)
-        if (!q.done) {
+      for (size_t k = 0; k < g.seqs.size(); ++k)
+        if (Seq& q = g.seqs[k]; !q.done) {
           live.push_back(&q);
+          ids.push_back(g.uid * c_.group_size + int64_t(k));
           std::vector<int32_t> row = q.prompt;
           row.insert(row.end(), q.completion.begin(), q.completion.end());
           rows.push_back(std::move(row));
         }
     s.seed = mix2(seed, uint64_t(round));
     double t0 = now_s();
-    auto comps = policy.generate_batch(rows, c_.partial_tokens, s);
+    auto comps = round_gen ? round_gen(rows, ids, s, round) : policy.generate_batch(rows, c_.partial_tokens, s);
+    ATOLL_CHECK(comps.size() == rows.size(), "rl: a partial round returned {} completions for {} rollouts", comps.size(),
+                rows.size());
     gen_s += now_s() - t0;
     t0 = now_s();
     std::vector<size_t> before(live.size());

@@ -21,6 +21,11 @@
 // at v: ratio exactly 1), for older tokens the value scored when they were sampled. The clipped
 // ratio pi_theta / pi_behaviour(token) is then the per-token importance correction, as in async; a
 // sample's policy_version is its oldest token's (the staleness), gen_version its newest.
+// Journal (rl.journal_dir, Belayer): each round may be generated through a caller's function (the
+// engine journals it with RolloutWorker::run_batched, the same calls as generate_batch, so the
+// tokens are the unjournaled ones bit for bit); a rollout's requests are named uid * group_size + k
+// in every round of every step, so a rollout carried across updates keeps one journal id and its
+// lines over the rounds concatenate to its completion.
 // Checkpoints: the carried groups (every token, behaviour log-prob bit and version) and the uid
 // counter are saved as int32 words (save/load), so a resumed run continues them bit for bit.
 #pragma once
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "nn/model.h"
+#include "nn/policy_model.h"
 #include "rl/rollout.h"
 #include "rl/verifiable_task.h"
 
@@ -47,7 +53,12 @@ class PartialRollouts {
   PartialRollouts(PartialRolloutConfig c, const VerifiableTask& task) : c_(c), task_(task) {}
   // Rounds until rl.prompts groups are complete, with `gen` at `version`; prompts from `draw`,
   // sampling streams from `seed`. The batch's old_logp is the behaviour log-probs (see above).
-  RolloutBatch step(const nn::Model& gen, int64_t version, Rng& draw, uint64_t seed);
+  // round_gen: generates one round instead of generate_batch (rows: each live rollout's prompt +
+  // completion so far; ids: their journal ids; s: the round's sampling, s.seed its stream).
+  using RoundGen = std::function<std::vector<nn::PolicyModel::Completion>(
+      const std::vector<std::vector<int32_t>>& rows, const std::vector<int64_t>& ids, const nn::SamplingConfig& s,
+      int64_t round)>;
+  RolloutBatch step(const nn::Model& gen, int64_t version, Rng& draw, uint64_t seed, const RoundGen& round_gen = {});
   // Groups carried (unfinished) into the next step.
   int64_t carried_groups() const { return int64_t(pool_.size()); }
   int64_t rounds_per_group() const { return (c_.max_new + c_.partial_tokens - 1) / c_.partial_tokens; }

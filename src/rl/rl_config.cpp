@@ -42,9 +42,8 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
               c.where("rl.partial_tokens"));
   r.sync_bucket_mb = c.get_float("rl.sync_bucket_mb", r.sync_bucket_mb, 1e-3, 1024.0);
   r.journal_dir = c.get_string("rl.journal_dir", r.journal_dir);
-  ATOLL_CHECK(r.journal_dir.empty() || r.partial_tokens == 0,
-              "rl.journal_dir ({}) is not for partial rollouts (rl.partial_tokens > 0): their rounds are not journaled",
-              c.where("rl.journal_dir"));
+  // With partial rollouts (rl.partial_tokens > 0) each round is journaled as a batch and the carried
+  // pool written beside the journals (rl/partial_journal.cpp).
   // Batched journal decoding (RolloutWorker::run_batched): the same tokens as without a journal.
   r.journal_batched = c.get_bool("rl.journal_batched", r.journal_batched);
   ATOLL_CHECK(!r.journal_batched || !r.journal_dir.empty(), "rl.journal_batched ({}) needs rl.journal_dir",
@@ -55,6 +54,10 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   ATOLL_CHECK(r.kill_after_tokens == 0 || !r.journal_dir.empty(),
               "fault.rl_kill_after_tokens ({}) needs rl.journal_dir: only journaled rollouts can be taken over",
               c.where("fault.rl_kill_after_tokens"));
+  r.kill_trainer = c.get_int("fault.rl_kill_trainer", 0, 0, 4095);
+  r.kill_trainer_step = c.get_int("fault.rl_kill_trainer_step", 0, 0, int64_t(1) << 40);
+  ATOLL_CHECK(r.kill_trainer == 0 || r.kill_trainer_step > 0, "fault.rl_kill_trainer ({}) needs "
+              "fault.rl_kill_trainer_step: the step at which that trainer dies", c.where("fault.rl_kill_trainer"));
   // Belayer's live takeover (rl/shadow_rank.h): the job's last rank follows the pushes and continues
   // a dead rollout rank's journal inside the running job.
   r.shadow_ranks = c.get_int("rl.shadow_ranks", r.shadow_ranks, 0, 1);

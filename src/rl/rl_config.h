@@ -35,6 +35,9 @@ struct RlConfig {
   std::string journal_dir;  // non-empty: rollouts generated through Belayer's journal there (rl/belayer.h)
   bool journal_batched = false;  // the journaled batch decoded together, bitwise the unjournaled one
   int64_t kill_after_tokens = 0;  // [fault] rl_kill_after_tokens: the journaling process dies (SIGKILL) after so many
+  // [fault] rl_kill_trainer_step = S > 0 (tests): trainer rank rl_kill_trainer SIGKILLs itself as it
+  // asks for the batch of its step S (disaggregated: the job stops naming it, docs/rl.md).
+  int64_t kill_trainer = 0, kill_trainer_step = 0;
   uint64_t seed = 1;
 
   static RlConfig from_config(Config& c, uint64_t seed);

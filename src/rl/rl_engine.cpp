@@ -1,6 +1,7 @@
 #include "rl/rl_engine.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -63,7 +64,7 @@ RlEngine::~RlEngine() {
   // unwinds: the push could wait on a broken job, which `atoll launch` ends anyway.
   if (channel_ && !rollout_rank_ && !stopped_ && std::uncaught_exceptions() == 0) {
     try {
-      PushHeader h{calls_, rl_steps_, true};
+      PushHeader h{calls_, rl_steps_, true, {}};
       channel_->push(h);
     } catch (const std::exception& e) {
       log::warn("rl: could not tell the rollout ranks to stop: {}", e.what());
@@ -141,7 +142,10 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   const uint64_t seed = mix(c_.seed, uint64_t(step), uint64_t(seed_rank));
   Rng rng(seed, 5);
   if (c_.partial_tokens > 0) {
-    RolloutBatch b = pool_for(seed_rank).step(gen, version, rng, seed ^ 0x5eed);
+    PartialRollouts& pool = pool_for(seed_rank);
+    RolloutBatch b = c_.journal_dir.empty() ? pool.step(gen, version, rng, seed ^ 0x5eed)
+                                            : journaled_partial(gen, pool, step, seed_rank, version, rng, seed ^ 0x5eed);
+    if (channel_ && rollout_rank_) b.carried = pool.save();  // for the trainers' checkpoints
     if (with_ref) b.ref_logp = score_logprobs(*ref_, b);
     return b;
   }
@@ -291,7 +295,9 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   const std::vector<Tensor> params = param_values(*policy_);
   pushed_hash_[updates] = weights_hash(params);
   while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
-  PushHeader h{updates, rl_steps_, false};
+  PushHeader h{updates, rl_steps_, false, {}};
+  h.pools = std::move(resume_pools_);  // a resumed run's carried pools, with its first push only
+  resume_pools_.clear();
   double wait_s = 0;
   const SyncStats st = channel_->push(h, &wait_s);
   m_["sync_ms"] = st.seconds * 1e3;  // trainer 0's broadcast of the weights (0 on the other trainers)
@@ -301,6 +307,7 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   const double t0 = now_s();
   uint64_t hash = 0;
   cur_ = decode_rollouts(channel_->exchange({}, rl_steps_), &hash);
+  if (c_.partial_tokens > 0) carried_ = cur_.carried;
   m_["exchange_ms"] = (now_s() - t0) * 1e3;
   if (c_.shadow_ranks > 0) m_["from_shadow"] = channel_->from_shadow();  // batches the shadow rank sent so far
   const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
@@ -333,8 +340,18 @@ void RlEngine::serve() {
   int64_t ready_step = -1;
   for (;;) {
     PushHeader h;
-    channel_->push(h);
+    try {
+      channel_->push(h);
+    } catch (const std::exception& e) {
+      // Trainer 0 gone, or the job stopping after another trainer's death: name the trainer.
+      const int t = channel_->dead_trainer();
+      if (t < 0) throw;
+      fail("rl: rollout rank {} stops: trainer rank {} died ({}); the trainers are one data-parallel group, so the "
+           "job resumes from its last checkpoint",
+           rank_, t, e.what());
+    }
     if (h.stop) break;
+    if (!h.pools.empty()) take_resume_pools(h);
     if (ready_step != h.rl_step) ready = generate(h.rl_step, h.version);
     channel_->exchange(ready);
     ready_step = -1;
@@ -350,6 +367,9 @@ const RolloutBatch& RlEngine::next_batch() {
   ATOLL_CHECK(policy_, "rl: next_batch before setup");
   const double t_enter = now_s();
   const int64_t updates = calls_;  // optimizer steps the policy has taken (one per batch)
+  // Fault injection (tests): this trainer dies as it asks for its batch of step kill_trainer_step.
+  if (c_.kill_trainer_step > 0 && c_.kill_trainer_step == calls_ + 1 && c_.kill_trainer == rank_ && !rollout_rank_)
+    std::raise(SIGKILL);
   if (calls_ > 0 && !sft_phase_) step_value_head();
   ++calls_;
   m_ = nlohmann::json::object();
@@ -595,9 +615,10 @@ void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) co
   // Carried partial groups (colocated: each rank's own, by its seed rank). make_checkpoint runs on
   // every rank and rank 0 writes, so each rank's pool goes to all (one broadcast of its length,
   // one of its words); every rank then reads its own back on resume.
-  if (c_.partial_tokens > 0 && !channel_) {
+  // Disaggregated, a trainer holds its stream's pool as its rollout rank sent it with the last batch.
+  if (c_.partial_tokens > 0 && !rollout_rank_) {
     auto* self = const_cast<RlEngine*>(this);
-    const std::vector<int32_t> mine = self->pool_for(rank_).save();
+    const std::vector<int32_t> mine = channel_ && !carried_.empty() ? carried_ : self->pool_for(rank_).save();
     for (int r = 0; r < world_; ++r) {
       std::vector<int32_t> words = mine;
       if (comm_ && world_ > 1) {
@@ -633,13 +654,21 @@ void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& i
   }
   // This rank's carried groups; none in an older checkpoint, or for a rank the saving job lacked
   // (a larger job): that rank starts with an empty pool (its groups are drawn anew, none is lost).
-  if (c_.partial_tokens > 0 && !channel_) {
-    auto it = by.find(kPartial + std::to_string(rank_));
-    if (it != by.end()) {
+  // Disaggregated: trainer 0 sends every stream's pool to the rollout ranks with its first push.
+  if (c_.partial_tokens > 0 && !rollout_rank_) {
+    std::map<int, std::vector<int32_t>> all;
+    for (int r = 0; r < world_; ++r) {
+      auto it = by.find(kPartial + std::to_string(r));
+      if (it == by.end() || (r != rank_ && !(channel_ && rank_ == 0))) continue;
       ATOLL_CHECK(it->second->dtype() == DType::i32, "checkpoint: '{}' must be int32", it->first);
       const int32_t* w = it->second->data<int32_t>();
-      pool_for(rank_).load(std::vector<int32_t>(w, w + it->second->numel()), it->first);
+      std::vector<int32_t> words(w, w + it->second->numel());
+      PartialRollouts check(PartialRolloutConfig{c_.prompts, c_.group_size, max_new_, c_.partial_tokens}, *task_);
+      (r == rank_ ? pool_for(rank_) : check).load(words, it->first);  // malformed words: an error naming it
+      if (r == rank_ && channel_) carried_ = words;
+      all[r] = std::move(words);
     }
+    if (channel_ && rank_ == 0 && !all.empty()) resume_pools_ = encode_pools(all);
   }
 }
 

@@ -83,6 +83,9 @@ class RlEngine {
   // calls of the same seed_rank are continued (rl/partial_rollouts.h).
   RolloutBatch rollouts(const nn::Model& gen, int64_t step, int seed_rank = -1, bool with_ref = true,
                         int64_t version = 0);
+  // Partial rollouts with rl.journal_dir: take seed_rank's stream over at `step` with the pool its
+  // (dead) process carried into it, as the shadow rank does (rl/partial_journal.cpp; public for tests).
+  void adopt_pool(int seed_rank, int64_t step);
   // rl.journal_dir: what the last journaled generation did (requests resumed, tokens replayed...).
   const WorkerStats& journal_stats() const { return journal_stats_; }
   // Fault injection (tests): the journaled generation raises SIGKILL after this many new tokens,
@@ -102,6 +105,15 @@ class RlEngine {
                                                               const nn::SamplingConfig& s, int64_t step, int seed_rank,
                                                               int64_t version);
   PartialRollouts& pool_for(int seed_rank);
+  // rl.partial_tokens with rl.journal_dir (rl/partial_journal.cpp): each round of seed_rank's step
+  // journaled (RolloutWorker::run_batched), continued over a dead process's lines; the pool carried
+  // into step + 1 is then written beside the journals (pool_path), before the batch is sent.
+  RolloutBatch journaled_partial(const nn::Model& gen, PartialRollouts& pool, int64_t step, int seed_rank,
+                                 int64_t version, Rng& draw, uint64_t seed);
+  std::string pool_path(int seed_rank, int64_t step) const;
+  void write_pool(int seed_rank, int64_t step);
+  // A rollout rank: a resumed run's pools from the first push (its own streams; journaled: written).
+  void take_resume_pools(const PushHeader& h);
   // A step's prompts (rl.prompts groups of rl.group_size rows) and sampling, from its stream's rng.
   void draw_batch(Rng& rng, uint64_t seed, std::vector<Problem>& probs, std::vector<std::vector<int32_t>>& rows,
                   nn::SamplingConfig& s) const;
@@ -140,6 +152,8 @@ class RlEngine {
   std::map<int64_t, uint64_t> pushed_hash_;  // version -> hash of the weights pushed at it
   bool stopped_ = false;
   std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
+  std::vector<int32_t> carried_;       // disaggregated trainer: its stream's pool after the last batch
+  std::vector<int32_t> resume_pools_;  // trainer 0 of a resumed run: every stream's pool, for the first push
   bool ref_ready_ = false, rollout_ready_ = false;
   int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
   RolloutBatch cur_;

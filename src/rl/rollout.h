@@ -35,6 +35,9 @@ struct RolloutBatch {
   int64_t gen_version = -1;                // partial rollouts: the newest token's (-1: policy_version)
   double gen_s = 0, score_s = 0;           // time spent generating and scoring it
   int64_t gen_tokens = 0;                  // tokens sampled (completions, end markers included)
+  // Partial rollouts, disaggregated: the stream's carried pool after this batch (PartialRollouts::save
+  // words), sent with the batch so that the trainers can checkpoint it. Empty otherwise.
+  std::vector<int32_t> carried;
   int64_t tokens() const;                  // completion tokens (targets) in the batch
 };
 

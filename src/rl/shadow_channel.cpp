@@ -71,6 +71,27 @@ void RolloutChannel::split_pairs(std::vector<Tensor> params, double bucket_mb) {
   const comm::DistEnv env = comm::DistEnv::from_environment();
   ATOLL_CHECK(env.store_port > 0, "rl.shadow_ranks needs the job's rendezvous store (atoll launch)");
   store_ = std::make_unique<comm::TcpStore>(env.store_addr, env.store_port, comm::Millis(60000));
+  // What `atoll launch --outlive` may go on without: the rollout ranks (the shadow takes over). A
+  // trainer is not one: the trainers are one data-parallel group (every step's gradients are
+  // all-reduced over all of them, and Gloo fails a group a member of which died), so the job stops
+  // naming it and resumes from its last checkpoint (docs/rl.md).
+  if (me == 0) {
+    for (int i = 0; i < R_; ++i) store_->set(fmt::format("launch/outlivable/{}", T_ + i), "1");
+    store_->set("launch/outlive_declared",
+                fmt::format("an RL job goes on without a rollout rank only; ranks 0-{} train as one data-parallel "
+                            "group: resume the job from its last checkpoint",
+                            T_ - 1));
+  }
+}
+
+int RolloutChannel::dead_trainer() {
+  if (!store_) return -1;
+  try {
+    for (int d : store_->dead_ranks())
+      if (d < T_) return d;
+  } catch (const std::exception&) {
+  }
+  return -1;
 }
 
 bool RolloutChannel::rank_died(int job_rank) {
@@ -88,12 +109,7 @@ SyncStats RolloutChannel::push_pairs(PushHeader& h, double* header_wait_s) {
   double wait = 0;
   auto push_one = [&](comm::Communicator& g) {
     const double t0 = now_s();
-    Tensor hdr = Tensor::zeros({3}, DType::i64);
-    auto* v = hdr.data<int64_t>();
-    v[0] = h.version;
-    v[1] = h.rl_step;
-    v[2] = h.stop ? 1 : 0;
-    g.broadcast(hdr, 0);
+    push_header(g, h, true);
     wait += now_s() - t0;
     if (h.stop) return;
     const SyncStats s = sync_->broadcast(g, 0);
@@ -146,6 +162,7 @@ std::vector<int32_t> RolloutChannel::exchange_pairs(const std::map<int, std::vec
 
 RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const std::function<bool()>& idle) {
   const double deadline = now_s() + double(kPushTimeout.count()) / 1e3;
+  double next_look = 0;
   for (;;) {
     const int64_t e = store_->add(kEvents, 0);
     if (e != seen_events_) {
@@ -168,6 +185,14 @@ RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const
     }
     ATOLL_CHECK(now_s() < deadline, "rl: the shadow rank heard nothing from the trainers for {} s",
                 kPushTimeout.count() / 1000);
+    // Not a Gloo wait: a dead trainer would leave the shadow polling; it stops naming the trainer.
+    if (now_s() >= next_look) {
+      next_look = now_s() + 0.25;
+      const int t = dead_trainer();
+      ATOLL_CHECK(t < 0, "rl: trainer rank {} died (its connection to the rendezvous store closed); the shadow rank "
+                         "stops: the trainers are one data-parallel group, so the job resumes from its last checkpoint",
+                  t);
+    }
     if (!(idle && idle())) std::this_thread::sleep_for(comm::Millis(2));
   }
 }

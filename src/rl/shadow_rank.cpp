@@ -31,10 +31,12 @@ void RlEngine::serve_shadow() {
   // rank generates step k+1's batch with version k while the trainers train step k; dying there, it
   // leaves a journal that needs version k's weights after version k+1 has arrived.
   std::map<int64_t, std::unique_ptr<nn::Model>> held;
-  PushHeader last{-1, -1, false}, before{-1, -1, false};
+  PushHeader last{-1, -1, false, {}}, before{-1, -1, false, {}};
   std::set<int> adopted;                                          // slots whose rank died
   std::map<int, std::pair<int64_t, std::vector<int32_t>>> ready;  // trainer -> (RL step, payload)
+  std::set<int> pooled;  // partial rollouts: streams whose carried pool was taken from the dead rank's files
   auto batch = [&](int t, int64_t step, int64_t version) {
+    if (c_.partial_tokens > 0 && pooled.insert(t).second) adopt_pool(t, step);  // rl/partial_journal.cpp
     const nn::Model& m = *held.at(version);
     RolloutBatch b = rollouts(m, step, t, false, version);
     return encode_rollouts(b, weights_hash(values_of(m)));
@@ -53,7 +55,8 @@ void RlEngine::serve_shadow() {
   // Hot standby: follow the journals the live rollout ranks write after this push (the batch of
   // this step and, one step off, the next one's), replaying each token as it is logged.
   auto follow_after_push = [&] {
-    if (c_.journal_batched) return;  // a batched journal is recomputed whole at a takeover
+    // A batched journal (partial rollouts' rounds are) is recomputed whole at a takeover.
+    if (c_.journal_batched || c_.partial_tokens > 0) return;
     for (auto it = followers_.begin(); it != followers_.end();)
       it = it->second.step < last.rl_step || !held.count(it->second.version) ? followers_.erase(it) : std::next(it);
     for (int t = 0; t < T; ++t) {

@@ -198,5 +198,49 @@ TEST(RlBelayer, TornLastLineIsIgnoredAndForeignPrefixRefused) {
   std::filesystem::remove(j);
 }
 
+// A kill that cuts the journal's last line, then a continuation: the torn line is cut before the
+// first append, so the journal ends byte-equal to an uninterrupted one (before the fix the next
+// line was glued on, "T 100 4T 100 49;", and read back as a token the run never sampled there).
+TEST(RlBelayer, TornLastLineIsCutBeforeTheNextAppend) {
+  const std::string ref = temp_path("torn_ref"), j = temp_path("torn_cut");
+  std::filesystem::remove(ref);
+  std::filesystem::remove(j);
+  auto m = belayer_model();
+  RolloutWorker w(*m, sampling(), kMaxNew);
+  w.run(requests(), ref);
+  const std::string full = parallel::test::read_file(ref);
+  // Five complete lines, then the sixth cut one character before its ';' (its digits half written).
+  size_t at = 0;
+  for (int i = 0; i < 5; ++i) at = full.find('\n', at) + 1;
+  const size_t semi = full.find(';', at);
+  ASSERT_NE(semi, std::string::npos);
+  ASSERT_GT(semi - at, 4u) << "the sixth line is too short to tear";
+  {
+    std::ofstream f(j, std::ios::binary);
+    f << full.substr(0, semi - 1);
+  }
+  EXPECT_EQ(JournalState::read(j).torn_lines, 1);
+  const WorkerStats st = w.run(requests(), j);
+  EXPECT_GT(st.resumed + st.skipped, 0);
+  EXPECT_EQ(parallel::test::read_file(j), full) << "the continued journal differs from an uninterrupted one";
+  const JournalState a = JournalState::read(ref), b = JournalState::read(j);
+  EXPECT_EQ(b.torn_lines, 0);
+  ASSERT_EQ(a.requests.size(), b.requests.size());
+  for (const auto& [id, e] : a.requests) EXPECT_EQ(b.requests.at(id).tokens, e.tokens) << "request " << id;
+  // A line with anything after its fields is refused, never read as its first token.
+  {
+    std::ofstream f(j, std::ios::binary);
+    f << "T 100 4T 100 49;\n";
+  }
+  try {
+    JournalState::read(j);
+    ADD_FAILURE() << "a glued line was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad line"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(ref);
+  std::filesystem::remove(j);
+}
+
 }  // namespace
 }  // namespace atl::rl

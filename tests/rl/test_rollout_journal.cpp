@@ -199,16 +199,6 @@ TEST(RlJournal, AnotherRunsJournalIsNotContinued) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(RlJournal, PartialRolloutsAreRefusedNamingTheKey) {
-  try {
-    Config cfg = rltest::rl_config("partial_tokens = 2\njournal_dir = \"/tmp/x\"\n");
-    RlConfig::from_config(cfg, 1);
-    FAIL() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rl.journal_dir"), std::string::npos) << e.what();
-  }
-}
-
 TEST(RlJournal, KillInjectionWithoutAJournalIsRefusedNamingTheKey) {
   try {
     Config cfg = rltest::rl_config("prompts = 2\n[fault]\nrl_kill_after_tokens = 5\n");
