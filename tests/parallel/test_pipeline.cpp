@@ -779,7 +779,7 @@ TEST(Pipeline, TwoStagesTimesTwoContextTimesHsdpMatchOneRank) {
 // parameters 4.0e-7); along the trajectories AdamW's amplification of them (1.3e-6 on the
 // step-10 gradients, 5.7e-7 on the final parameters), bounded as the 8-rank tp x dp test's drift
 // is, at 1e-3 and 1e-5. (Each rank's flat buffers hold exactly the parameters it keeps: the rank
-// program's check.) ~12 s under load: 16 single-threaded ranks.
+// program's check.) 4-12 s under load: 16 single-threaded ranks.
 TEST(Pipeline, TwoStagesTimesTwoTensorTimesHsdpOnSixteenRanksMatchOneRank) {
   PJob j;
   j.world = 16;
