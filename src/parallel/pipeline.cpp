@@ -148,8 +148,9 @@ struct PipelineParallel::Impl {
 };
 
 PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
-                                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac)
-    : DataParallel(model, world), impl_(std::make_unique<Impl>()) {
+                                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac,
+                                   StageOptimizerFactory make_opt)
+    : DataParallel(model, world), impl_(std::make_unique<Impl>()), make_opt_(std::move(make_opt)) {
   stages_ = dynamic_cast<const nn::PipelineStages*>(&model);
   check_pipeline_layout(model, pc, micro_batches);
   const MeshShape& ms = mesh.shape();
@@ -166,13 +167,6 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
               "parallel.strategy = '{}' with parallel.pp = {}: a pipeline's stages replicate (ddp) or shard their "
               "optimizer state (zero1), reduced gradients (zero2) and parameters (zero3, hsdp) over dp", dp_strategy,
               pc.pp);
-  ATOLL_CHECK(!hsdp || ms.cp == 1,
-              "parallel.strategy = 'hsdp' with parallel.pp = {} and parallel.cp = {}: a pipeline's HSDP shards over "
-              "dp_shard only in this build (cp must be 1; zero3 shards over dp x cp)", pc.pp, ms.cp);
-  ATOLL_CHECK((dp_strategy != "zero3" && !hsdp) || ms.tp == 1,
-              "parallel.strategy = '{}' with parallel.pp = {} and parallel.tp = {}: a pipeline shards its stages' "
-              "parameters over dp without tensor parallelism only in this build (tp must be 1)", dp_strategy, pc.pp,
-              ms.tp);
   p_ = int(pc.pp);
   v_ = int(pc.virtual_stages);
   m_ = int(micro_batches);
@@ -181,12 +175,13 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   ATOLL_CHECK(pp_comm_ && pp_comm_->size() == p_ && pp_comm_->rank() == r_, "pipeline axis communicator");
   // pp x cp: a stage's cp ranks run its blocks on their shares of every row (ring attention over
   // the stage's cp group, injected into the model before), so their gradients average with dp's.
-  // HSDP: the stage's parameters shard over dp_shard as under ZeRO-3, and the shards' averaged
-  // gradients average again over dp_replicate (shards of 1: plain replication).
+  // HSDP: the stage's parameters shard over dp_shard (x cp) as under ZeRO-3, and the shards'
+  // averaged gradients average again over dp_replicate (shards of 1: plain replication).
+  // Under tp all of this runs per tp coordinate (the groups below are the ranks of this one).
   cp_ = int(ms.cp);
-  const bool shard3 = dp_strategy == "zero3" || (hsdp && ms.dp_shard > 1);
-  if (hsdp && ms.dp_shard > 1) {
-    dp_comm_ = mesh.axis("dp_shard");
+  const bool shard3 = dp_strategy == "zero3" || (hsdp && ms.dp_shard * ms.cp > 1);
+  if (hsdp && ms.dp_shard * ms.cp > 1) {
+    dp_comm_ = ms.cp > 1 ? mesh.group({"dp_shard", "cp"}) : mesh.axis("dp_shard");
     if (ms.dp_replicate > 1) rep_comm_ = mesh.axis("dp_replicate");
   } else if (ms.dp() * ms.cp > 1) {
     dp_comm_ = data_parallel_comm(mesh);
@@ -250,6 +245,21 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   ac_ = ac;
   std::vector<int64_t> sizes;
   for (nn::Parameter* q : owned_) sizes.push_back(shape_numel(q->shape));
+  // Under tp (the model being this rank's shard) the dp placement must agree between the tp ranks:
+  // ZeRO-1/2/3 place whole parameters on dp ranks by size, and an uneven tp split (the vocabulary,
+  // the MLP) makes a shard's local sizes differ between the tp ranks. A tp-replicated parameter is
+  // stepped alike on both, a checkpoint's gathers over tp pair up by name, the partial gradients
+  // TensorParallel::finish_backward sums are those each rank holds (under ZeRO-3 the ones it
+  // keeps), and under ZeRO-3 the flat buffers below keep them: every tp rank places by the
+  // group's largest local size (as f32: exact below 2^24 elements, and the same bits on every
+  // rank whatever the size).
+  if (zero1_ && ms.tp > 1) {
+    std::vector<float> most;
+    for (int64_t n : sizes) most.push_back(float(n));
+    Tensor t = Tensor::from_vector(most, {int64_t(most.size())});
+    mesh.axis("tp")->all_reduce(t, comm::ReduceOp::max);
+    for (size_t i = 0; i < sizes.size(); ++i) sizes[i] = int64_t(t.f32()[i]);
+  }
   if (zero3_) dp_owner_ = place_on_dp(sizes);
   std::set<nn::Parameter*> mine;
   for (size_t i = 0; i < owned_.size(); ++i)
@@ -286,9 +296,12 @@ void PipelineParallel::place_optimizer(const std::vector<int64_t>& sizes) {
     for (size_t i = 0; i < owned_.size(); ++i)
       if (dp_owner_[i] == dp_comm_->rank()) stepped.push_back(owned_[i]);
   }
+  // Any optimizer composes: a rank steps whole parameters, each with the state one rank would give
+  // it (a matrix optimizer's whole-matrix update included), under the one-rank state names.
   std::vector<ParamRef> refs;
   for (nn::Parameter* q : stepped) refs.push_back({q->name, q->value, q->grad, q->role});
-  opt_ = std::make_unique<AdamW>(std::move(refs), ac_);
+  if (make_opt_) opt_ = make_opt_(std::move(refs));
+  else opt_ = std::make_unique<AdamW>(std::move(refs), ac_);
 }
 
 void PipelineParallel::release_unowned() {
@@ -534,21 +547,7 @@ bool PipelineParallel::holds_reduced_grad(const nn::Parameter* q) const {
 }
 
 void PipelineParallel::set_tensor_parallel(TensorParallel* tp) {
-  tp_ = tp;
-  if (zero1_ && tp && tp->size() > 1 && tp->comm()) {
-    // ZeRO-1/2 place whole parameters on dp ranks by size; an uneven tp split (the vocabulary,
-    // the MLP) makes a shard's local sizes differ between the tp ranks, and their placements
-    // must agree (a tp-replicated parameter is stepped alike on both, and a checkpoint's gathers
-    // over tp pair up by name): every tp rank places by the group's largest local size (as f32:
-    // exact below 2^24 elements, and the same bits on every rank whatever the size).
-    std::vector<float> most;
-    for (nn::Parameter* q : owned_) most.push_back(float(shape_numel(q->shape)));
-    Tensor t = Tensor::from_vector(most, {int64_t(most.size())});
-    tp->comm()->all_reduce(t, comm::ReduceOp::max);
-    std::vector<int64_t> sizes;
-    for (int64_t i = 0; i < t.numel(); ++i) sizes.push_back(int64_t(t.f32()[i]));
-    place_optimizer(sizes);  // before any step: no optimizer state to keep
-  }
+  tp_ = tp;  // (the constructor placed the parameters on dp ranks as the tp group agrees)
 }
 
 double PipelineParallel::grad_norm() {

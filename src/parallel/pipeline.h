@@ -19,7 +19,8 @@
 // forward_backward all-gathers the stage's others for all its micro-batches, finish_backward
 // reduce-scatters the gradients and drops them again (see docs/pipeline.md for why not per
 // micro-batch). Under cp (pp x cp) the stages' blocks ring over each stage's cp group, the
-// activations between stages are the cp ranks' chunks, and dp below means dp x cp.
+// activations between stages are the cp ranks' chunks, and dp below means dp x cp (HSDP: its
+// shard group dp_shard x cp, replicated over dp_replicate).
 // Every stage gets the same micro-batches; the first reads the inputs, the last the targets. The
 // loss is the mean over micro-batches of each micro-batch's mean loss (backward seeded with 1/m),
 // as one process accumulating m micro-batches computes it.
@@ -33,6 +34,7 @@
 // sampling, which run the model in one process; a load binds them too): the other stages' values
 // are allocated outside the flat buffers, without gradients, and freed by the next step.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +46,10 @@
 namespace atl::parallel {
 
 class TensorParallel;
+
+// The optimizer over the parameters a rank steps (whole ones: its stages', under ZeRO its dp share
+// of them); null: AdamW from the AdamWConfig (OptimizerPlacement::per_rank builds the [optim] one).
+using StageOptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamRef> params)>;
 
 struct PipelineConfig {
   int64_t pp = 1;
@@ -75,15 +81,19 @@ class PipelineParallel final : public DataParallel {
  public:
   // world: the job's communicator; mesh: over it, with pp > 1 (and one data-parallel axis:
   // dp_replicate under ddp, dp_shard under zero1/2/3; both under hsdp), cp allowed (the ring
-  // injected into the model before). micro_batches: m per step.
+  // injected into the model before), tp allowed (the model being this rank's shard; under ZeRO the
+  // constructor agrees the dp placement over the tp axis: collective over it). micro_batches: m
+  // per step. make_opt: see StageOptimizerFactory (called by the constructor only).
   PipelineParallel(nn::Model& model, comm::Communicator* world, Mesh& mesh, const PipelineConfig& pc,
-                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac);
+                   int64_t micro_batches, const std::string& dp_strategy, const AdamWConfig& ac,
+                   StageOptimizerFactory make_opt = {});
   ~PipelineParallel() override;
   std::string name() const override;
 
   // Under tensor parallelism (a mesh with tp > 1, the model being this rank's shard): the context,
-  // for the gradient norm and, under ZeRO-1/2, a placement the tp group agrees on (collective over
-  // it, before the first step). The caller runs TensorParallel::finish_backward after finish_backward.
+  // for the gradient norm and the checkpoint's gathers over tp. The caller runs
+  // TensorParallel::finish_backward after finish_backward (under ZeRO-3 / HSDP it sums the
+  // partial gradients of the parameters this rank keeps, the same on the group's ranks).
   void set_tensor_parallel(TensorParallel* tp);
   // Runs the schedule over the micro-batches; returns their mean loss (known on every rank).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
@@ -142,6 +152,7 @@ class PipelineParallel final : public DataParallel {
   void reduce_scatter_grads();
   void place_optimizer(const std::vector<int64_t>& sizes);  // ZeRO-1/2: dp_owner_ and opt_
   AdamWConfig ac_;
+  StageOptimizerFactory make_opt_;
   TensorParallel* tp_ = nullptr;
   void release_unowned();
   void bind_unowned();

@@ -9,6 +9,7 @@
 #include "autograd/graph.h"
 #include "core/log.h"
 #include "kernels/cpu/kernels.h"
+#include "optim/param_groups.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
@@ -75,10 +76,17 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
                   strategy == "hsdp",
               "parallel.tp = {} composes with parallel.strategy = 'ddp', 'zero1', 'zero2', 'zero3' or 'hsdp' over "
               "the data-parallel axis, not '{}'", tp, strategy);
-  std::string opt = cfg.get_string("optim.type", "adamw");
-  ATOLL_CHECK(opt == "adamw" || opt == "adams" || opt == "lion",
-              "parallel.tp = {}: optim.type = '{}' works on whole matrices, which tensor parallelism splits over "
-              "ranks; use an elementwise optimizer (adamw, adams, lion)", tp, opt);
+  // Every group's optimizer, not only the hidden matrices': a table optimizer (Ember) takes
+  // statistics over the vocabulary's rows, which the vocab-parallel embedding and head split.
+  const OptimizerRoute route = optimizer_route(cfg);
+  std::string elementwise;
+  for (const std::string& n : optimizer_registry().names())
+    if (optimizer_registry().get(n).elementwise) elementwise += (elementwise.empty() ? "" : ", ") + n;
+  for (auto [key, type] : {std::pair<const char*, const std::string*>{"optim.type", &route.hidden},
+                           {"optim.embed", &route.embed}, {"optim.head", &route.head}, {"optim.vector", &route.vector}})
+    ATOLL_CHECK(optimizer_registry().get(*type).elementwise,
+                "parallel.tp = {}: {} = '{}' works on whole matrices or tables, which tensor parallelism splits over "
+                "ranks; use an elementwise optimizer ({})", tp, key, *type, elementwise);
   ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
               "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));
   // Under cp x tp sequence parallelism splits each cp rank's share of the batch (its head and tail

@@ -152,7 +152,7 @@ class TensorParallel final : public nn::TensorParallelContext {
 
 // The trainer's entry: reads parallel.sequence_parallel (default true) and, when the mesh has
 // tp > 1, refuses what does not compose yet (a strategy other than ddp, zero1/2/3 or hsdp, an
-// optimizer that is not elementwise, bf16 matmuls, a micro-batch of `tokens` that sequence
+// optimizer that is not elementwise in any group, bf16 matmuls, a micro-batch of `tokens` that sequence
 // parallelism cannot split) and applies TensorParallel::apply. Null when tp = 1.
 std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_ptr<nn::Model>& model, Mesh& mesh,
                                                       const std::string& strategy, int64_t tokens);

@@ -247,9 +247,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   shape.sequence_parallel = I.tp && I.tp->sequence_parallel();
   check_memory_before_start(cfg, *I.model, shape);
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
-  parallel::OptimizerPlacement placement = parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
+  // A pipeline's ranks step whole parameters (their stages'): any optimizer, as on one rank.
+  parallel::OptimizerPlacement placement = ppc.pp > 1 ? parallel::place_pipeline_optimizer(cfg)
+                                                      : parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
   I.placement_note = placement.note;
-  const bool placement_adamw_only = !placement.full && !placement.sharded;
+  const bool placement_adamw_only = !placement.full && !placement.sharded && !placement.per_rank;
   if (I.budget.offload) {
     ATOLL_CHECK(placement_adamw_only, "train.optimizer_state = \"mmap\" offloads AdamW's moments only; remove the "
                 "[optim] type / group keys");
@@ -284,12 +286,8 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   if (ppc.pp > 1) {
     ATOLL_CHECK(!I.ft, "parallel.pp = {} with fault.tolerance = \"quorum\": quorum replicas are data-parallel "
                 "only", ppc.pp);
-    ATOLL_CHECK(!placement.full && !placement.sharded,
-                "parallel.pp = {}: pipeline stages step their parameters with AdamW only in this build; remove "
-                "the [optim] type / group keys",
-                ppc.pp);
     auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.comm.get(), *I.mesh, ppc, I.o.grad_accum,
-                                                             I.pc.strategy, placement.adamw);
+                                                             I.pc.strategy, placement.adamw, placement.per_rank);
     if (I.tp) pipe->set_tensor_parallel(I.tp.get());  // pp x tp: stages of this rank's tp shard
     I.pipe = pipe.get();
     I.dp = std::move(pipe);

@@ -37,7 +37,8 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, co
 
 // Trains `layout` on 8 ranks against one rank at batch 16, stopping after 3 steps and resuming at
 // the layout and on one rank. mesh, dp: what the log must say.
-void follows_and_resumes(const std::vector<std::string>& layout, const std::string& name, const std::string& mesh) {
+void follows_and_resumes(const std::vector<std::string>& layout, const std::string& name, const std::string& mesh,
+                         const std::string& dp = "data parallel: hsdp over ") {
   HsdpFixture f;
   ASSERT_EQ(f.train("one16", 1, {"--train.batch_size=16"}), 0);
   auto one = metric_values(f.root / "one16");
@@ -48,7 +49,7 @@ void follows_and_resumes(const std::vector<std::string>& layout, const std::stri
   ASSERT_EQ(f.train(name, 8, first), 0);
   std::string log = f.log(name);
   EXPECT_NE(log.find(mesh), std::string::npos) << log;
-  EXPECT_NE(log.find("data parallel: hsdp over "), std::string::npos) << log;
+  EXPECT_NE(log.find(dp), std::string::npos) << log;
   expect_close(metric_values(f.root / name), std::vector<double>(one.begin(), one.begin() + 3), name + " loss");
   fs::copy(f.root / name, f.root / (name + "_one"), fs::copy_options::recursive);
   std::vector<std::string> again = layout;
@@ -79,4 +80,20 @@ TEST(LaunchHsdp, TensorTimesHsdpOnEightRanksFollowsOneRankAndResumes) {
 TEST(LaunchHsdp, ContextTimesHsdpOnEightRanksFollowsOneRankAndResumes) {
   follows_and_resumes({"--parallel.cp=2", "--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2"}, "cp2hsdp",
                       "mesh dp=4 (replicate 2 x shard 2) tp=1 pp=1 cp=2");
+}
+
+// The pipeline's sharded layouts under model parallelism (issue 11; refused before): pp2 x tp2 x
+// ZeRO-3 (each tp rank's stage shard sharded over its dp pair) and pp2 x cp2 x HSDP (two replicas,
+// each stage's parameters sharded over its cp pair), 2 data-parallel coordinates x 8 rows. Their
+// checkpoints gather every parameter from the rank that keeps it (under tp its shards over the
+// stage's tp pair) and resume at the layout and on one rank.
+TEST(LaunchHsdp, PipelineTimesTensorUnderZero3OnEightRanksFollowsOneRankAndResumes) {
+  follows_and_resumes({"--parallel.pp=2", "--parallel.tp=2", "--parallel.strategy=zero3", "--train.batch_size=8"},
+                      "pp2tp2z3", "tp=2 pp=2", "pipeline 1f1b (pp = 2, tp = 2) x zero3 over dp = 2");
+}
+
+TEST(LaunchHsdp, PipelineTimesContextTimesHsdpOnEightRanksFollowsOneRankAndResumes) {
+  follows_and_resumes({"--parallel.pp=2", "--parallel.cp=2", "--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=1",
+                       "--train.batch_size=8"},
+                      "pp2cp2hsdp", "pp=2 cp=2", "pipeline 1f1b (pp = 2) x hsdp over dp x cp = 2, 2 replicas");
 }

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
@@ -73,6 +74,21 @@ TEST(LaunchTensorParallel, HeadsThatDoNotSplitAreRefusedBeforeStepOne) {
   log = f.log("odd");
   EXPECT_NE(log.find("31 tokens does not split over parallel.tp = 2"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(f.root / "odd" / "metrics.jsonl")) << log;
+}
+
+// An optimizer that needs whole matrices or tables is refused under tp before step 1, naming the
+// key: the hidden matrices' (Muon) and a table optimizer's on the embedding (Ember's column
+// statistics run over all the vocabulary's rows, which tp splits).
+TEST(LaunchTensorParallel, OptimizersOfWholeMatricesOrTablesAreRefusedBeforeStepOne) {
+  TpFixture f;
+  for (auto [name, flag, key] : {std::tuple<const char*, const char*, const char*>{"muon", "--optim.type=muon",
+                                                                                   "optim.type = 'muon'"},
+                                 {"ember", "--optim.embed=ember", "optim.embed = 'ember'"}}) {
+    EXPECT_NE(f.train(name, 2, {"--parallel.tp=2", flag}, true), 0) << name;
+    EXPECT_NE(f.log(name).find("parallel.tp = 2: " + std::string(key) + " works on whole matrices or tables"),
+              std::string::npos) << f.log(name);
+    EXPECT_EQ(f.log(name).find("step     1/"), std::string::npos) << name << ": refused after training began";
+  }
 }
 
 TEST(LaunchTensorParallel, DataTimesTensorOnFourRanksFollowsOneRankAtDoubleBatch) {

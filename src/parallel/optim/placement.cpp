@@ -1,5 +1,7 @@
 #include "parallel/optim/placement.h"
 
+#include <set>
+
 #include "optim/param_groups.h"
 
 namespace atl::parallel {
@@ -53,6 +55,24 @@ OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communic
     return o;
   };
   out.full = make_optimizer(cfg, model.param_refs(), distributed);  // reads (and so validates) its keys
+  return out;
+}
+
+OptimizerPlacement place_pipeline_optimizer(Config& cfg) {
+  OptimizerPlacement out;
+  out.adamw = adamw_config_from(cfg);
+  OptimizerRoute route = optimizer_route(cfg);
+  // The distributed forms' keys stay valid (a pipeline steps the single-rank forms: its ranks'
+  // parameters are already disjoint and whole).
+  for (const auto& n : replicated_placements().names())
+    if (replicated_placements().get(n).keys) replicated_placements().get(n).keys(cfg);
+  const bool grouped = route.hidden != "adamw" || route.embed != "adamw" || route.head != "adamw" || route.vector != "adamw";
+  if (!grouped) return out;  // plain AdamW, as every other strategy builds it: checkpoints interchange
+  // Each routed type built once over no parameters: its section's keys are read (and range-checked)
+  // now, before the unknown-key check, though the ranks build theirs once the stages are laid out.
+  std::set<std::string> types = {route.hidden, route.embed, route.head, route.vector};
+  for (const std::string& t : types) make_single_optimizer(cfg, t, {});
+  out.per_rank = [&cfg](std::vector<ParamRef> params) { return make_optimizer(cfg, std::move(params)); };
   return out;
 }
 

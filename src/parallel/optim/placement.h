@@ -44,11 +44,17 @@ struct PlacementRegistrar {
   PlacementRegistrar(Registry<Entry>& r, const std::string& optimizer, Entry e) { r.add(optimizer, std::move(e)); }
 };
 
-// What the trainer hands the data-parallel strategy (make_data_parallel).
+// The grouped optimizer over the parameters one rank steps, each parameter whole (a pipeline
+// stage's, or its dp share of them under ZeRO): the single-rank optimizers compose there as they
+// are, matrix ones included.
+using RankOptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamRef> params)>;
+
+// What the trainer hands the data-parallel strategy (make_data_parallel) or the pipeline.
 struct OptimizerPlacement {
   AdamWConfig adamw;               // [optim.adamw], read once
   std::unique_ptr<Optimizer> full;  // replicated strategies: the grouped optimizer; null: AdamW everywhere
   ShardedOptimizerFactory sharded;  // sharding strategies: null: ShardedAdamW everywhere
+  RankOptimizerFactory per_rank;    // pipelines: null: AdamW everywhere
   std::string note;                 // how the optimizer is placed, for the log ("" when plainly)
 };
 
@@ -56,5 +62,11 @@ struct OptimizerPlacement {
 // optimizer for a strategy that shards (ZeRO, HSDP) or replicates (DDP) it; comm null: one rank.
 OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communicator* comm, bool sharding,
                                    const std::string& strategy);
+
+// Under pipeline parallelism (any dp strategy): each rank steps whole parameters (its stages',
+// under ZeRO whole ones placed on dp ranks), so every registered optimizer runs as on one rank
+// over them. Reads every [optim] key the route uses now (before cfg.finish()); per_rank builds
+// from cfg later, so cfg must outlive the calls to it (the trainer's constructor makes them all).
+OptimizerPlacement place_pipeline_optimizer(Config& cfg);
 
 }  // namespace atl::parallel
