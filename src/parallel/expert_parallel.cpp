@@ -603,12 +603,10 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   ATOLL_CHECK(m.tp == 1 || cfg.get_bool("parallel.sequence_parallel", true), "parallel.ep = {} with parallel.tp = {} "
               "needs parallel.sequence_parallel = true ({}): each tp rank dispatches its own share of the tokens",
               m.ep, m.tp, cfg.where("parallel.sequence_parallel"));
-  // tp x ZeRO-3/HSDP (parallel/tensor_parallel_fsdp.cpp) and ep x tp landed together: their
-  // product (experts whole on every tp rank, sharded again by ZeRO-3) is not tested yet.
-  const std::string strategy = cfg.get_string("parallel.strategy", "ddp");
-  ATOLL_CHECK(m.tp == 1 || (strategy != "zero3" && strategy != "hsdp"), "parallel.ep = {} with parallel.tp = {} under "
-              "parallel.strategy = '{}' ({}): ep x tp runs under ddp, zero1 or zero2 so far", m.ep, m.tp, strategy,
-              cfg.where("parallel.strategy"));
+  // ep x tp under ZeRO-3 / HSDP: the experts stay outside the flat buffers ZeRO-3 cuts into units
+  // (each rank's are whole, summed over their replicas after backward: expert_shards.h), while
+  // tp's partial gradients of the dense units are summed per unit before its reduce-scatter
+  // (tensor_parallel_fsdp.cpp). Tested: EpTimesTp.UnderZero3AndHsdpFollowsOneProcess.
   const int64_t E = dynamic_cast<nn::ExpertModel&>(*model).num_experts();
   const int64_t coord = mesh.coord("ep");
   comm::Communicator* ep = mesh.axis("ep");

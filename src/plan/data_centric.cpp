@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "core/error.h"
 #include "plan/predict.h"
@@ -16,38 +17,129 @@ std::string DcpChoice::describe() const {
                      accum, accum == 1 ? "" : "es", micro_batch, seq, recompute, step_s);
 }
 
-DcpChoice predict_config(const DcpJob& job, const std::vector<int64_t>& lengths, int64_t cp, int64_t accum,
-                         const std::string& recompute) {
-  ATOLL_CHECK(!lengths.empty(), "data-centric parallel: an empty batch");
-  ATOLL_CHECK(cp >= 1 && job.world % cp == 0, "data-centric parallel: cp = {} does not divide {} ranks", cp, job.world);
-  const int64_t n = int64_t(lengths.size()), longest = *std::max_element(lengths.begin(), lengths.end());
-  DcpChoice c;
-  c.cp = cp, c.dp = job.world / cp, c.accum = accum, c.recompute = recompute;
-  const int64_t per_rank = (n + c.dp - 1) / c.dp;  // sequences each dp group takes (padded)
-  c.micro_batch = std::max<int64_t>(1, (per_rank + accum - 1) / accum);
-  c.seq = (longest + cp - 1) / cp * cp;
-  ModelSpec m = job.model;
-  m.seq = c.seq;
-  Layout l;
-  l.dp = c.dp, l.cp = cp, l.zero = job.zero;
-  l.micro_batch = c.micro_batch;
-  l.global_batch = c.micro_batch * accum * c.dp;
-  l.recompute = recompute;
-  l.precision = job.precision;
-  Prediction p = predict(m, job.cluster, l);
-  c.step_s = p.step;
-  c.memory_bytes = p.memory.total;
-  c.fits = !p.memory.oom;
+std::vector<RowLengths> pack_lengths(const std::vector<int64_t>& docs) {
+  std::vector<size_t> order(docs.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return docs[a] > docs[b]; });
+  int64_t longest = 0;
+  for (int64_t d : docs) longest = std::max(longest, d);
+  std::vector<RowLengths> rows;
+  std::vector<int64_t> used;
+  for (size_t i : order) {
+    const int64_t n = docs[i];
+    if (n <= 0) continue;
+    size_t r = 0;
+    while (r < rows.size() && used[r] + n > longest) ++r;
+    if (r == rows.size()) rows.emplace_back(), used.push_back(0);
+    rows[r].push_back(n);
+    used[r] += n;
+  }
+  std::vector<size_t> by(rows.size());
+  std::iota(by.begin(), by.end(), size_t(0));
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return used[a] > used[b]; });
+  std::vector<RowLengths> out;
+  for (size_t r : by) out.push_back(std::move(rows[r]));
+  return out;
+}
+
+double dcp_quad(const ModelSpec& m) { return 1.0 / (12.0 * double(m.hidden)); }
+
+double row_cost(const RowLengths& r, double quad) {
+  double c = double(std::accumulate(r.begin(), r.end(), int64_t(0)));
+  for (int64_t l : r) c += quad * double(l) * double(l);
   return c;
 }
 
+std::vector<std::vector<int64_t>> deal_rows(const std::vector<RowLengths>& rows, const std::vector<int64_t>& which,
+                                            int64_t parts, double quad) {
+  ATOLL_CHECK(parts >= 1, "data-centric parallel: rows dealt to {} parts", parts);
+  std::vector<std::vector<int64_t>> bins(static_cast<size_t>(parts));
+  std::vector<double> load(static_cast<size_t>(parts), 0.0);
+  for (int64_t i : which) {
+    const size_t b = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    bins[b].push_back(i);
+    load[b] += row_cost(rows[size_t(i)], quad);
+  }
+  for (auto& b : bins) std::sort(b.begin(), b.end());
+  return bins;
+}
+
+std::vector<std::vector<int64_t>> dcp_group_share(const std::vector<RowLengths>& rows, int64_t cp, int64_t accum,
+                                                  int64_t world, int64_t group, double quad) {
+  ATOLL_CHECK(cp >= 1 && world % cp == 0 && accum >= 1, "data-centric parallel: cp {} over {} ranks, accum {}", cp,
+              world, accum);
+  std::vector<int64_t> all(rows.size());
+  std::iota(all.begin(), all.end(), int64_t(0));
+  const auto groups = deal_rows(rows, all, world / cp, quad);
+  return deal_rows(rows, groups[size_t(group)], accum, quad);
+}
+
+int64_t dcp_micro_batch_len(const std::vector<RowLengths>& rows, const std::vector<int64_t>& which, int64_t cp) {
+  int64_t longest = 1;
+  for (int64_t r : which)
+    longest = std::max(longest, std::accumulate(rows[size_t(r)].begin(), rows[size_t(r)].end(), int64_t(0)));
+  const int64_t q = cp > 1 ? 2 * cp : 1;
+  return (longest + q - 1) / q * q;
+}
+
+ModelSpec dcp_micro_batch_spec(const ModelSpec& base, const std::vector<RowLengths>& rows,
+                               const std::vector<int64_t>& which, int64_t T) {
+  ModelSpec m = base;
+  m.seq = T;
+  double sq = 0;
+  for (int64_t r : which)
+    for (int64_t l : rows[size_t(r)]) sq += double(l) * double(l);
+  m.attention_sq_len = which.empty() ? 0 : sq / double(which.size());
+  return m;
+}
+
+DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, int64_t cp, int64_t accum,
+                       const std::string& recompute) {
+  ATOLL_CHECK(cp >= 1 && job.world % cp == 0, "data-centric parallel: cp = {} does not divide {} ranks", cp, job.world);
+  DcpChoice c;
+  c.cp = cp, c.dp = job.world / cp, c.accum = accum, c.recompute = recompute;
+  c.fits = true;
+  const double quad = dcp_quad(job.model);
+  // One cp group's devices, each at its share of the machine (the job's cluster divided them).
+  Cluster group = job.cluster;
+  group.devices_per_node = cp;
+  for (int64_t g = 0; g < c.dp; ++g) {
+    double t = 0;
+    for (const std::vector<int64_t>& mb : dcp_group_share(rows, cp, accum, job.world, g, quad)) {
+      const int64_t T = dcp_micro_batch_len(rows, mb, cp);
+      const ModelSpec m = dcp_micro_batch_spec(job.model, rows, mb, T);
+      Layout l;
+      l.dp = 1, l.cp = cp, l.zero = 0;
+      l.micro_batch = l.global_batch = std::max<int64_t>(1, int64_t(mb.size()));
+      l.recompute = recompute;
+      l.precision = job.precision;
+      const Prediction p = predict(m, group, l);
+      t += p.compute + p.memory_bound + p.recompute + p.grad_buffers + p.cp.total();
+      c.fits = c.fits && !p.memory.oom;
+      c.memory_bytes = std::max(c.memory_bytes, p.memory.total);
+      c.micro_batch = std::max<int64_t>(c.micro_batch, int64_t(mb.size()));
+      c.seq = std::max(c.seq, T);
+    }
+    c.step_s = std::max(c.step_s, t);
+  }
+  return c;
+}
+
+DcpChoice predict_config(const DcpJob& job, const std::vector<int64_t>& lengths, int64_t cp, int64_t accum,
+                         const std::string& recompute) {
+  ATOLL_CHECK(!lengths.empty(), "data-centric parallel: an empty batch");
+  return price_packed(job, pack_lengths(lengths), cp, accum, recompute);
+}
+
 std::vector<DcpChoice> dcp_candidates(const DcpJob& job, const std::vector<int64_t>& lengths) {
+  ATOLL_CHECK(!lengths.empty(), "data-centric parallel: an empty batch");
+  const std::vector<RowLengths> rows = pack_lengths(lengths);
   std::vector<DcpChoice> out;
   for (int64_t cp = 1; cp <= job.world; cp *= 2) {
     if (job.world % cp) continue;
-    const int64_t per_rank = (int64_t(lengths.size()) + job.world / cp - 1) / (job.world / cp);
-    for (int64_t accum = 1; accum <= std::min(job.max_accum, per_rank); accum *= 2)
-      for (const std::string& rc : job.recompute) out.push_back(predict_config(job, lengths, cp, accum, rc));
+    const int64_t per_rank = (int64_t(rows.size()) + job.world / cp - 1) / (job.world / cp);
+    for (int64_t accum = 1; accum <= std::max<int64_t>(1, std::min(job.max_accum, per_rank)); accum *= 2)
+      for (const std::string& rc : job.recompute) out.push_back(price_packed(job, rows, cp, accum, rc));
   }
   return out;
 }

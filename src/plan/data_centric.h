@@ -6,10 +6,18 @@
 // batches of many sequences get pure data parallelism with few micro-batches and no recompute;
 // one long sequence gets context parallelism (and recompute where activations would not fit).
 //
-// A batch's sequences are padded to its longest (rounded to the cp degree); the ranks of one cp
-// group share a sequence, the dp = world / cp groups split the batch, and accum micro-batches of
-// micro_batch sequences each make up a rank's share. Candidates that exceed a device's memory
-// are left out; of the rest the fastest predicted step wins (ties: smaller cp, fewer micro-steps).
+// A batch is its documents, packed as the trainer packs them (data/varlen_packer.h: first-fit
+// decreasing into rows as long as the longest document), the rows dealt out to the dp groups and
+// then to each group's micro-batches by the least loaded bin (a row's load: its positions plus
+// quad·Σ len², quad = 1/(12·hidden)). A micro-batch is priced as it runs: its rows padded to its
+// longest (rounded to 2cp under cp > 1), its attention the sum over rows of Σ len² of their
+// documents (the masked kernels visit only each query's own document, none of the padding), by
+// plan's model of one micro-batch on one cp group (compute, memory-bound and recompute time,
+// gradient buffers, exposed ring traffic); a step takes its slowest group. The gradient reduction
+// and the optimizer step are the same for every candidate (data parallelism always reduces over
+// all the ranks), so they are left out of step_s. Candidates that exceed a device's memory are
+// left out; of the rest the fastest predicted step wins (ties: smaller cp, fewer micro-steps).
+// The trainer's per-batch chooser (train/data_centric_step.h) prices with these functions.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,6 +49,36 @@ struct DcpChoice {
   }
 };
 
+// A packed row as the cost model sees it: the lengths of its documents, in order (PackedRow::
+// doc_lengths); its positions are their sum.
+using RowLengths = std::vector<int64_t>;
+// The packer's rows for documents of these lengths (pack_documents' rule, on lengths; empty
+// documents are left out), in order of decreasing use.
+std::vector<RowLengths> pack_lengths(const std::vector<int64_t>& docs);
+// The weight of a row's attention against its matmuls per position when balancing: 1 / (12 hidden).
+double dcp_quad(const ModelSpec& m);
+// A row's load: its positions plus quad·Σ len² (PackedRow::cost).
+double row_cost(const RowLengths& r, double quad);
+// Deals rows `which`, in that order, to `parts` bins: each to the bin with the least load so far
+// (ties: the lower bin); a bin's rows in increasing index order. Bins may be empty.
+std::vector<std::vector<int64_t>> deal_rows(const std::vector<RowLengths>& rows, const std::vector<int64_t>& which,
+                                            int64_t parts, double quad);
+// The micro-batches (row indices) of dp group `group` (the cp group of ranks [group cp, (group +
+// 1) cp)) under cp and accum.
+std::vector<std::vector<int64_t>> dcp_group_share(const std::vector<RowLengths>& rows, int64_t cp, int64_t accum,
+                                                  int64_t world, int64_t group, double quad);
+// A micro-batch's row length: its longest row, at least 1, rounded up to 2cp under cp > 1 (ring
+// attention's balanced chunks; trailing padding changes nothing under a causal mask).
+int64_t dcp_micro_batch_len(const std::vector<RowLengths>& rows, const std::vector<int64_t>& which, int64_t cp);
+// The spec of a micro-batch cut to T positions: attention_sq_len the mean over its rows of Σ len².
+ModelSpec dcp_micro_batch_spec(const ModelSpec& base, const std::vector<RowLengths>& rows,
+                               const std::vector<int64_t>& which, int64_t T);
+// One configuration's price for a batch of packed rows (step_s: the slowest dp group's
+// micro-batches; memory_bytes, micro_batch, seq: the largest micro-batch's).
+DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, int64_t cp, int64_t accum,
+                       const std::string& recompute);
+
+// The functions below take a batch as its documents' lengths, packed by pack_lengths.
 // One configuration's prediction for a batch of these lengths.
 DcpChoice predict_config(const DcpJob& job, const std::vector<int64_t>& lengths, int64_t cp, int64_t accum,
                          const std::string& recompute);

@@ -61,25 +61,26 @@ plan::ModelSpec model_spec(const nn::TransformerShape& t) {
 
 }  // namespace
 
+std::vector<plan::RowLengths> dcp_row_lengths(const std::vector<PackedRow>& rows) {
+  std::vector<plan::RowLengths> out;
+  out.reserve(rows.size());
+  for (const PackedRow& r : rows) out.push_back(r.doc_lengths);
+  return out;
+}
+
 std::vector<DcpMicroBatch> dcp_rank_share(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum, int64_t world,
                                           int rank, double quad) {
   ATOLL_CHECK(cp >= 1 && world % cp == 0 && accum >= 1, "data-centric step: cp {} over {} ranks, accum {}", cp, world,
               accum);
-  std::vector<int64_t> all(rows.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
-  // The cp group of consecutive ranks rank / cp shares its rows; the groups split the batch.
-  const auto groups = balance_rows(rows, all, world / cp, quad);
-  const auto micro = balance_rows(rows, groups[size_t(rank / cp)], accum, quad);
+  // The cp group of consecutive ranks rank / cp shares its rows; the groups split the batch, as
+  // plan's pricing deals them (plan/data_centric.h).
+  const std::vector<plan::RowLengths> lens = dcp_row_lengths(rows);
   std::vector<DcpMicroBatch> out;
-  for (const auto& m : micro) {
+  for (auto& m : plan::dcp_group_share(lens, cp, accum, world, rank / cp, quad)) {
     DcpMicroBatch b;
-    b.rows = m;
-    int64_t longest = 1;
-    for (int64_t r : m) longest = std::max(longest, rows[size_t(r)].used()), b.targets += rows[size_t(r)].used();
-    // Balanced ring attention splits a row into 2cp chunks; trailing padding changes nothing
-    // under a causal mask.
-    const int64_t q = cp > 1 ? 2 * cp : 1;
-    b.T = (longest + q - 1) / q * q;
+    for (int64_t r : m) b.targets += rows[size_t(r)].used();
+    b.T = plan::dcp_micro_batch_len(lens, m, cp);
+    b.rows = std::move(m);
     out.push_back(std::move(b));
   }
   return out;
@@ -87,13 +88,7 @@ std::vector<DcpMicroBatch> dcp_rank_share(const std::vector<PackedRow>& rows, in
 
 plan::ModelSpec dcp_micro_batch_model(const plan::ModelSpec& base, const std::vector<PackedRow>& rows,
                                       const DcpMicroBatch& mb) {
-  plan::ModelSpec m = base;
-  m.seq = mb.T;
-  double sq = 0;
-  for (int64_t r : mb.rows)
-    for (int64_t l : rows[size_t(r)].doc_lengths) sq += double(l) * double(l);
-  m.attention_sq_len = mb.rows.empty() ? 0 : sq / double(mb.rows.size());
-  return m;
+  return plan::dcp_micro_batch_spec(base, dcp_row_lengths(rows), mb.rows, mb.T);
 }
 
 DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
@@ -178,8 +173,8 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
     rings_.push_back(std::make_unique<parallel::RingAttention>(groups_.back().get(), true));
     ring_cp_.push_back(c);
   }
-  quad_ = 1.0 / (12.0 * double(shape->hidden));  // attention within documents against the matmuls per token
   job_.model = model_spec(*shape);
+  quad_ = plan::dcp_quad(job_.model);  // attention within documents against the matmuls per token
   std::string dev = s_.device;
   if (dev == "auto") dev = std::filesystem::exists(plan::calibration_path()) ? "cpu-local" : "";
   plan::Device d = dev.empty() ? estimated_cpu_device(peak_gflops_) : plan::find_device(dev);
@@ -233,41 +228,13 @@ std::string DataCentricStep::describe() const {
   return s;
 }
 
-// plan::choose_dcp prices a batch as sequences padded to its longest and split evenly over the dp
-// groups; packed rows are not even (a row of one long document beside a row of a few short ones),
-// so each candidate is priced here as it would run: every dp group's micro-batches, each cut to
-// its own longest row with its attention the sum of its documents' own (dcp_micro_batch_model),
-// by plan's model of one micro-batch on one cp group (compute, memory-bound
-// and recompute time, gradient buffers, exposed ring traffic), the step taking the slowest group.
-// The gradient reduction and the optimizer step are the same for every candidate (data
-// parallelism always reduces over all the ranks), so they are left out of the comparison.
+// Each candidate is priced by plan's model of packed rows (plan::price_packed: every dp group's
+// micro-batches, each cut to its own longest row with its attention the sum of its documents'
+// own, the step taking the slowest group), on the rows' document lengths: the choice here and
+// plan::choose_dcp price a batch alike, and dcp_rank_share deals the rows as the price assumed.
 plan::DcpChoice DataCentricStep::price(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum,
                                        const std::string& rc) const {
-  plan::DcpChoice c;
-  c.cp = cp, c.dp = world_ / cp, c.accum = accum, c.recompute = rc;
-  c.fits = true;
-  // One cp group's devices, each at its share of the machine (the job's cluster divided them).
-  plan::Cluster group = job_.cluster;
-  group.devices_per_node = cp;
-  for (int64_t g = 0; g < c.dp; ++g) {
-    double t = 0;
-    for (const DcpMicroBatch& mb : dcp_rank_share(rows, cp, accum, world_, int(g * cp), quad_)) {
-      const plan::ModelSpec m = dcp_micro_batch_model(job_.model, rows, mb);
-      plan::Layout l;
-      l.dp = 1, l.cp = cp, l.zero = 0;
-      l.micro_batch = l.global_batch = std::max<int64_t>(1, int64_t(mb.rows.size()));
-      l.recompute = rc;
-      l.precision = job_.precision;
-      const plan::Prediction p = plan::predict(m, group, l);
-      t += p.compute + p.memory_bound + p.recompute + p.grad_buffers + p.cp.total();
-      c.fits = c.fits && !p.memory.oom;
-      c.memory_bytes = std::max(c.memory_bytes, p.memory.total);
-      c.micro_batch = std::max<int64_t>(c.micro_batch, int64_t(mb.rows.size()));
-      c.seq = std::max(c.seq, mb.T);
-    }
-    c.step_s = std::max(c.step_s, t);
-  }
-  return c;
+  return plan::price_packed(job_, dcp_row_lengths(rows), cp, accum, rc);
 }
 
 plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows) const {

@@ -41,6 +41,8 @@ struct DcpMicroBatch {
   std::vector<int64_t> rows;
   int64_t T = 1, targets = 0;
 };
+// The rows' document lengths, as plan prices them.
+std::vector<plan::RowLengths> dcp_row_lengths(const std::vector<PackedRow>& rows);
 std::vector<DcpMicroBatch> dcp_rank_share(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum, int64_t world,
                                           int rank, double quad);
 

@@ -77,6 +77,40 @@ TEST(DataCentricStep, EachRowGoesToTheRanksOfOneGroup) {
     }
 }
 
+// The trainer and plan price and deal a batch alike: plan's packing of the documents' lengths
+// gives the packer's rows (each row's document lengths, in order), and the rows a rank computes
+// (dcp_rank_share, dealt by plan's rule) are the data layer's balance_rows bins, so the
+// configuration plan::choose_dcp prices is the one the step runs.
+TEST(DataCentricStep, PlanPacksAndDealsABatchAsTheTrainerRunsIt) {
+  std::vector<int> lengths;
+  uint64_t x = 12345;
+  for (int i = 0; i < 40; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    lengths.push_back(int(8 + (x >> 33) % 200) * (i % 13 == 0 ? 4 : 1));
+  }
+  const auto rows = rows_of(lengths);
+  std::vector<int64_t> lens(lengths.begin(), lengths.end());
+  const auto plan_rows = plan::pack_lengths(lens);
+  ASSERT_EQ(plan_rows.size(), rows.size());
+  ASSERT_GT(rows.size(), 4u);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(plan_rows[i], rows[i].doc_lengths) << "row " << i;
+  EXPECT_EQ(dcp_row_lengths(rows), plan_rows);
+  const double quad = 1.0 / (12.0 * 64);
+  for (int64_t cp : {1, 2})
+    for (int64_t accum : {1, 2, 3}) {
+      std::vector<int64_t> all(rows.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
+      const auto groups = balance_rows(rows, all, 4 / cp, quad);
+      for (int r = 0; r < 4; ++r) {
+        const auto micro = balance_rows(rows, groups[size_t(r / cp)], accum, quad);
+        const auto share = dcp_rank_share(rows, cp, accum, 4, r, quad);
+        ASSERT_EQ(share.size(), micro.size());
+        for (size_t m = 0; m < micro.size(); ++m)
+          EXPECT_EQ(share[m].rows, micro[m]) << "cp " << cp << " accum " << accum << " rank " << r << " micro " << m;
+      }
+    }
+}
+
 // The cost model prices a packed row's attention as its documents' own (Σ len², each causal
 // under the document mask), not as causal attention over the padded row: a row of 16 documents
 // of 256 costs ~1/16 of a row of one document of 4096 in attention (the Q/K/V/O traffic, per

@@ -63,3 +63,47 @@ TEST(DataCentricParallel, PerBatchChoiceBeatsTheBestStaticConfiguration) {
   EXPECT_LE(dcp_s, static_s * (1 + 1e-12));
   EXPECT_LT(dcp_s, static_s) << "the mix should reward choosing per batch";
 }
+
+// A batch is priced as the trainer packs and runs it (plan/data_centric.h), not as sequences
+// padded to its longest: 16 documents of 256 beside one of 4096 pack into a second row whose
+// attention is 16·256² (1/16 of the first row's), so the batch costs less than two documents of
+// 4096 and more than the long one alone. Priced padded (the chooser before session 8) the batch
+// was 17 sequences of 4096, far above two. (Rows are as long as the batch's longest document:
+// 16 documents of 256 alone make 16 rows.)
+TEST(DataCentricParallel, ABatchIsPricedAsItsPackedRows) {
+  DcpJob j = job();
+  j.recompute = {"none"};
+  std::vector<int64_t> mixed(16, 256);
+  mixed.insert(mixed.begin() + 5, 4096);
+  const auto rows = pack_lengths(mixed);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0], RowLengths{4096});
+  EXPECT_EQ(rows[1], RowLengths(16, 256));
+  EXPECT_EQ(pack_lengths(std::vector<int64_t>(16, 256)).size(), 16u) << "rows as long as the longest document";
+  // One micro-batch of both rows: padded to 4096, attention the mean over rows of Σ len².
+  const ModelSpec m = dcp_micro_batch_spec(j.model, rows, {0, 1}, dcp_micro_batch_len(rows, {0, 1}, 1));
+  EXPECT_EQ(m.seq, 4096);
+  EXPECT_DOUBLE_EQ(m.attention_sq_len, (4096.0 * 4096 + 16.0 * 256 * 256) / 2);
+  EXPECT_EQ(dcp_micro_batch_len(rows, {1}, 4), 4096);
+  EXPECT_EQ(dcp_micro_batch_len({{100}}, {0}, 4), 104) << "rounded to 2cp";
+  j.world = 1;
+  j.cluster = make_cluster(find_device("h100-sxm"), 1, 1, 1);
+  const double t_mixed = predict_config(j, mixed, 1, 1, "none").step_s,
+               t_two = predict_config(j, {4096, 4096}, 1, 1, "none").step_s,
+               t_one = predict_config(j, {4096}, 1, 1, "none").step_s;
+  std::printf("one 4096: %.4g ms, 4096 + 16 x 256: %.4g ms, 2 x 4096: %.4g ms\n", t_one * 1e3, t_mixed * 1e3,
+              t_two * 1e3);
+  EXPECT_LT(t_mixed, t_two) << "16 documents of 256 priced as a row of 4096";
+  EXPECT_GT(t_mixed, t_one);
+  // The choice follows the packed price: on 8 ranks, each candidate is price_packed of the rows,
+  // and the chosen one is the fastest that fits.
+  j = job();
+  const DcpChoice c = choose_dcp(j, mixed);
+  for (const DcpChoice& o : dcp_candidates(j, mixed)) {
+    const DcpChoice p = price_packed(j, pack_lengths(mixed), o.cp, o.accum, o.recompute);
+    EXPECT_EQ(o.step_s, p.step_s) << o.describe();
+    if (o.fits) {
+      EXPECT_LE(c.step_s, o.step_s) << c.describe() << " vs " << o.describe();
+    }
+  }
+}
