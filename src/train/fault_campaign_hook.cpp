@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -33,13 +34,15 @@ const std::set<std::string>& trainer_types() {
       "tensor_corruption",     "stale_state",           "config_drift",       "delay",
       "hang",                  "timeout",               "exception",          "process_termination",
       "checkpoint_corruption", "checkpoint_truncation", "checkpoint_missing", "checkpoint_io_error",
-      "payload_corruption",    "collective_desync"};
+      "payload_corruption",    "collective_desync",     "drop",               "duplicate",
+      "reorder",               "resource_exhaustion"};
   return t;
 }
 const char* kTrainerTypes =
-    "tensor_corruption, stale_state, config_drift, delay, hang, timeout, exception, process_termination, "
-    "checkpoint_corruption, checkpoint_truncation, checkpoint_missing, checkpoint_io_error, payload_corruption, "
-    "collective_desync";
+    "tensor_corruption, stale_state, config_drift, drop, duplicate, reorder, delay, hang, timeout, exception, "
+    "resource_exhaustion, process_termination, checkpoint_corruption, checkpoint_truncation, checkpoint_missing, "
+    "checkpoint_io_error, payload_corruption, collective_desync";
+int64_t position(const nlohmann::json& data_state) { return data_state.value("position", int64_t(-1)); }
 bool storage(const std::string& t) { return t.rfind("checkpoint_", 0) == 0; }
 
 // Above any boundary a healthy rank spends on a loaded 2-core machine (a parameter hash and, on
@@ -79,7 +82,7 @@ std::string progress_path(const TrainOptions& o, int rank) {
 CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, const std::string& strategy,
                            bool plain_dp, resilience::GradientChecksumComm* grad_check)
     : comm_(comm), grad_check_(grad_check), grad_clip_(o.grad_clip), steps_(o.steps), ckpt_every_(o.ckpt_every),
-      run_dir_(o.run_dir) {
+      grad_accum_(std::max<int64_t>(1, o.grad_accum)), run_dir_(o.run_dir) {
   ATOLL_CHECK(comm && comm->size() > 1 && plain_dp && strategy == "ddp",
               "fault.campaign runs in a distributed data-parallel job (`atoll launch`, parallel.strategy = \"ddp\", "
               "no tp/pp/cp/islands/quorum)");
@@ -151,7 +154,8 @@ void CampaignHook::record(int64_t step, const std::string& detector, const Local
   }
 }
 
-void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model, parallel::DataParallel& dp) {
+void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model, parallel::DataParallel& dp, Task& task,
+                        const TaskEnv& env) {
   append_line(dir_ + "/fired.jsonl", nlohmann::json{{"index", f.index}, {"type", f.type}, {"step", f.step},
                                                     {"rank", rank_}}.dump());
   log::warn("fault.campaign: rank {} fires {} before step {}", rank_, f.type, f.step);
@@ -171,6 +175,33 @@ void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model, p
     TensorFile mf = safetensors_decode(stale_[0], "the stale weights"), of = safetensors_decode(stale_[1], "the stale optimizer state");
     dp.load_full_state(mf.tensors, of, fmt::format("the state before step {}", stale_from_));
     log::warn("fault.campaign: rank {} put back its weights and optimizer state from before step {}", rank_, stale_from_);
+  } else if (f.type == "drop" || f.type == "duplicate" || f.type == "reorder") {
+    // The loader skips a batch (drop), goes back to serve the previous one again (duplicate), or
+    // serves the one after next first (reorder: batch k + 1, then k; the step sees k + 1).
+    if (f.type == "drop") {
+      (void)task.next_batch();
+    } else {
+      ATOLL_CHECK(batch_rows_ > 0 && position(task.data_state()) >= batch_rows_,
+                  "fault.campaign: fault {} ({}) at step {}: the loader's batch size is not known yet (place it after "
+                  "the run's first step)", f.index, f.type, f.step);
+      nlohmann::json st = task.data_state();
+      st["position"] = position(st) + (f.type == "duplicate" ? -batch_rows_ : batch_rows_);
+      task.set_data_state(st, env);
+    }
+  } else if (f.type == "resource_exhaustion") {
+    // The address space capped 256 MB above its size, then allocations until one fails: the
+    // std::bad_alloc ends the process as real memory exhaustion would (nothing is touched: no RSS).
+    long pages = 0;
+    if (FILE* st = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(st, "%ld", &pages) != 1) pages = 0;
+      std::fclose(st);
+    }
+    rlimit rl{};
+    ::getrlimit(RLIMIT_AS, &rl);
+    rl.rlim_cur = rlim_t(pages) * rlim_t(::sysconf(_SC_PAGESIZE)) + (rlim_t(256) << 20);
+    ATOLL_CHECK(::setrlimit(RLIMIT_AS, &rl) == 0, "fault.campaign: setrlimit(RLIMIT_AS): {}", std::strerror(errno));
+    std::vector<std::unique_ptr<char[]>> hog;
+    for (;;) hog.emplace_back(new char[size_t(32) << 20]);
   } else if (f.type == "config_drift") {
     lr_factor_ = 1.5f;  // as a re-read configuration with another learning rate would
   } else if (f.type == "hang") {
@@ -236,7 +267,8 @@ void CampaignHook::repair_state(int root, nn::Model& model, parallel::DataParall
   (void)model;
 }
 
-void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp) {
+void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task,
+                               const TaskEnv& env) {
   entered_ = std::chrono::steady_clock::now();
   step_ = step;
   step_dets_ = nlohmann::json::array();
@@ -257,13 +289,14 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
   for (auto& f : c_.faults)
     if (f.step == step && mine(f) && f.type != "checkpoint_io_error") {  // that one fires at the save
       fired_.push_back(f.index);
-      fire(f, model, dp);
+      fire(f, model, dp, task, env);
     }
   const int64_t bad = have_hash_ && resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes()) != param_hash_;
   std::string scrub;
   if (rank_ == 0 && !last_ckpt_.empty()) scrub = fs::exists(last_ckpt_) ? checkpoint_problem(last_ckpt_) : "it is missing";
   const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - entered_).count();
-  constexpr int kF = 7;
+  const bool bad_data = !data_after_.is_null() && task.data_state() != data_after_;
+  constexpr int kF = 8;
   Tensor mine_t = Tensor::zeros({kF}, DType::i64), all = Tensor::zeros({int64_t(kF) * world_}, DType::i64);
   auto* m = static_cast<int64_t*>(mine_t.raw());
   m[0] = ms;
@@ -274,6 +307,7 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
   m[5] = old_started_;
   const uint64_t ch = config_hash();
   std::memcpy(&m[6], &ch, 8);
+  m[7] = bad_data;
   comm_->all_gather(mine_t, all);
   const auto* a = static_cast<const int64_t*>(all.raw());
   auto at = [&](int r, int k) { return a[size_t(r) * kF + size_t(k)]; };
@@ -358,6 +392,21 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
     record(step, "state self-check", self, "the parameters changed since the rank's own update",
            fmt::format("weights and optimizer state broadcast from rank {} before the step", root));
   }
+  // Data position self-check: evidence about each rank's own loader; put back before the step reads.
+  {
+    Localization l;
+    for (int r = 0; r < world_; ++r)
+      if (at(r, 7)) l.ranks.push_back(r);
+    if (!l.ranks.empty()) {
+      l.verdict = Localization::outlier;
+      const std::string was = bad_data ? fmt::format(" (this rank's loader at row {}, {} after its update)",
+                                                     position(task.data_state()), position(data_after_))
+                                       : std::string();
+      if (bad_data) task.set_data_state(data_after_, env);
+      record(step, "data position self-check", l, "the loader moved since the rank's own update" + was,
+             "the loader put back to its state after the last update, before the step");
+    }
+  }
   // Config hash: a vote. Repaired either way by every rank returning to the launch configuration
   // (the one the pre-run gate compared), so no step runs with the drift.
   {
@@ -427,9 +476,13 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
   }
 }
 
-void CampaignHook::after_update(const nn::Model& model) {
+void CampaignHook::after_update(const nn::Model& model, const Task& task) {
   param_hash_ = resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes());
   have_hash_ = true;
+  nlohmann::json now = task.data_state();
+  if (!data_after_.is_null() && position(now) > position(data_after_))
+    batch_rows_ = (position(now) - position(data_after_)) / grad_accum_;
+  data_after_ = std::move(now);
   if (!grad_check_) return;
   for (auto& f : grad_check_->take_findings()) {  // the same on every rank: each checked the same sums
     Localization l;

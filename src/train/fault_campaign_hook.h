@@ -7,12 +7,17 @@
 // Types fired in the trainer (the others of the 21 are refused naming these): tensor_corruption,
 // stale_state, config_drift, delay, hang, timeout, exception, process_termination,
 // checkpoint_corruption, checkpoint_truncation, checkpoint_missing, checkpoint_io_error,
-// payload_corruption, collective_desync — every family. Detectors:
+// payload_corruption, collective_desync, drop, duplicate, reorder, resource_exhaustion — every
+// family. Detectors:
 //  - state self-check (evidence): each rank hashes its parameters after its update and again at
 //    the next boundary; a rank whose parameters changed outside the optimizer (a flipped bit, the
 //    state of 3 steps earlier put back) names itself. Repair: the weights and optimizer state
 //    broadcast from the lowest healthy rank, before the step runs, so the trajectory stays the
 //    clean run's.
+//  - data position self-check (evidence): each rank keeps its loader's state after its update; a
+//    rank whose loader moved between steps (a batch skipped, served again, or the next two
+//    swapped: the first served is one ahead) names itself. Repair: the loader put back, before the
+//    step reads from it.
 //  - config hash (vote): each rank's hash of the hyperparameters it will use for the step; the
 //    ranks outside a strict majority are named. Repair: every rank back to the configuration the
 //    pre-run gate agreed on, before the step runs.
@@ -47,6 +52,7 @@
 #include "parallel/data_parallel.h"
 #include "resilience/gradient_checksum_comm.h"
 #include "resilience/fault_campaign.h"
+#include "train/task.h"
 #include "train/trainer.h"
 
 namespace atl {
@@ -59,8 +65,9 @@ class CampaignHook {
                resilience::GradientChecksumComm* grad_check);
   // At the top of step `step` (1-based, the step about to run): fires this rank's faults scheduled
   // there, runs the detectors (collective) and the repairs.
-  void at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp);
-  void after_update(const nn::Model& model);  // the parameter hash the next boundary checks; payload findings
+  void at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task,
+                   const TaskEnv& env);
+  void after_update(const nn::Model& model, const Task& task);  // the parameter hash the next boundary checks; payload findings
   float lr_factor() const { return lr_factor_; }  // 1 unless a config_drift is in force
   void before_checkpoint(int64_t step);  // rank 0: arms a checkpoint_io_error due at this step
   // The checkpoint save threw: true when that was the armed fault (recorded; save again).
@@ -75,7 +82,8 @@ class CampaignHook {
  private:
   void record(int64_t step, const std::string& detector, const resilience::Localization& where,
               const std::string& detail, const std::string& recovery);
-  void fire(const resilience::ScheduledFault& f, nn::Model& model, parallel::DataParallel& dp);
+  void fire(const resilience::ScheduledFault& f, nn::Model& model, parallel::DataParallel& dp, Task& task,
+            const TaskEnv& env);
   void repair_state(int root, nn::Model& model, parallel::DataParallel& dp);
 
   uint64_t config_hash() const;
@@ -88,6 +96,9 @@ class CampaignHook {
   int64_t steps_ = 0, ckpt_every_ = 0, step_ = 0;
   std::string stale_[2];  // stale_state: the weights and optimizer state of an earlier boundary
   int64_t stale_from_ = -1;
+  nlohmann::json data_after_;  // the loader's state after this rank's last update
+  int64_t batch_rows_ = 0;     // rows one next_batch() takes (from the last step's advance)
+  int64_t grad_accum_ = 1;
   bool fsize_armed_ = false;  // checkpoint_io_error: RLIMIT_FSIZE lowered for the save
   uint64_t fsize_soft_ = 0;
   int rank_ = 0, world_ = 1;

@@ -476,7 +476,7 @@ TrainResult Trainer::run(bool resume) {
     resilience::ProgressPublisher::instance().set_step(step + 1);
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
-    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp);  // fires, detects, repairs
+    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp, *I.task, I.data_env());  // fires, detects, repairs
     if (join && !join->begin()) break;  // no rank has data (resumed past the end)
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
@@ -548,7 +548,7 @@ TrainResult Trainer::run(bool resume) {
       loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
-      if (I.campaign) I.campaign->after_update(*I.model);
+      if (I.campaign) I.campaign->after_update(*I.model, *I.task);
     }
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -137,6 +137,43 @@ TEST(TrainerCampaign, StateConfigPayloadAndCheckpointWriteFaultsAreRepairedInPla
   }
 }
 
+// The loader faults (a batch skipped, served twice, the next two swapped) put right before the step
+// reads, and memory exhaustion (std::bad_alloc under a capped address space) recovered by the
+// launcher's restart: one launch, the clean run's trajectory.
+TEST(TrainerCampaign, LoaderFaultsArePutBackAndMemoryExhaustionRestartsTheJobBitwise) {
+  TrainJob job("train_campaign");
+  std::ofstream(job.root / "campaign.json") << R"({"seed": 8, "checkpoint_every": 5, "steps": 24, "faults": [
+      {"type": "drop", "rank": 1, "step": 4},
+      {"type": "duplicate", "rank": 0, "step": 8},
+      {"type": "resource_exhaustion", "rank": 1, "step": 12},
+      {"type": "reorder", "rank": 1, "step": 17}]})";
+  ASSERT_EQ(wait_for(job.start(2, {"--max-restarts", "1"}, "run",
+                               {"--fault.campaign=" + (job.root / "campaign.json").string()}, "a.log"),
+                     120),
+            0)
+      << job.log("a.log");
+  ASSERT_EQ(job.launch(2, "clean", {}, "clean.log"), 0) << job.log("clean.log");
+  EXPECT_NE(job.log("a.log").find("restarting the whole job (restart 1 of 1"), std::string::npos) << job.log("a.log");
+  nlohmann::json rec = last_record(job.root / "run/metrics.jsonl", "campaign_score");
+  ASSERT_FALSE(rec.is_null()) << job.log("a.log");
+  const auto& s = rec["campaign_score"];
+  ASSERT_EQ(s["faults"].size(), 4u) << s.dump(1);
+  for (const auto& f : s["faults"]) {
+    const std::string type = f["type"];
+    SCOPED_TRACE(type);
+    EXPECT_TRUE(f["fired"].get<bool>());
+    EXPECT_EQ(f["outcome"], "exact") << f.dump();
+    ASSERT_FALSE(f["detected_by"].empty()) << f.dump();
+    EXPECT_EQ(f["detected_by"][0], type == "resource_exhaustion" ? "exit status" : "data position self-check")
+        << f.dump();
+  }
+  EXPECT_TRUE(s["false_positives"].empty()) << s.dump(1);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(read_file((job.root / "run/checkpoints/step_00000024" / file).string()),
+              read_file((job.root / "clean/checkpoints/step_00000024" / file).string()))
+        << file;
+}
+
 // A rank that stops (hang: SIGSTOP) and one that stays away from the collective past its peers'
 // timeout (timeout): fatal, named after the fact, and recovered inside one launch by its restart.
 TEST(TrainerCampaign, AHangIsNamedByTheWatcherATimeoutByWhoWaitsOnWhomAndBothRecoverInOneLaunch) {
