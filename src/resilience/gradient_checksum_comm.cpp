@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include "core/checksum.h"
@@ -35,6 +36,12 @@ void corrupt(float* x, int64_t n) {
   std::memcpy(x + at, &bits, 4);
 }
 
+int64_t thread_cpu_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
 }  // namespace
 
 GradientChecksumComm::GradientChecksumComm(comm::Communicator* inner, const nn::Model& model)
@@ -63,6 +70,8 @@ void GradientChecksumComm::checked_all_reduce(const Tensor& t) {
   const int n = size();
   const int64_t N = t.numel();
   float* x = t.f32();
+  const int64_t cpu0 = thread_cpu_ns();
+  int64_t in_reduce = 0;  // the all-reduce's own CPU time, left out of the check's
   // 1. The contribution's checksums, and a copy of it.
   const Sums mine = sums(x, N);
   const uint32_t crc = crc32c(x, size_t(N) * 4);
@@ -74,7 +83,11 @@ void GradientChecksumComm::checked_all_reduce(const Tensor& t) {
     armed_ = false;
   }
   if (armed) corrupt(x, N);  // 2. the payload corrupted after its checksum
-  inner_->all_reduce(t, comm::ReduceOp::sum);
+  {
+    const int64_t r0 = thread_cpu_ns();
+    inner_->all_reduce(t, comm::ReduceOp::sum);
+    in_reduce = thread_cpu_ns() - r0;
+  }
   // 3. Every rank's (S, A, CRC) and its result's (sum, absolute sum), so that every rank decides
   // the same (the same numbers, summed in the same order): a rank that alone saw a mismatch and
   // went on to localize would pair its collectives with the others' next ones.
@@ -116,7 +129,10 @@ void GradientChecksumComm::checked_all_reduce(const Tensor& t) {
   gather(x);
   ++checked_;
   auto [diff, bound] = worst();
-  if (diff <= bound) return;
+  if (diff <= bound) {
+    cpu_ns_ += thread_cpu_ns() - cpu0 - in_reduce;
+    return;
+  }
   const auto* a = static_cast<const double*>(all.raw());
   std::vector<uint32_t> crcs(static_cast<size_t>(n), 0u);
   for (int q = 0; q < n; ++q) crcs[size_t(q)] = uint32_t(a[kD * q + 2]);

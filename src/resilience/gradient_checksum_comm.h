@@ -24,6 +24,7 @@
 // is of the reduction's own rounding size). Cost: the copy, two passes over the bucket and a
 // 24-byte all-gather per bucket per step: a test mode, like the campaign.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,8 @@ class GradientChecksumComm final : public comm::Communicator {
   // Mismatches found since the last call.
   std::vector<PayloadFinding> take_findings();
   int64_t buckets_checked() const { return checked_; }
+  // CPU time of the checks (the sums, CRCs, copies and the extra all-gather; not the all-reduce itself).
+  int64_t check_cpu_ns() const { return cpu_ns_.load(); }
 
  private:
   void run_all_reduce(const Tensor& t, comm::ReduceOp op) override;
@@ -75,7 +78,7 @@ class GradientChecksumComm final : public comm::Communicator {
   std::mutex mu_;
   bool armed_ = false;  // guarded by mu_
   std::vector<PayloadFinding> findings_;
-  int64_t checked_ = 0;
+  std::atomic<int64_t> checked_{0}, cpu_ns_{0};
 };
 
 }  // namespace atl::resilience

@@ -42,6 +42,17 @@ const char* kTrainerTypes =
     "tensor_corruption, stale_state, config_drift, drop, duplicate, reorder, delay, hang, timeout, exception, "
     "resource_exhaustion, process_termination, checkpoint_corruption, checkpoint_truncation, checkpoint_missing, "
     "checkpoint_io_error, payload_corruption, collective_desync";
+int64_t cpu_ns(clockid_t which) {
+  timespec t{};
+  ::clock_gettime(which, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+// The boundary's own CPU time on the calling thread (its collectives' waits cost none).
+struct CpuTimer {
+  int64_t& acc;
+  int64_t t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+  ~CpuTimer() { acc += cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0; }
+};
 int64_t position(const nlohmann::json& data_state) { return data_state.value("position", int64_t(-1)); }
 bool storage(const std::string& t) { return t.rfind("checkpoint_", 0) == 0; }
 
@@ -270,6 +281,9 @@ void CampaignHook::repair_state(int root, nn::Model& model, parallel::DataParall
 void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task,
                                const TaskEnv& env) {
   entered_ = std::chrono::steady_clock::now();
+  CpuTimer timer{cpu_ns_};
+  ++boundaries_;
+  if (proc_cpu0_ns_ == 0) proc_cpu0_ns_ = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
   step_ = step;
   step_dets_ = nlohmann::json::array();
   want_checkpoint_ = false;
@@ -477,6 +491,7 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
 }
 
 void CampaignHook::after_update(const nn::Model& model, const Task& task) {
+  CpuTimer timer{cpu_ns_};
   param_hash_ = resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes());
   have_hash_ = true;
   nlohmann::json now = task.data_state();
@@ -584,7 +599,16 @@ nlohmann::json CampaignHook::summary() {
   nlohmann::json fp = nlohmann::json::array();
   for (auto& d : s.false_positives)
     fp.push_back({{"step", d.step}, {"detector", d.detector}, {"ranks", d.where.ranks}});
-  nlohmann::json out = {{"seed", c_.seed},        {"world", world_},           {"exact", s.exact},
+  // The campaign's own cost on rank 0, in CPU time (wall time means little on a shared machine):
+  // the boundary checks (hashes, scrub, small all-gathers, repairs) and the gradient checksums,
+  // against the process's whole CPU time over the same steps.
+  const double per = double(std::max<int64_t>(1, boundaries_));
+  const double proc_ms = double(cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - proc_cpu0_ns_) / 1e6 / per;
+  nlohmann::json cost = {{"boundaries", boundaries_},
+                         {"boundary_cpu_ms_per_step", double(cpu_ns_) / 1e6 / per},
+                         {"checksum_cpu_ms_per_step", grad_check_ ? double(grad_check_->check_cpu_ns()) / 1e6 / per : 0.0},
+                         {"process_cpu_ms_per_step", proc_ms}};
+  nlohmann::json out = {{"seed", c_.seed},        {"cost", cost},        {"world", world_},           {"exact", s.exact},
                         {"inconclusive", s.inconclusive}, {"wrong", s.wrong}, {"missed", s.missed},
                         {"false_positives", fp},  {"faults", faults}};
   std::ofstream(dir_ + "/score.json") << out.dump(1) << "\n";

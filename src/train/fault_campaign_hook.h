@@ -99,6 +99,7 @@ class CampaignHook {
   nlohmann::json data_after_;  // the loader's state after this rank's last update
   int64_t batch_rows_ = 0;     // rows one next_batch() takes (from the last step's advance)
   int64_t grad_accum_ = 1;
+  int64_t cpu_ns_ = 0, boundaries_ = 0, proc_cpu0_ns_ = 0;  // the boundary checks' CPU time (summary)
   bool fsize_armed_ = false;  // checkpoint_io_error: RLIMIT_FSIZE lowered for the save
   uint64_t fsize_soft_ = 0;
   int rank_ = 0, world_ = 1;
