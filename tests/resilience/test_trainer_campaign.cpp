@@ -137,6 +137,37 @@ TEST(TrainerCampaign, StateConfigPayloadAndCheckpointWriteFaultsAreRepairedInPla
   }
 }
 
+// At 4 ranks the vote has a strict majority: the drifted config is named exactly (3 against 1), as
+// are the evidence detectors; the run still ends bitwise equal to a clean one.
+TEST(TrainerCampaign, OnFourRanksTheConfigVoteNamesTheDriftedRank) {
+  TrainJob job("train_campaign");
+  std::ofstream(job.root / "campaign.json") << R"({"seed": 2, "checkpoint_every": 5, "steps": 12, "faults": [
+      {"type": "config_drift", "rank": 2, "step": 4},
+      {"type": "payload_corruption", "rank": 3, "step": 7},
+      {"type": "drop", "rank": 1, "step": 9}]})";
+  const std::string steps = "--train.steps=12";
+  ASSERT_EQ(job.launch(4, "run", {steps, "--fault.campaign=" + (job.root / "campaign.json").string()}, "a.log"), 0)
+      << job.log("a.log");
+  ASSERT_EQ(job.launch(4, "clean", {steps}, "clean.log"), 0) << job.log("clean.log");
+  nlohmann::json rec = last_record(job.root / "run/metrics.jsonl", "campaign_score");
+  ASSERT_FALSE(rec.is_null()) << job.log("a.log");
+  const auto& s = rec["campaign_score"];
+  std::map<std::string, std::string> by = {
+      {"config_drift", "config hash"}, {"payload_corruption", "gradient checksum"}, {"drop", "data position self-check"}};
+  ASSERT_EQ(s["faults"].size(), 3u) << s.dump(1);
+  for (const auto& f : s["faults"]) {
+    SCOPED_TRACE(f["type"].get<std::string>());
+    EXPECT_EQ(f["outcome"], "exact") << f.dump();
+    ASSERT_EQ(f["detected_by"].size(), 1u) << f.dump();
+    EXPECT_EQ(f["detected_by"][0], by[f["type"]]) << f.dump();
+  }
+  EXPECT_TRUE(s["false_positives"].empty()) << s.dump(1);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(read_file((job.root / "run/checkpoints/step_00000012" / file).string()),
+              read_file((job.root / "clean/checkpoints/step_00000012" / file).string()))
+        << file;
+}
+
 // The loader faults (a batch skipped, served twice, the next two swapped) put right before the step
 // reads, and memory exhaustion (std::bad_alloc under a capped address space) recovered by the
 // launcher's restart: one launch, the clean run's trajectory.
