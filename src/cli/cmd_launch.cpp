@@ -1,5 +1,6 @@
 // `atoll launch`: runs a command as the ranks of a distributed job (see comm/launcher.h).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -43,7 +44,10 @@ static int run_launch(int argc, char** argv) {
   app.add_flag("--ft", ft,
                "fault tolerance: host a lighthouse, run `atoll train` ranks as quorum replicas, and start a failed "
                "rank again with --resume instead of stopping the job");
-  app.add_option("--max-restarts", o.max_restarts, "with --ft: restarts in all before the job is stopped (default 3)")
+  app.add_option("--max-restarts", o.max_restarts,
+                 "restarts in all before the job is stopped: without --ft, a failed rank restarts the whole job "
+                 "(`atoll train` with --resume; TORCHELASTIC_RESTART_COUNT); with --ft, the failed rank alone "
+                 "(default 3 with --ft, 0 without)")
       ->check(integer_in(0, 1 << 20));
   app.add_option("--heartbeat-timeout-ms", ft_timeout_ms, "with --ft: a replica silent this long leaves the quorum")
       ->check(integer_in(10, 3600000));
@@ -87,7 +91,18 @@ static int run_launch(int argc, char** argv) {
                    "--report-every-s", "60", "--quiet"};
   }
   if (ft && !o.watch_cmd.empty()) o.watch_cmd.push_back("--tolerant");  // replicas go on without a dead one
-  if (!ft) return comm::launch(o);
+  if (!ft) {
+    // issue 14: torchrun's whole-job restart. An `atoll train` job goes on from its last committed
+    // checkpoint: --resume (which starts from scratch when there is none yet), never --overwrite.
+    o.restart_group = true;
+    if (o.max_restarts > 0 && o.cmd.size() >= 2 && o.cmd[1] == "train") {
+      for (auto& a : o.cmd)
+        if (a != "--overwrite") o.restart_cmd.push_back(a);
+      if (std::find(o.restart_cmd.begin(), o.restart_cmd.end(), "--resume") == o.restart_cmd.end())
+        o.restart_cmd.push_back("--resume");
+    }
+    return comm::launch(o);
+  }
   ATOLL_CHECK(o.nnodes == 1, "--ft runs on one node for now (start `atoll lighthouse` and the replicas by hand "
                              "across nodes: docs/fault_tolerance.md)");
   resilience::LighthouseOptions lo;

@@ -5,7 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <csignal>
 #include <cstdio>
 #include <map>
@@ -41,6 +45,9 @@ int run_watch(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0));
   app.add_flag("--tolerant", o.tolerant,
                "a fault-tolerant job: a dead or stopped rank is reported, and only a job where no rank progresses fails");
+  app.add_option("--ignore-before-ns", o.ignore_before_ns,
+                 "leave out records without progress since this CLOCK_MONOTONIC time (an earlier start's)")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_flag("--quiet", quiet, "print a rank's state only in the periodic reports, not on every change");
   app.add_flag("--stop", stop, "on a hang, kill the ranks (SIGKILL) after naming it");
   try {
@@ -88,6 +95,18 @@ int run_watch(int argc, char** argv) {
         std::printf("watch: [%.1f s] %s\n", since, verdict.message.c_str());
         std::fflush(stdout);
         std::fprintf(stderr, "atoll watch: %s\n", verdict.message.c_str());
+        // issue 14: the evidence a resumed `atoll train` names the rank with (fault_campaign_hook.h).
+        if (const char* ff = std::getenv("ATOLL_FAILURE_FILE"); ff && *ff && !verdict.culprits.empty()) {
+          std::string lines;
+          for (const auto& v : views)
+            if (std::count(verdict.culprits.begin(), verdict.culprits.end(), v.rank))
+              lines += nlohmann::json{{"rank", v.rank}, {"detector", "watcher"}, {"state", resilience::rank_state_name(v.state)},
+                                      {"step", v.step}, {"status", v.describe()}}.dump() + "\n";
+          if (FILE* f = std::fopen(ff, "a")) {
+            std::fputs(lines.c_str(), f);
+            std::fclose(f);
+          }
+        }
         if (stop) {
           for (const auto& v : views)
             if (v.state != resilience::RankState::dead && v.state != resilience::RankState::finished && v.pid > 0) {

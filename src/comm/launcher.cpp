@@ -11,12 +11,14 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -78,7 +80,7 @@ std::string describe_status(int status) {
   return fmt::format("ended with status {}", status);
 }
 
-pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, int master_port) {
+pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, int master_port, int restart_count) {
   int out[2], err[2];
   ATOLL_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe(): {}",
               std::strerror(errno));
@@ -95,6 +97,10 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
       "ATOLL_STORE_PORT=" + std::to_string(store_port),
       // The rank's watchdog (comm/launcher_watch.h) ends it when this process is gone.
       "ATOLL_LAUNCHER_PID=" + std::to_string(::getpid()),
+      // torchrun's names: how many times the job (with --ft: this node's ranks) was started
+      // again, and the most it may be (train/trainer.cpp logs and records the count).
+      "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart_count),
+      "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(o.max_restarts),
   };
   if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
   if (o.connect_timeout_s > 0) envs.push_back(fmt::format("ATOLL_CONNECT_TIMEOUT={}", o.connect_timeout_s));
@@ -152,50 +158,39 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
 
 }  // namespace
 
-int launch(const LaunchOptions& o) {
-  ATOLL_CHECK(!o.cmd.empty(), "atoll launch: no command given after --");
-  ATOLL_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1");
-  ATOLL_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes,
-              "--node-rank {} is outside 0..{}", o.node_rank, o.nnodes - 1);
-  ATOLL_CHECK(o.nnodes == 1 || o.rdzv_port > 0,
-              "a multi-node launch needs --rdzv HOST:PORT naming node 0's address");
+namespace {
+
+// One start of this node's ranks, to its end: every rank exited, or the job torn down.
+struct Attempt {
+  std::string failure;  // the first failure, as reported; empty: every rank exited 0
+  bool interrupted = false;  // the launcher itself was signalled: never restarted
+  int failed_rank = -1;      // the rank whose end began the teardown (-1: the watcher, a signal, another node)
+  std::vector<Child> kids;
+};
+
+Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int port, int master_port) {
   using clock = std::chrono::steady_clock;
   using Millis = std::chrono::milliseconds;
-
-  // Node 0 hosts the store; a single-node job keeps it on loopback.
-  std::unique_ptr<TcpStoreServer> server;
-  int port = o.rdzv_port;
-  if (o.node_rank == 0) {
-    server = std::make_unique<TcpStoreServer>(o.nnodes > 1 ? "0.0.0.0" : o.rdzv_host, port);
-    port = server->port();
-  }
-  Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
-  auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout,
-                                         o.connect_timeout_s > 0 ? Millis(int64_t(o.connect_timeout_s * 1000)) : Millis(-1));
-  // MASTER_PORT stays free for rank 0's own use (torch.distributed's env:// store, say): the
-  // next port on a multi-node job, so that every node agrees without asking; a free one here.
-  int master_port = o.nnodes > 1 ? o.rdzv_port + 1 : pick_free_port(o.rdzv_host);
-
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  struct sigaction old_int, old_term;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  // If our own output goes away (`atoll launch ... | head`), keep running and tearing down
-  // properly instead of dying and orphaning the ranks.
-  auto old_pipe = ::signal(SIGPIPE, SIG_IGN);
-
-  std::vector<Child> kids(size_t(o.nproc_per_node));
+  Attempt a;
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t start_ns = int64_t(now.tv_sec) * 1000000000 + now.tv_nsec;  // the progress records' clock
+  auto& kids = a.kids;
+  kids.resize(size_t(o.nproc_per_node));
+  LaunchOptions first = o;
+  if (attempt > 0 && !o.restart_cmd.empty()) first.cmd = o.restart_cmd;
   for (int i = 0; i < o.nproc_per_node; ++i) {
     kids[size_t(i)].rank = o.node_rank * o.nproc_per_node + i;
-    kids[size_t(i)].pid = spawn(o, kids[size_t(i)], i, port, master_port);
+    kids[size_t(i)].pid = spawn(first, kids[size_t(i)], i, port, master_port, attempt);
   }
 
   // issue 14: the watcher, a plain child (its output goes straight to ours).
   pid_t watcher = 0;
   if (!o.watch_cmd.empty()) {
     std::vector<std::string> wc = o.watch_cmd;
+    // The records of an earlier start are in the same directory until the new ranks replace them.
+    wc.push_back("--ignore-before-ns");
+    wc.push_back(std::to_string(start_ns));
     std::vector<char*> wargv;
     for (auto& s : wc) wargv.push_back(s.data());
     wargv.push_back(nullptr);
@@ -208,8 +203,8 @@ int launch(const LaunchOptions& o) {
       ::_exit(127);
     }
   }
-  std::string failure;  // the first failure, as reported
-  int restarts = 0;     // ranks started again (max_restarts)
+  std::string& failure = a.failure;
+  int restarts = 0;     // ranks started again (max_restarts, --ft)
   int outlived = 0;     // ranks the job went on without (outlive)
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
@@ -220,7 +215,7 @@ int launch(const LaunchOptions& o) {
     std::fprintf(stderr, "atoll launch: %s; stopping the other ranks\n", why.c_str());
     std::fflush(stderr);
     try {
-      if (!store->check({"launch/failed"})) store->set("launch/failed", why);
+      if (!store.check({"launch/failed"})) store.set("launch/failed", why);
     } catch (const Error&) {
     }
     term_at = clock::now() + (immediate ? Millis(0) : Millis(int64_t(o.grace_s * 1000)));
@@ -274,8 +269,8 @@ int launch(const LaunchOptions& o) {
         if (r == c.pid) {
           c.exited = true;
           c.status = st;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && restarts < o.max_restarts && failure.empty() &&
-              !g_interrupted) {
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
+              failure.empty() && !g_interrupted) {
             ++restarts;
             std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", c.rank,
                          int(c.pid), describe_status(st).c_str(), restarts, o.max_restarts);
@@ -289,16 +284,19 @@ int launch(const LaunchOptions& o) {
             LaunchOptions again = o;
             again.cmd.insert(again.cmd.end(), o.restart_args.begin(), o.restart_args.end());
             c.exited = false;
-            c.pid = spawn(again, c, c.rank - o.node_rank * o.nproc_per_node, port, master_port);
+            c.signalled = false;
+            c.pid = spawn(again, c, c.rank - o.node_rank * o.nproc_per_node, port, master_port, restarts);
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && outlived < o.outlive && failure.empty() &&
                      !g_interrupted && !outlive_refused(c.rank, int(c.pid), st)) {
             ++outlived;
             std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; the job goes on without it (%d of %d)\n", c.rank,
                          int(c.pid), describe_status(st).c_str(), outlived, o.outlive);
             std::fflush(stderr);
-          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+            if (failure.empty()) a.failed_rank = c.rank;
             begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
                            false);
+          }
         }
       }
     }
@@ -314,13 +312,15 @@ int launch(const LaunchOptions& o) {
     bool outputs_closed = std::all_of(kids.begin(), kids.end(),
                                       [](const Child& c) { return c.fds[0] < 0 && c.fds[1] < 0; });
     if (all_exited && (outputs_closed || killed)) break;
-    if (g_interrupted && failure.empty())
+    if (g_interrupted && failure.empty()) {
+      a.interrupted = true;
       begin_teardown(fmt::format("interrupted by signal {}", int(g_interrupted)), true);
+    }
     // Another node's failure reaches us through the store.
     if (o.nnodes > 1 && failure.empty() && clock::now() - last_store_check > Millis(250)) {
       last_store_check = clock::now();
       try {
-        if (auto f = store->try_get("launch/failed")) begin_teardown("on another node: " + *f, false);
+        if (auto f = store.try_get("launch/failed")) begin_teardown("on another node: " + *f, false);
       } catch (const Error& e) {
         begin_teardown(std::string("lost the rendezvous store: ") + e.what(), false);
       }
@@ -353,39 +353,119 @@ int launch(const LaunchOptions& o) {
     int st = 0;
     ::waitpid(watcher, &st, 0);
   }
+  return a;
+}
 
-  // Node 0 keeps the store up until every node's launcher is done with it.
-  try {
-    store->set("launch/done/" + std::to_string(o.node_rank), "1");
-    if (server && o.nnodes > 1) {
-      std::vector<std::string> keys;
-      for (int n = 0; n < o.nnodes; ++n) keys.push_back("launch/done/" + std::to_string(n));
-      store->wait(keys, Millis(failure.empty() ? 30000 : 5000));
-    }
-  } catch (const Error&) {
+// issue 14: the evidence a resumed run localizes a fatal fault with (train/fault_campaign_hook.h).
+void write_failure_file(const Attempt& a) {
+  const char* ff = std::getenv("ATOLL_FAILURE_FILE");
+  if (!ff || !*ff) return;
+  std::string lines;
+  for (auto& c : a.kids)
+    lines += fmt::format("{{\"rank\": {}, \"status\": \"{}\", \"torn_down\": {}}}\n", c.rank,
+                         describe_status(c.status), c.signalled ? "true" : "false");
+  if (FILE* f = std::fopen(ff, "a")) {
+    std::fputs(lines.c_str(), f);
+    std::fclose(f);
   }
-  store.reset();
-  server.reset();
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+  ATOLL_CHECK(!o.cmd.empty(), "atoll launch: no command given after --");
+  ATOLL_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1");
+  ATOLL_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes,
+              "--node-rank {} is outside 0..{}", o.node_rank, o.nnodes - 1);
+  ATOLL_CHECK(o.nnodes == 1 || o.rdzv_port > 0,
+              "a multi-node launch needs --rdzv HOST:PORT naming node 0's address");
+  ATOLL_CHECK(!(o.restart_group && o.max_restarts > 0 && o.nnodes > 1),
+              "--max-restarts: whole-job restarts run on one node for now (every node's launcher would have to "
+              "agree on each new start); across nodes restart the job by hand with --resume");
+  using Millis = std::chrono::milliseconds;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int, old_term;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  // If our own output goes away (`atoll launch ... | head`), keep running and tearing down
+  // properly instead of dying and orphaning the ranks.
+  auto old_pipe = ::signal(SIGPIPE, SIG_IGN);
+
+  // Whole-job restarts: a restarted run localizes the failure from the failure file; without one
+  // of the user's, a private one for the job's lifetime.
+  std::string own_failure_dir;
+  if (o.restart_group && o.max_restarts > 0 && !(std::getenv("ATOLL_FAILURE_FILE") && *std::getenv("ATOLL_FAILURE_FILE"))) {
+    char tmpl[] = "/tmp/atoll-launch-XXXXXX";
+    if (::mkdtemp(tmpl)) {
+      own_failure_dir = tmpl;
+      ::setenv("ATOLL_FAILURE_FILE", (own_failure_dir + "/failures.jsonl").c_str(), 1);
+    }
+  }
+
+  Attempt a;
+  for (int attempt = 0;; ++attempt) {
+    // Node 0 hosts the store; a single-node job keeps it on loopback. A fresh store per start: the
+    // ranks' rendezvous keys of the previous start must not meet the new ranks.
+    std::unique_ptr<TcpStoreServer> server;
+    int port = o.rdzv_port;
+    if (o.node_rank == 0) {
+      server = std::make_unique<TcpStoreServer>(o.nnodes > 1 ? "0.0.0.0" : o.rdzv_host, attempt == 0 ? port : 0);
+      port = server->port();
+    }
+    Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
+    auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout,
+                                           o.connect_timeout_s > 0 ? Millis(int64_t(o.connect_timeout_s * 1000)) : Millis(-1));
+    // MASTER_PORT stays free for rank 0's own use (torch.distributed's env:// store, say): the
+    // next port on a multi-node job, so that every node agrees without asking; a free one here.
+    int master_port = o.nnodes > 1 ? o.rdzv_port + 1 : pick_free_port(o.rdzv_host);
+
+    a = run_attempt(o, attempt, *store, port, master_port);
+
+    // Node 0 keeps the store up until every node's launcher is done with it.
+    try {
+      store->set("launch/done/" + std::to_string(o.node_rank), "1");
+      if (server && o.nnodes > 1) {
+        std::vector<std::string> keys;
+        for (int n = 0; n < o.nnodes; ++n) keys.push_back("launch/done/" + std::to_string(n));
+        store->wait(keys, Millis(a.failure.empty() ? 30000 : 5000));
+      }
+    } catch (const Error&) {
+    }
+    store.reset();
+    server.reset();
+    if (a.failure.empty()) break;
+    write_failure_file(a);
+    if (!o.restart_group || attempt >= o.max_restarts || a.interrupted || g_interrupted) break;
+    // torchrun's policy: any rank's failure restarts the whole group, every rank from the start of
+    // its command (an `atoll train` from its last committed checkpoint: restart_cmd has --resume).
+    std::fprintf(stderr, "atoll launch: restarting the whole job (restart %d of %d, TORCHELASTIC_RESTART_COUNT=%d): %s%s\n",
+                 attempt + 1, o.max_restarts, attempt + 1,
+                 a.failed_rank >= 0 ? fmt::format("failed rank {}: ", a.failed_rank).c_str() : "", a.failure.c_str());
+    std::fflush(stderr);
+  }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   ::signal(SIGPIPE, old_pipe);
-
-  if (failure.empty()) return 0;
-  // issue 14: the evidence a resumed run localizes a fatal fault with (train/fault_campaign_hook.h).
-  if (const char* ff = std::getenv("ATOLL_FAILURE_FILE"); ff && *ff) {
-    std::string lines;
-    for (auto& c : kids)
-      lines += fmt::format("{{\"rank\": {}, \"status\": \"{}\", \"torn_down\": {}}}\n", c.rank,
-                           describe_status(c.status), c.signalled ? "true" : "false");
-    if (FILE* f = std::fopen(ff, "a")) {
-      std::fputs(lines.c_str(), f);
-      std::fclose(f);
-    }
+  if (!own_failure_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(own_failure_dir, ec);
+    ::unsetenv("ATOLL_FAILURE_FILE");
   }
-  std::fprintf(stderr, "atoll launch: job failed: %s\n", failure.c_str());
-  for (auto& c : kids)
+
+  if (a.failure.empty()) return 0;
+  std::fprintf(stderr, "atoll launch: job failed: %s\n", a.failure.c_str());
+  for (auto& c : a.kids)
     if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0))
       std::fprintf(stderr, "atoll launch:   rank %d %s\n", c.rank, describe_status(c.status).c_str());
+  if (o.restart_group && o.max_restarts > 0 && !a.interrupted)
+    std::fprintf(stderr,
+                 "atoll launch: gave up: every one of the %d restart(s) allowed (--max-restarts) was used and the "
+                 "job failed again; nothing was deleted: the run's checkpoints are where it wrote them (an `atoll "
+                 "train` job continues from its last one with --resume)\n",
+                 o.max_restarts);
   return 1;
 }
 

@@ -22,6 +22,13 @@ struct LaunchOptions {
   // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
   int max_restarts = 0;
   std::vector<std::string> restart_args;
+  // Whole-job restarts (`atoll launch --max-restarts N` without --ft; torchrun's policy): when a
+  // rank fails the others are torn down and the whole group is started again, up to max_restarts
+  // times, with restart_cmd (empty: cmd itself; for `atoll train`, cmd with --resume, so that the
+  // run goes on from its last committed checkpoint). Every rank gets TORCHELASTIC_RESTART_COUNT
+  // (0 on the first start) and TORCHELASTIC_MAX_RESTARTS. One node only.
+  bool restart_group = false;
+  std::vector<std::string> restart_cmd;
   // `atoll launch --outlive N` (issue 15, Belayer's shadow rank): up to N ranks may fail without
   // the job being torn down or the rank restarted; the others go on (an RL job whose shadow rank
   // takes over a dead rollout rank, rl/shadow_rank.cpp). The job's status is that of the others.
@@ -31,8 +38,8 @@ struct LaunchOptions {
   std::vector<std::string> watch_cmd;
 };
 
-// Runs the job to completion; returns 0 when every rank exited 0, otherwise 1 after printing
-// which rank failed and how.
+// Runs the job to completion (with restart_group, through up to max_restarts restarts); returns 0
+// when every rank of the last start exited 0, otherwise 1 after printing which rank failed and how.
 int launch(const LaunchOptions& opt);
 
 }  // namespace atl::comm

@@ -116,7 +116,7 @@ std::vector<RankView> Watcher::sample() {
     const std::string name = e.path().filename().string();
     if (name.rfind("rank", 0) != 0 || e.path().extension() != ".progress") continue;
     auto rec = read_progress(e.path().string());
-    if (!rec) continue;
+    if (!rec || rec->last_event_ns < o_.ignore_before_ns) continue;
     ProcSample ps = sample_process(rec->pid);
     RankView v;
     v.rank = rec->rank;

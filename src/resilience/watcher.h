@@ -41,6 +41,9 @@ struct WatchOptions {
   // A fault-tolerant job (quorum replicas, `atoll launch --ft`) goes on without a dead or stopped
   // replica: then only a job where no live rank progresses is a failure.
   bool tolerant = false;
+  // Records whose last progress event is older than this (CLOCK_MONOTONIC ns) are left out: those
+  // of an earlier start of the job, before its ranks replace them (`atoll launch --max-restarts`).
+  int64_t ignore_before_ns = 0;
 };
 
 // What /proc says about a process: state letter ('R', 'S', 'D', 'T', 'Z'; 0 when gone), CPU time

@@ -1,6 +1,7 @@
 #include "train/fault_campaign_hook.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -27,18 +30,38 @@ using resilience::Localization;
 namespace {
 
 const std::set<std::string>& trainer_types() {
-  static const std::set<std::string> t = {"tensor_corruption",     "delay",
-                                          "exception",             "process_termination",
-                                          "checkpoint_corruption", "checkpoint_truncation",
-                                          "checkpoint_missing",    "collective_desync"};
+  static const std::set<std::string> t = {
+      "tensor_corruption",     "stale_state",           "config_drift",       "delay",
+      "hang",                  "timeout",               "exception",          "process_termination",
+      "checkpoint_corruption", "checkpoint_truncation", "checkpoint_missing", "checkpoint_io_error",
+      "payload_corruption",    "collective_desync",     "drop",               "duplicate",
+      "reorder",               "resource_exhaustion"};
   return t;
 }
+const char* kTrainerTypes =
+    "tensor_corruption, stale_state, config_drift, drop, duplicate, reorder, delay, hang, timeout, exception, "
+    "resource_exhaustion, process_termination, checkpoint_corruption, checkpoint_truncation, checkpoint_missing, "
+    "checkpoint_io_error, payload_corruption, collective_desync";
+int64_t cpu_ns(clockid_t which) {
+  timespec t{};
+  ::clock_gettime(which, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+// The boundary's own CPU time on the calling thread (its collectives' waits cost none).
+struct CpuTimer {
+  int64_t& acc;
+  int64_t t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+  ~CpuTimer() { acc += cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0; }
+};
+int64_t position(const nlohmann::json& data_state) { return data_state.value("position", int64_t(-1)); }
 bool storage(const std::string& t) { return t.rfind("checkpoint_", 0) == 0; }
 
 // Above any boundary a healthy rank spends on a loaded 2-core machine (a parameter hash and, on
 // rank 0, a scrub of a small checkpoint: milliseconds), below the injected delay.
 constexpr int64_t kSlowMs = 1000;
 constexpr int kDelayMs = 2500;
+constexpr int kStaleSteps = 3;  // stale_state: the state of this many boundaries earlier
+constexpr int64_t kMaxTimeoutMs = 60000;  // timeout: the collective timeout it outlasts, at most
 
 // One line, one write(2) with O_APPEND: lines from several ranks never interleave.
 void append_line(const std::string& path, const std::string& line) {
@@ -68,8 +91,9 @@ std::string progress_path(const TrainOptions& o, int rank) {
 }  // namespace
 
 CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, const std::string& strategy,
-                           bool plain_dp)
-    : comm_(comm), run_dir_(o.run_dir) {
+                           bool plain_dp, resilience::GradientChecksumComm* grad_check)
+    : comm_(comm), grad_check_(grad_check), grad_clip_(o.grad_clip), steps_(o.steps), ckpt_every_(o.ckpt_every),
+      grad_accum_(std::max<int64_t>(1, o.grad_accum)), run_dir_(o.run_dir) {
   ATOLL_CHECK(comm && comm->size() > 1 && plain_dp && strategy == "ddp",
               "fault.campaign runs in a distributed data-parallel job (`atoll launch`, parallel.strategy = \"ddp\", "
               "no tp/pp/cp/islands/quorum)");
@@ -78,9 +102,21 @@ CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, cons
   c_ = resilience::parse_campaign(read_file(o.fault_campaign), world_, o.fault_campaign);
   for (auto& f : c_.faults) {
     ATOLL_CHECK(trainer_types().count(f.type), "fault.campaign {}: fault {} ({}) is not fired inside atoll train; "
-                "these are: tensor_corruption, delay, exception, process_termination, checkpoint_corruption, "
-                "checkpoint_truncation, checkpoint_missing, collective_desync",
-                o.fault_campaign, f.index, f.type);
+                "these are: {}", o.fault_campaign, f.index, f.type, kTrainerTypes);
+    ATOLL_CHECK(f.type != "payload_corruption" || grad_check_,
+                "fault.campaign {}: fault {} (payload_corruption) needs the gradient payload check, which runs under "
+                "plain DDP without a gradient codec", o.fault_campaign, f.index);
+    ATOLL_CHECK(f.type != "checkpoint_io_error" || (o.ckpt_every > 0 && f.step % o.ckpt_every == 0),
+                "fault.campaign {}: fault {} (checkpoint_io_error) is at step {}, not a checkpoint step (a multiple "
+                "of checkpoint.every = {})", o.fault_campaign, f.index, f.step, o.ckpt_every);
+    const char* pd = std::getenv("ATOLL_PROGRESS_DIR");
+    ATOLL_CHECK(f.type != "hang" || (pd && *pd),
+                "fault.campaign {}: fault {} (hang) stops its rank (SIGSTOP): it needs the watcher to name it and end "
+                "the job (`atoll launch --watch --watch-hang-s S`)", o.fault_campaign, f.index);
+    ATOLL_CHECK(f.type != "timeout" || comm->timeout().count() <= kMaxTimeoutMs,
+                "fault.campaign {}: fault {} (timeout) outlasts the collective timeout, now {} ms: give the job a "
+                "short one (`atoll launch --timeout S`, S <= {})", o.fault_campaign, f.index, comm->timeout().count(),
+                kMaxTimeoutMs / 1000);
     ATOLL_CHECK(!storage(f.type) || f.ranks == std::vector<int>{0},
                 "fault.campaign {}: fault {} ({}) needs \"rank\": 0: in atoll train rank 0 alone writes checkpoints",
                 o.fault_campaign, f.index, f.type);
@@ -101,6 +137,7 @@ CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, cons
   if (auto s = resilience::read_progress(progress_path(o, rank_)); s && s->phase != resilience::Phase::done) {
     old_step_ = s->step;
     old_failed_ = s->ops_failed;
+    old_started_ = s->ops_started;
   }
   log::info("fault.campaign: {} faults over {} ranks (seed {}), {} fired before", c_.faults.size(), world_, c_.seed,
             fired_.size());
@@ -128,7 +165,8 @@ void CampaignHook::record(int64_t step, const std::string& detector, const Local
   }
 }
 
-void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model) {
+void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model, parallel::DataParallel& dp, Task& task,
+                        const TaskEnv& env) {
   append_line(dir_ + "/fired.jsonl", nlohmann::json{{"index", f.index}, {"type", f.type}, {"step", f.step},
                                                     {"rank", rank_}}.dump());
   log::warn("fault.campaign: rank {} fires {} before step {}", rank_, f.type, f.step);
@@ -139,6 +177,52 @@ void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model) {
     std::memcpy(&bits, w + i, 4);
     bits ^= 1u << 22;  // a mantissa bit: the value stays finite, so only a hash can tell
     std::memcpy(w + i, &bits, 4);
+  } else if (f.type == "stale_state") {
+    if (stale_from_ < 0) {  // the run resumed at the fault's step: no earlier state in memory
+      log::warn("fault.campaign: stale_state before step {}: no earlier state in memory (the run resumed at its "
+                "step); nothing put back", f.step);
+      return;
+    }
+    TensorFile mf = safetensors_decode(stale_[0], "the stale weights"), of = safetensors_decode(stale_[1], "the stale optimizer state");
+    dp.load_full_state(mf.tensors, of, fmt::format("the state before step {}", stale_from_));
+    log::warn("fault.campaign: rank {} put back its weights and optimizer state from before step {}", rank_, stale_from_);
+  } else if (f.type == "drop" || f.type == "duplicate" || f.type == "reorder") {
+    // The loader skips a batch (drop), goes back to serve the previous one again (duplicate), or
+    // serves the one after next first (reorder: batch k + 1, then k; the step sees k + 1).
+    if (f.type == "drop") {
+      (void)task.next_batch();
+    } else {
+      ATOLL_CHECK(batch_rows_ > 0 && position(task.data_state()) >= batch_rows_,
+                  "fault.campaign: fault {} ({}) at step {}: the loader's batch size is not known yet (place it after "
+                  "the run's first step)", f.index, f.type, f.step);
+      nlohmann::json st = task.data_state();
+      st["position"] = position(st) + (f.type == "duplicate" ? -batch_rows_ : batch_rows_);
+      task.set_data_state(st, env);
+    }
+  } else if (f.type == "resource_exhaustion") {
+    // The address space capped 256 MB above its size, then allocations until one fails: the
+    // std::bad_alloc ends the process as real memory exhaustion would (nothing is touched: no RSS).
+    long pages = 0;
+    if (FILE* st = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(st, "%ld", &pages) != 1) pages = 0;
+      std::fclose(st);
+    }
+    rlimit rl{};
+    ::getrlimit(RLIMIT_AS, &rl);
+    rl.rlim_cur = rlim_t(pages) * rlim_t(::sysconf(_SC_PAGESIZE)) + (rlim_t(256) << 20);
+    ATOLL_CHECK(::setrlimit(RLIMIT_AS, &rl) == 0, "fault.campaign: setrlimit(RLIMIT_AS): {}", std::strerror(errno));
+    std::vector<std::unique_ptr<char[]>> hog;
+    for (;;) hog.emplace_back(new char[size_t(32) << 20]);
+  } else if (f.type == "config_drift") {
+    lr_factor_ = 1.5f;  // as a re-read configuration with another learning rate would
+  } else if (f.type == "hang") {
+    ::raise(SIGSTOP);  // the watcher names it; the launcher's teardown sends SIGCONT with SIGTERM
+  } else if (f.type == "timeout") {
+    // Alive (its threads run, its progress record is readable) but not at the collective: past the
+    // peers' timeout and the launcher's grace, until the teardown ends it.
+    std::this_thread::sleep_for(2 * comm_->timeout() + std::chrono::seconds(20));
+  } else if (f.type == "payload_corruption") {
+    grad_check_->arm_corruption();
   } else if (f.type == "delay") {
     std::this_thread::sleep_for(std::chrono::milliseconds(kDelayMs));
   } else if (f.type == "exception") {
@@ -194,30 +278,51 @@ void CampaignHook::repair_state(int root, nn::Model& model, parallel::DataParall
   (void)model;
 }
 
-void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp) {
+void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, parallel::DataParallel& dp, Task& task,
+                               const TaskEnv& env) {
   entered_ = std::chrono::steady_clock::now();
+  CpuTimer timer{cpu_ns_};
+  ++boundaries_;
+  if (proc_cpu0_ns_ == 0) proc_cpu0_ns_ = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
+  step_ = step;
   step_dets_ = nlohmann::json::array();
   want_checkpoint_ = false;
   desync_ = false;
+  auto mine = [&](const resilience::ScheduledFault& f) {
+    return std::count(f.ranks.begin(), f.ranks.end(), rank_) && !std::count(fired_.begin(), fired_.end(), f.index);
+  };
+  // stale_state: this boundary's state kept, when it is the one the fault will put back.
   for (auto& f : c_.faults)
-    if (f.step == step && std::count(f.ranks.begin(), f.ranks.end(), rank_) &&
-        !std::count(fired_.begin(), fired_.end(), f.index)) {
+    if (f.type == "stale_state" && mine(f) && stale_from_ < 0 && step >= f.step - kStaleSteps && step < f.step) {
+      std::vector<std::pair<std::string, Tensor>> m, opt;
+      dp.full_state(m, opt);
+      stale_[0] = safetensors_encode(m, {});
+      stale_[1] = safetensors_encode(opt, {});
+      stale_from_ = step;
+    }
+  for (auto& f : c_.faults)
+    if (f.step == step && mine(f) && f.type != "checkpoint_io_error") {  // that one fires at the save
       fired_.push_back(f.index);
-      fire(f, model);
+      fire(f, model, dp, task, env);
     }
   const int64_t bad = have_hash_ && resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes()) != param_hash_;
   std::string scrub;
   if (rank_ == 0 && !last_ckpt_.empty()) scrub = fs::exists(last_ckpt_) ? checkpoint_problem(last_ckpt_) : "it is missing";
   const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - entered_).count();
-  constexpr int kF = 5;
-  Tensor mine = Tensor::zeros({kF}, DType::i64), all = Tensor::zeros({int64_t(kF) * world_}, DType::i64);
-  auto* m = static_cast<int64_t*>(mine.raw());
+  const bool bad_data = !data_after_.is_null() && task.data_state() != data_after_;
+  constexpr int kF = 8;
+  Tensor mine_t = Tensor::zeros({kF}, DType::i64), all = Tensor::zeros({int64_t(kF) * world_}, DType::i64);
+  auto* m = static_cast<int64_t*>(mine_t.raw());
   m[0] = ms;
   m[1] = bad;
   m[2] = !scrub.empty();
   m[3] = first_ ? old_step_ : -1;
   m[4] = old_failed_;
-  comm_->all_gather(mine, all);
+  m[5] = old_started_;
+  const uint64_t ch = config_hash();
+  std::memcpy(&m[6], &ch, 8);
+  m[7] = bad_data;
+  comm_->all_gather(mine_t, all);
   const auto* a = static_cast<const int64_t*>(all.raw());
   auto at = [&](int r, int k) { return a[size_t(r) * kF + size_t(k)]; };
 
@@ -230,25 +335,58 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
     }
     comm_->barrier();  // every rank has read it before rank 0 moves it aside
     if (!ends.empty()) {
-      Localization l;
-      std::string detail;
-      int64_t when = -1;
+      // The op a rank that failed in a collective failed in: the lowest such rank's last started.
+      int64_t failed_op = -1;
+      for (int r = 0; r < world_; ++r)
+        if (at(r, 3) >= 0 && at(r, 4) > 0) failed_op = failed_op < 0 ? at(r, 5) : std::min(failed_op, at(r, 5));
+      Localization l, behind, watched;
+      std::string detail, wdetail;
+      int64_t when = -1, bwhen = -1, wwhen = -1;
+      bool any_own = false;
       for (auto& e : ends) {
         const int r = e.at("rank").get<int>();
         if (r < 0 || r >= world_) continue;
-        const bool own_end = !e.value("torn_down", false) && e.value("status", "") != "exited with code 0";
+        if (e.value("detector", "") == "watcher") {  // `atoll watch` named it (a stopped or stuck rank)
+          if (!std::count(watched.ranks.begin(), watched.ranks.end(), r)) watched.ranks.push_back(r);
+          wdetail += fmt::format("{}{}", wdetail.empty() ? "" : "; ", e.value("status", "?"));
+          wwhen = std::max(wwhen, e.value("step", int64_t(-1)));
+          continue;
+        }
+        const bool torn = e.value("torn_down", false);
+        const bool own_end = !torn && e.value("status", "") != "exited with code 0";
+        any_own = any_own || own_end;
         detail += fmt::format("{}rank {} {}{}{}", detail.empty() ? "" : "; ", r, e.value("status", "?"),
-                              e.value("torn_down", false) ? " (torn down by the launcher)" : "",
+                              torn ? " (torn down by the launcher)" : "",
                               at(r, 4) > 0 ? fmt::format(" after {} failed collective(s)", at(r, 4)) : "");
         if (own_end && at(r, 4) == 0 && at(r, 3) >= 0) {
           l.ranks.push_back(r);
           when = std::max(when, at(r, 3));
         }
+        // Who waits on whom: its peers failed waiting in collective #failed_op, which by its own
+        // record it never entered.
+        if (torn && failed_op >= 0 && at(r, 3) >= 0 && at(r, 4) == 0 && at(r, 5) < failed_op) {
+          behind.ranks.push_back(r);
+          bwhen = std::max(bwhen, at(r, 3));
+        }
       }
       std::sort(l.ranks.begin(), l.ranks.end());
+      std::sort(behind.ranks.begin(), behind.ranks.end());
+      std::sort(watched.ranks.begin(), watched.ranks.end());
       l.verdict = l.ranks.empty() ? Localization::inconclusive : Localization::outlier;
-      if (when < 0) when = step;
-      record(when, "exit status", l, detail, fmt::format("the job resumed from the checkpoint of step {}", start));
+      const std::string resumed = fmt::format("the job resumed from the checkpoint of step {}", start);
+      if (!behind.ranks.empty()) {
+        behind.verdict = Localization::outlier;
+        record(bwhen, "who waits on whom", behind,
+               fmt::format("the others failed waiting in collective #{}, which the named rank(s) had not entered; {}",
+                           failed_op + 1, detail),
+               resumed);
+      }
+      if (any_own && (!l.ranks.empty() || behind.ranks.empty()))
+        record(when < 0 ? step : when, "exit status", l, detail, resumed);
+      if (!watched.ranks.empty()) {
+        watched.verdict = Localization::outlier;
+        record(wwhen < 0 ? step : wwhen, "watcher", watched, wdetail, resumed);
+      }
       if (rank_ == 0) fs::rename(ff, std::string(ff) + ".seen." + std::to_string(start));
     }
   }
@@ -267,6 +405,51 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
     repair_state(root, model, dp);
     record(step, "state self-check", self, "the parameters changed since the rank's own update",
            fmt::format("weights and optimizer state broadcast from rank {} before the step", root));
+  }
+  // Data position self-check: evidence about each rank's own loader; put back before the step reads.
+  {
+    Localization l;
+    for (int r = 0; r < world_; ++r)
+      if (at(r, 7)) l.ranks.push_back(r);
+    if (!l.ranks.empty()) {
+      l.verdict = Localization::outlier;
+      const std::string was = bad_data ? fmt::format(" (this rank's loader at row {}, {} after its update)",
+                                                     position(task.data_state()), position(data_after_))
+                                       : std::string();
+      if (bad_data) task.set_data_state(data_after_, env);
+      record(step, "data position self-check", l, "the loader moved since the rank's own update" + was,
+             "the loader put back to its state after the last update, before the step");
+    }
+  }
+  // Config hash: a vote. Repaired either way by every rank returning to the launch configuration
+  // (the one the pre-run gate compared), so no step runs with the drift.
+  {
+    std::map<uint64_t, std::vector<int>> by_hash;
+    for (int r = 0; r < world_; ++r) {
+      uint64_t h;
+      std::memcpy(&h, &a[size_t(r) * kF + 6], 8);
+      by_hash[h].push_back(r);
+    }
+    if (by_hash.size() > 1) {
+      Localization l;
+      const std::vector<int>* major = nullptr;
+      for (auto& [h, rs] : by_hash)
+        if (2 * int(rs.size()) > world_) major = &rs;
+      l.verdict = major ? Localization::outlier : Localization::inconclusive;
+      std::string groups;
+      for (auto& [h, rs] : by_hash) {
+        std::string rr;
+        for (int r : rs) {
+          rr += rr.empty() ? "" : ",";
+          rr += std::to_string(r);
+          if (major && !std::count(major->begin(), major->end(), r)) l.ranks.push_back(r);
+        }
+        groups += fmt::format("{}rank(s) {} hash {:016x}", groups.empty() ? "" : "; ", rr, h);
+      }
+      lr_factor_ = 1.f;
+      record(step, "config hash", l, fmt::format("the ranks' hyperparameters for the step differ: {}", groups),
+             "every rank back to the launch configuration before the step");
+    }
   }
   // Boundary timing: a vote.
   {
@@ -307,9 +490,64 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
   }
 }
 
-void CampaignHook::after_update(const nn::Model& model) {
+void CampaignHook::after_update(const nn::Model& model, const Task& task) {
+  CpuTimer timer{cpu_ns_};
   param_hash_ = resilience::buffer_hash(model.flat_values().raw(), model.flat_values().nbytes());
   have_hash_ = true;
+  nlohmann::json now = task.data_state();
+  if (!data_after_.is_null() && position(now) > position(data_after_))
+    batch_rows_ = (position(now) - position(data_after_)) / grad_accum_;
+  data_after_ = std::move(now);
+  if (!grad_check_) return;
+  for (auto& f : grad_check_->take_findings()) {  // the same on every rank: each checked the same sums
+    Localization l;
+    l.ranks = f.ranks;
+    l.verdict = f.ranks.empty() ? Localization::inconclusive : Localization::outlier;
+    record(step_, "gradient checksum", l,
+           fmt::format("{}: the reduced sum is off by {:.3g} (bound {:.3g}); {}", f.bucket, f.diff, f.bound,
+                       f.ranks.empty() ? "every re-sent contribution matched its sender's CRC (transient)"
+                                       : "the named sender's re-sent contribution failed its CRC"),
+           "the bucket reduced again from the kept contributions, checked");
+  }
+}
+
+uint64_t CampaignHook::config_hash() const {
+  const std::string s = fmt::format("lr_factor={:a};grad_clip={:a};steps={};checkpoint_every={}", double(lr_factor_),
+                                    grad_clip_, steps_, ckpt_every_);
+  return resilience::buffer_hash(s.data(), s.size());
+}
+
+void CampaignHook::before_checkpoint(int64_t step) {
+  for (auto& f : c_.faults)
+    if (f.type == "checkpoint_io_error" && f.step == step && std::count(f.ranks.begin(), f.ranks.end(), rank_) &&
+        !std::count(fired_.begin(), fired_.end(), f.index)) {
+      fired_.push_back(f.index);
+      append_line(dir_ + "/fired.jsonl", nlohmann::json{{"index", f.index}, {"type", f.type}, {"step", f.step},
+                                                        {"rank", rank_}}.dump());
+      log::warn("fault.campaign: rank {} fires checkpoint_io_error at the checkpoint of step {}", rank_, step);
+      // Files may not grow past 16 bytes: the save's first write fails with EFBIG (SIGXFSZ ignored).
+      rlimit rl{};
+      ::getrlimit(RLIMIT_FSIZE, &rl);
+      fsize_soft_ = rl.rlim_cur;
+      rl.rlim_cur = 16;
+      ::signal(SIGXFSZ, SIG_IGN);
+      ATOLL_CHECK(::setrlimit(RLIMIT_FSIZE, &rl) == 0, "fault.campaign: setrlimit: {}", std::strerror(errno));
+      fsize_armed_ = true;
+    }
+}
+
+bool CampaignHook::checkpoint_failed(int64_t step, const std::string& why) {
+  if (!fsize_armed_) return false;
+  rlimit rl{};
+  ::getrlimit(RLIMIT_FSIZE, &rl);
+  rl.rlim_cur = rlim_t(fsize_soft_);
+  ::setrlimit(RLIMIT_FSIZE, &rl);
+  fsize_armed_ = false;
+  Localization l;
+  l.verdict = Localization::outlier;
+  l.ranks = {rank_};
+  record(step, "checkpoint write", l, why, fmt::format("the checkpoint of step {} written again", step));
+  return true;
 }
 
 void CampaignHook::checkpoint_written(int64_t step, const std::string& dir) {
@@ -337,6 +575,9 @@ nlohmann::json CampaignHook::summary() {
   // The scorer's window (2 steps) holds every detector here: each runs at the fault's own
   // boundary, and the exit status is dated by the dead rank's progress record.
   auto s = resilience::score_campaign(c_, dets, 2);
+  // Fired by any rank, in this run or one before it (each rank appends to fired.jsonl first).
+  std::set<int> fired(fired_.begin(), fired_.end());
+  for (auto& j : read_lines(dir_ + "/fired.jsonl")) fired.insert(j.at("index").get<int>());
   nlohmann::json faults = nlohmann::json::array();
   for (auto& f : s.faults) {
     nlohmann::json by = nlohmann::json::array(), rec = nlohmann::json::array();
@@ -349,7 +590,7 @@ nlohmann::json CampaignHook::summary() {
                       {"family", resilience::fault_type(f.fault.type).family},
                       {"step", f.fault.step},
                       {"ranks", f.fault.ranks},
-                      {"fired", bool(std::count(fired_.begin(), fired_.end(), f.fault.index))},
+                      {"fired", bool(fired.count(f.fault.index))},
                       {"detected", !f.detections.empty()},
                       {"detected_by", by},
                       {"outcome", f.outcome},
@@ -358,7 +599,16 @@ nlohmann::json CampaignHook::summary() {
   nlohmann::json fp = nlohmann::json::array();
   for (auto& d : s.false_positives)
     fp.push_back({{"step", d.step}, {"detector", d.detector}, {"ranks", d.where.ranks}});
-  nlohmann::json out = {{"seed", c_.seed},        {"world", world_},           {"exact", s.exact},
+  // The campaign's own cost on rank 0, in CPU time (wall time means little on a shared machine):
+  // the boundary checks (hashes, scrub, small all-gathers, repairs) and the gradient checksums,
+  // against the process's whole CPU time over the same steps.
+  const double per = double(std::max<int64_t>(1, boundaries_));
+  const double proc_ms = double(cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - proc_cpu0_ns_) / 1e6 / per;
+  nlohmann::json cost = {{"boundaries", boundaries_},
+                         {"boundary_cpu_ms_per_step", double(cpu_ns_) / 1e6 / per},
+                         {"checksum_cpu_ms_per_step", grad_check_ ? double(grad_check_->check_cpu_ns()) / 1e6 / per : 0.0},
+                         {"process_cpu_ms_per_step", proc_ms}};
+  nlohmann::json out = {{"seed", c_.seed},        {"cost", cost},        {"world", world_},           {"exact", s.exact},
                         {"inconclusive", s.inconclusive}, {"wrong", s.wrong}, {"missed", s.missed},
                         {"false_positives", fp},  {"faults", faults}};
   std::ofstream(dir_ + "/score.json") << out.dump(1) << "\n";

@@ -24,11 +24,13 @@ MetricsLog::MetricsLog(const std::string& path, bool append) {
   std::fseek(f_, 0, SEEK_END);
 }
 
-void MetricsLog::begin_segment(int64_t start_step, int64_t end_step, const std::string& resumed_from) {
-  write({{"segment",
-          {{"start_step", start_step},
-           {"end_step", end_step},
-           {"resumed_from", resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from)}}}});
+void MetricsLog::begin_segment(int64_t start_step, int64_t end_step, const std::string& resumed_from,
+                               int restart_count) {
+  nlohmann::json seg = {{"start_step", start_step},
+                        {"end_step", end_step},
+                        {"resumed_from", resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from)}};
+  if (restart_count > 0) seg["restart_count"] = restart_count;  // issue 14: `atoll launch --max-restarts`
+  write({{"segment", seg}});
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path, int* skipped) {

@@ -20,7 +20,8 @@ class MetricsLog {
   ~MetricsLog();
   void write(const nlohmann::json& record);
   // Marks the start of this invocation's steps (start_step, end_step].
-  void begin_segment(int64_t start_step, int64_t end_step, const std::string& resumed_from);
+  // restart_count >= 0: the launcher's TORCHELASTIC_RESTART_COUNT, recorded when above 0.
+  void begin_segment(int64_t start_step, int64_t end_step, const std::string& resumed_from, int restart_count = 0);
 
  private:
   FILE* f_ = nullptr;

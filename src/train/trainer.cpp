@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -124,6 +126,9 @@ struct Trainer::Impl {
   // Distributed runs (WORLD_SIZE > 1 in the environment, as `atoll launch` sets) get a
   // communicator; a single process gets none and the data-parallel layer reduces to the plain loop.
   std::unique_ptr<comm::Communicator> comm;
+  // issue 14: [fault] campaign: the DDP's gradient buckets checked against their senders' checksums
+  // (payload_corruption); between comm and dp, so that it outlives dp and comm outlives it.
+  std::unique_ptr<resilience::GradientChecksumComm> grad_check;
   parallel::ParallelConfig pc;
   std::unique_ptr<parallel::Mesh> mesh;
   std::unique_ptr<parallel::DataParallel> dp;
@@ -298,6 +303,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
     if (I.rank != 0) I.task->setup(*I.model, TaskEnv{e.rank, e.world, nullptr});
   } else {
     if (I.tp) dp_comm = parallel::data_parallel_comm(*I.mesh);  // tp: the dp axis
+    if (!I.o.fault_campaign.empty() && dp_comm && dp_comm->size() > 1 && I.pc.strategy == "ddp" && !I.tp &&
+        !I.lowcomm) {
+      I.grad_check = std::make_unique<resilience::GradientChecksumComm>(dp_comm, *I.model);
+      dp_comm = I.grad_check.get();
+    }
     I.dp = parallel::make_data_parallel(*I.model, dp_comm, I.pc, placement.adamw, std::move(placement.full),
                                         placement.sharded, I.mesh.get());
     if (I.tp) I.tp->attach(*I.dp);  // tp x ZeRO-3/HSDP: partial gradients summed per unit (tensor_parallel.h)
@@ -327,7 +337,8 @@ TrainResult Trainer::run(bool resume) {
   if (I.comm) I.comm->barrier();
   if (!o.fault_campaign.empty())  // before the progress record: it reads the previous run's
     I.campaign = std::make_unique<CampaignHook>(o, I.comm.get(), I.pc.strategy,
-                                                !I.tp && !I.pipe && !I.lowcomm && !I.experts && !I.dcp && I.pc.mesh.cp == 1);
+                                                !I.tp && !I.pipe && !I.lowcomm && !I.experts && !I.dcp && I.pc.mesh.cp == 1,
+                                                I.dp->gradient_codec() ? nullptr : I.grad_check.get());
   // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
   ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
@@ -378,7 +389,15 @@ TrainResult Trainer::run(bool resume) {
   }
   // issue 10: appended, never truncated; the segment line marks what this invocation supersedes.
   MetricsLog metrics(I.rank == 0 ? (fs::path(o.run_dir) / "metrics.jsonl").string() : std::string(), true);
-  metrics.begin_segment(start, o.steps, resumed_from);
+  // issue 14: a whole-job restart by `atoll launch --max-restarts` (torchrun's variable).
+  const int restart_count = [] {
+    const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  if (restart_count > 0 && I.rank == 0)
+    log::warn("restart {} of this job (TORCHELASTIC_RESTART_COUNT): {}", restart_count,
+              resumed_from.empty() ? std::string("no checkpoint yet, from step 0") : "resumed from " + resumed_from);
+  metrics.begin_segment(start, o.steps, resumed_from, restart_count);
   // issue 18: the peak of the path in use, cached by `atoll bench gemm --save` (gemm_peak_cache.h).
   std::string peak_dtype = "fp32", peak_from = "hardware.peak_gflops";
   double peak = o.peak_gflops;
@@ -455,7 +474,7 @@ TrainResult Trainer::run(bool resume) {
     resilience::ProgressPublisher::instance().set_step(step + 1);
     resilience::ProgressPublisher::instance().set_phase(resilience::Phase::compute);
     if (guard) resilience::check_phase(I.lowcomm ? *I.lowcomm->guard_comm(step) : *I.comm, "step", step + 1);
-    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp);  // fires, detects, repairs
+    if (I.campaign) I.campaign->at_boundary(step + 1, start, *I.model, *I.dp, *I.task, I.data_env());  // fires, detects, repairs
     if (join && !join->begin()) break;  // no rank has data (resumed past the end)
     auto next_batch = [&]() -> const Batch& {  // the watcher tells a starved loader from compute
       resilience::PhaseScope data(resilience::Phase::data);
@@ -511,6 +530,7 @@ TrainResult Trainer::run(bool resume) {
              step + 1, loss, norm, last_good_ckpt > 0 ? store.latest().value_or("none") : std::string("none"));
       }
       lr_scale = o.schedule.at(step) * I.task->lr_multiplier();
+      if (I.campaign) lr_scale *= I.campaign->lr_factor();  // 1 unless a config_drift is in force
       auto t_opt = Clock::now();
       const StepContext sc{lr_scale, clip_coefficient(norm, o.grad_clip)};
       I.dp->step(sc);
@@ -526,7 +546,7 @@ TrainResult Trainer::run(bool resume) {
       loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
-      if (I.campaign) I.campaign->after_update(*I.model);
+      if (I.campaign) I.campaign->after_update(*I.model, *I.task);
     }
     nlohmann::json sync = I.lowcomm ? I.lowcomm->after_step(step) : nlohmann::json();  // outer steps, if due
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -588,7 +608,14 @@ TrainResult Trainer::run(bool resume) {
       resilience::PhaseScope in_ckpt(resilience::Phase::checkpoint);
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
-        std::string p = store.save(step + 1, ck);
+        if (I.campaign) I.campaign->before_checkpoint(step + 1);  // a checkpoint_io_error due here
+        std::string p;
+        try {
+          p = store.save(step + 1, ck);
+        } catch (const std::exception& e) {
+          if (!I.campaign || !I.campaign->checkpoint_failed(step + 1, e.what())) throw;
+          p = store.save(step + 1, ck);  // the fault's write error, recorded: written again
+        }
         log::info("checkpoint: {}", p);
       }
       if (I.comm) I.comm->barrier();  // no rank goes on (or resumes) before the checkpoint is complete

@@ -62,6 +62,52 @@ TEST(Launch, MissingCommandIsAnError) {
   EXPECT_NE(p.out.find("no command"), std::string::npos) << p.out;
 }
 
+// issue 14: torchrun's whole-job restart (--max-restarts without --ft). Rank 1 fails in the first
+// two starts; each time rank 0 (which would sleep a minute) is torn down and both start again, with
+// TORCHELASTIC_RESTART_COUNT counting the starts; the third start succeeds and so does the job.
+TEST(Launch, MaxRestartsStartsTheWholeJobAgainWithTorchrunsRestartCount) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2", "--max-restarts", "3", "--grace", "0.5", "--",
+                "sh", "-c",
+                "echo start $RANK $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS; "
+                "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then if [ $RANK = 1 ]; then sleep 0.2; exit 5; fi; "
+                "sleep 60; fi; echo done $RANK"},
+               60);
+  EXPECT_FALSE(p.timed_out);
+  EXPECT_EQ(p.exit_code(), 0) << p.out;
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(count_of(p.out, fmt::format("[rank {}] start {} {} 3\n", r, r, k)), 1) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 0] done 0\n") + count_of(p.out, "[rank 1] done 1\n"), 2) << p.out;
+  EXPECT_NE(p.out.find("restarting the whole job (restart 1 of 3, TORCHELASTIC_RESTART_COUNT=1): failed rank 1: "
+                       "rank 1 (pid"),
+            std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("(restart 2 of 3, TORCHELASTIC_RESTART_COUNT=2)"), std::string::npos) << p.out;
+  EXPECT_EQ(count_of(p.out, "restarting the whole job"), 2) << p.out;
+  EXPECT_EQ(p.out.find("job failed"), std::string::npos) << p.out;
+}
+
+// N restarts used up: the job fails naming the rank, says it gave up, and starts no more.
+TEST(Launch, MaxRestartsUsedUpFailsNamingTheRankAndSaysSo) {
+  Proc p = run({atoll_exe(), "launch", "--nproc-per-node", "2", "--max-restarts", "1", "--grace", "0.5", "--",
+                "sh", "-c", "echo start $RANK $TORCHELASTIC_RESTART_COUNT; if [ $RANK = 1 ]; then exit 5; fi; sleep 60"},
+               60);
+  EXPECT_FALSE(p.timed_out);
+  EXPECT_NE(p.exit_code(), 0) << p.out;
+  EXPECT_EQ(count_of(p.out, "restarting the whole job"), 1) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 1] start 1 1\n"), 1) << p.out;
+  EXPECT_EQ(count_of(p.out, "[rank 1] start 1 2\n"), 0) << p.out;
+  EXPECT_NE(p.out.find("job failed: rank 1 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("exited with code 5"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("gave up: every one of the 1 restart(s) allowed (--max-restarts)"), std::string::npos) << p.out;
+  // Across nodes the launchers would have to agree on each new start: refused, naming the option.
+  Proc q = run({atoll_exe(), "launch", "--nnodes", "2", "--rdzv", "127.0.0.1:29999", "--max-restarts", "1", "--",
+                "true"},
+               20);
+  EXPECT_NE(q.exit_code(), 0);
+  EXPECT_NE(q.out.find("--max-restarts: whole-job restarts run on one node for now"), std::string::npos) << q.out;
+}
+
 // kill -9 of rank 2 in the middle of a stream of all_reduces.
 TEST(Fault, KilledRankIsNamedByEveryOtherRankAndTheLauncher) {
   const double timeout = 8;

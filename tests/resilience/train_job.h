@@ -52,13 +52,19 @@ struct TrainJob {
   // `atoll launch` of `ranks` ranks of `atoll train tiny.toml --run.dir=ROOT/run extra...`; its exit
   // status. A 120 s bound: a step of this model is tens of milliseconds, so only a hang gets near it.
   int launch(int ranks, const std::string& run, const std::vector<std::string>& extra, const std::string& log) {
-    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks), "--",
-                                     atoll_exe(), "train", (root / "tiny.toml").string(),
-                                     "--run.dir=" + (root / run).string()};
+    return wait_for(start(ranks, {}, run, extra, log), 120);
+  }
+  // The same, started and not waited for, with options for `atoll launch` itself (before "--").
+  pid_t start(int ranks, const std::vector<std::string>& launch_opts, const std::string& run,
+              const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks)};
+    argv.insert(argv.end(), launch_opts.begin(), launch_opts.end());
+    for (std::string a : {std::string("--"), atoll_exe(), std::string("train"), (root / "tiny.toml").string(),
+                          "--run.dir=" + (root / run).string()})
+      argv.push_back(a);
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return wait_for(spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
-                          (root / log).string()),
-                    120);
+    return spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
+                 (root / log).string());
   }
   std::string log(const std::string& name) const { return read_file((root / name).string()); }
 };
