@@ -43,7 +43,9 @@ TEST(RlLaunch, ColocatedOnTwoRanks) {
     }
     EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
     EXPECT_GE(j.at("reward").get<double>(), 0.0);
-    if (j.contains("heldout_acc")) EXPECT_GE(j.at("heldout_acc").get<double>(), 0.0);
+    if (j.contains("heldout_acc")) {
+      EXPECT_GE(j.at("heldout_acc").get<double>(), 0.0);
+    }
   }
   EXPECT_EQ(rl_steps, 5);
   std::filesystem::remove_all(root);
