@@ -78,9 +78,9 @@ void RolloutChannel::split_pairs(std::vector<Tensor> params, double bucket_mb) {
   if (me == 0) {
     for (int i = 0; i < R_; ++i) store_->set(fmt::format("launch/outlivable/{}", T_ + i), "1");
     store_->set("launch/outlive_declared",
-                fmt::format("an RL job goes on without a rollout rank only; ranks 0-{} train as one data-parallel "
+                fmt::format("an RL job goes on without a rollout rank only; {} as one data-parallel "
                             "group: resume the job from its last checkpoint",
-                            T_ - 1));
+                            T_ == 1 ? std::string("rank 0 trains") : fmt::format("ranks 0-{} train", T_ - 1)));
   }
 }
 
