@@ -345,7 +345,10 @@ TEST(MixedPrecision, AttentionKeepsQkvOnceInBf16) {
     allocator_for(Device::cpu()).release_cache();
     const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
     Tensor y = ops::attention(ops::add(x0, half), H, H, hd);
-    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes();
+    // The output's bf16 copy, offered to the output projection (bf16_handoff.h), is not the graph's.
+    const size_t offered = bf16_handoff::pending_bytes();
+    EXPECT_EQ(offered, dt == DType::bf16 ? y.nbytes() / 2 : 0);
+    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes() - offered;
     Tensor loss = ops::dot_const(y, Tensor::from_vector(r, {B, T, C}));
     backward(loss);
     return grad_of(x0).clone();
@@ -490,4 +493,51 @@ TEST(MixedPrecision, ProducersHandTheirBf16CopyToTheNextProduct) {
           << "variant " << variant << ", gradient " << i;
     }
   }
+}
+
+// The whole GPT step with the hand-offs on and off, on every bf16 GEMM path this CPU has: loss and
+// every gradient bitwise equal, and the hand-offs per step are the block's: per layer ln_1 → c_attn,
+// attention → its c_proj (where attention runs in bf16), ln_2 → c_fc, GELU → the MLP's c_proj,
+// GELU's gradient → c_fc; plus ln_f → the head.
+TEST(MixedPrecision, GptStepWithHandOffsIsBitwiseTheUnfusedStepOnEveryPath) {
+  PrecisionGuard guard;
+  nn::GPTConfig cfg = nn::GPTConfig::preset("gpt2-tiny");
+  nn::GPT model(cfg);
+  model.init_weights(5);
+  Rng rng(4, 0);
+  std::vector<int32_t> tok(2 * 32), tgt(2 * 32);
+  for (auto& t : tok) t = int32_t(rng.below(257));
+  for (auto& t : tgt) t = int32_t(rng.below(257));
+  Tensor x = Tensor::from_vector_i32(tok, {2, 32}), y = Tensor::from_vector_i32(tgt, {2, 32});
+  const cpu::Isa saved = cpu::active_isa();
+  set_matmul_dtype(DType::bf16);
+  for (cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::avx512, cpu::Isa::avx512_bf16, cpu::Isa::amx}) {
+    if (!cpu::isa_supported(isa)) {
+      std::printf("%s: not on this CPU\n", cpu::isa_name(isa));
+      continue;
+    }
+    cpu::set_isa(isa);
+    auto run = [&](bool on) {
+      bf16_handoff::set_enabled(on);
+      model.zero_grad();
+      Tensor l = model.loss(x, y);
+      backward(l);
+      bf16_handoff::set_enabled(true);
+      return std::make_pair(l.item(), model.flat_grads().to_vector());
+    };
+    const auto off = run(false);
+    const auto s0 = bf16_handoff::stats();
+    const auto on = run(true);
+    const auto s1 = bf16_handoff::stats();
+    const int64_t L = cfg.n_layer, outs = s1.outputs_taken - s0.outputs_taken, grads = s1.grads_taken - s0.grads_taken;
+    const bool attn = cpu::attention_bf16_supported();
+    std::printf("%s: %lld outputs, %lld gradients handed over (L = %lld, bf16 attention %d)\n", cpu::isa_name(isa),
+                (long long)outs, (long long)grads, (long long)L, int(attn));
+    EXPECT_EQ(outs, (attn ? 4 : 3) * L + 1) << cpu::isa_name(isa);
+    EXPECT_EQ(grads, L) << cpu::isa_name(isa);
+    EXPECT_EQ(std::memcmp(&on.first, &off.first, 4), 0) << cpu::isa_name(isa);
+    ASSERT_EQ(on.second.size(), off.second.size());
+    EXPECT_EQ(std::memcmp(on.second.data(), off.second.data(), on.second.size() * 4), 0) << cpu::isa_name(isa);
+  }
+  cpu::set_isa(saved);
 }
