@@ -6,16 +6,13 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/gemm.h"  // kBiasSumRows
 #include "tensor/dtype.h"
 
 namespace atl::cpu {
 
 void gelu_forward_keep_bf16(float* out, bf16* saved, const float* inp, int64_t n);
 void gelu_backward_bf16(float* dinp, const float* dout, const bf16* inp, int64_t n, bool accumulate);
-
-// Rows per block of a bias gradient's column sums: linear_bf16's dY pass sums each block of this
-// many rows (in row order, from 0) into its own partials and adds the partials in block order.
-constexpr int64_t kBiasSumRows = 64;
 
 // The forms that also hand their result to the next bf16 matmul (autograd/bf16_handoff.h):
 // forward writes out_bf16 = f32_to_bf16(out) as well; backward (a fresh gradient of [N, OC] rows)
