@@ -9,7 +9,6 @@
 #include "autograd/bf16_handoff.h"
 #include "autograd/precision.h"
 #include "kernels/cpu/attention_bf16.h"
-#include "kernels/cpu/gemm.h"
 
 namespace atl::ops_bf16 {
 
@@ -39,16 +38,7 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t hd) {
       if (!requires_grad(q)) return;
       bool fresh;
       float* g = grad_buffer_for_write(q, &fresh).f32();
-      if (!fresh || !bf16_handoff::enabled()) {
-        cpu::attention_bf16_backward(g, grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B, T, H, hd, !fresh);
-        return;
-      }
-      // A fresh gradient: also its bf16 copy and bias sums for the qkv projection (bf16_handoff.h).
-      Tensor gb = Tensor::empty(q.shape(), DType::bf16);
-      Tensor part = Tensor::empty({(B * T + cpu::kBiasSumRows - 1) / cpu::kBiasSumRows, 3 * H * hd});
-      cpu::attention_bf16_backward(g, grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B, T, H, hd, false,
-                                   gb.data<bf16>(), part.f32());
-      bf16_handoff::offer_grad(q, std::move(gb), std::move(part));
+      cpu::attention_bf16_backward(g, grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B, T, H, hd, !fresh);
     });
     if (hand_off) bf16_handoff::offer_output(out, std::move(out_b));  // the output projection's input
   }

@@ -132,9 +132,7 @@ void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t 
 }
 
 void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed, const float* lse, int64_t B,
-                             int64_t T, int64_t H, int64_t hd, bool accumulate, bf16* dqkv_bf16, float* partials) {
-  const bool hand_off = !accumulate && dqkv_bf16 && partials;
-  if (hand_off) std::fill(partials, partials + ((B * T + kBiasSumRows - 1) / kBiasSumRows) * 3 * H * hd, 0.0f);
+                             int64_t T, int64_t H, int64_t hd, bool accumulate) {
   const int64_t BH = B * H, n = BH * T * hd, TT = T * T, S3 = 3 * H * hd;
   const bf16 *Q = packed, *Kh = packed + n, *V = packed + 2 * n;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -189,33 +187,6 @@ void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed,
                         hd, T * hd, c);
       gemm_bf16_batched(true, false, kend, hd, r, 1.0f, dS + i0 * T, T, TT, Q + off + i0 * hd, hd, T * hd, beta, dK,
                         hd, T * hd, c);
-    }
-    if (hand_off) {
-      // One (b, h) per thread, its rows in order: each column's partial of a row block then gets
-      // its rows in order, as linear_bf16's sums do. A block spans two sequences only when T is
-      // not a multiple of kBiasSumRows; two heads of one chunk could then share a partial, so
-      // the heads go one after another (in bh order, which is row order for every column).
-#pragma omp parallel for schedule(static) if(parallel : T % kBiasSumRows == 0 && c * T * hd >= detail::kMinParallelWork)
-      for (int64_t i = 0; i < c; ++i) {
-        const int64_t bh = h0 + i, b = bh / H, h = bh % H;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t row = i * T + t, bt = b * T + t;
-          float* p = partials + (bt / kBiasSumRows) * S3 + h * hd;
-          for (int64_t part = 0; part < 3; ++part) {
-            const float* g = (part == 0 ? dQ : part == 1 ? dK : dV) + row * hd;
-            float* d = dqkv + bt * S3 + part * H * hd + h * hd;
-            uint16_t* db = reinterpret_cast<uint16_t*>(dqkv_bf16 + bt * S3 + part * H * hd + h * hd);
-            float* pp = p + part * H * hd;
-#pragma omp simd
-            for (int64_t e = 0; e < hd; ++e) {
-              d[e] = g[e];
-              db[e] = round_bf16_any(g[e]);
-              pp[e] += g[e];
-            }
-          }
-        }
-      }
-      continue;
     }
 #pragma omp parallel for schedule(static) if(parallel : c * T * hd >= detail::kMinParallelWork)
     for (int64_t row = 0; row < c * T; ++row) {

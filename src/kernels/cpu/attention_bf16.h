@@ -26,12 +26,8 @@ void attention_bf16_pack(bf16* packed, const float* qkv, int64_t B, int64_t T, i
 void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd,
                             bf16* out_bf16 = nullptr);
 
-// dqkv [B,T,3·H·hd] += the gradient for dout [B,T,H·hd] (= when accumulate is false). When it
-// writes (accumulate false) and dqkv_bf16 and partials are given, it also writes f32_to_bf16(dqkv)
-// and partials [ceil(B·T / kBiasSumRows), 3·H·hd]: the column sums of each block of kBiasSumRows
-// rows, rows added in order from 0 (the qkv projection's dY and bias sums, gelu_bf16.h's rule).
+// dqkv [B,T,3·H·hd] += the gradient for dout [B,T,H·hd] (= when accumulate is false).
 void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed, const float* lse, int64_t B,
-                             int64_t T, int64_t H, int64_t hd, bool accumulate = true,
-                             bf16* dqkv_bf16 = nullptr, float* partials = nullptr);
+                             int64_t T, int64_t H, int64_t hd, bool accumulate = true);
 
 }  // namespace atl::cpu
