@@ -6,6 +6,7 @@
 // MixedPrecision.Bf16TrainingTracksFp32For100StepsOnEveryPath bounds over 100 steps.
 #include "autograd/activations_bf16.h"
 
+#include "autograd/bf16_handoff.h"
 #include "autograd/ops_util.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gelu_bf16.h"
@@ -31,21 +32,39 @@ Tensor widen(const Tensor& b) {
 
 // GELU's forward writes the saved bf16 copy in its own pass over x, and backward reads it directly
 // and writes a fresh gradient (kernels/cpu/gelu.cpp): no separate cast, widening or zeroing pass.
+// Both directions also write the bf16 copy the next product reads and offer it (bf16_handoff.h):
+// forward its output for c_proj's input, backward a fresh gradient for c_fc's dY, with the bias's
+// column sums.
 Tensor gelu(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape());
   if (!should_record({&x})) {
     K(x).act.gelu_forward(out.f32(), x.f32(), x.numel());
     return out;
   }
-  Tensor saved = Tensor::empty(x.shape(), DType::bf16);
-  cpu::gelu_forward_keep_bf16(out.f32(), saved.data<bf16>(), x.f32(), x.numel());
+  const bool hand_off = bf16_handoff::enabled();
+  Tensor saved = Tensor::empty(x.shape(), DType::bf16), out_b;
+  if (hand_off) {
+    out_b = Tensor::empty(x.shape(), DType::bf16);
+    cpu::gelu_forward_keep_bf16(out.f32(), out_b.data<bf16>(), saved.data<bf16>(), x.f32(), x.numel());
+  } else {
+    cpu::gelu_forward_keep_bf16(out.f32(), saved.data<bf16>(), x.f32(), x.numel());
+  }
   saved.set_autograd(x.autograd());  // the saved input stands in for x: its gradient accumulates in x's
-  record("gelu_bf16", out, {saved}, [](Node& n) {
+  record("gelu_bf16", out, {saved}, [hand_off](Node& n) {
     const Tensor& xi = n.inputs[0];
     bool fresh;
     float* gx = grad_buffer_for_write(xi, &fresh).f32();
-    cpu::gelu_backward_bf16(gx, grad_of(n.output).f32(), xi.data<bf16>(), xi.numel(), !fresh);
+    if (!fresh || !hand_off || xi.dim() == 0) {
+      cpu::gelu_backward_bf16(gx, grad_of(n.output).f32(), xi.data<bf16>(), xi.numel(), !fresh);
+      return;
+    }
+    const int64_t OC = xi.size(-1), N = OC ? xi.numel() / OC : 0;
+    Tensor gb = Tensor::empty(xi.shape(), DType::bf16);
+    Tensor part = Tensor::empty({(N + cpu::kBiasSumRows - 1) / cpu::kBiasSumRows, OC});
+    cpu::gelu_backward_bf16_rows(gx, gb.data<bf16>(), part.f32(), grad_of(n.output).f32(), xi.data<bf16>(), N, OC);
+    bf16_handoff::offer_grad(xi, std::move(gb), std::move(part));
   });
+  if (hand_off) bf16_handoff::offer_output(out, std::move(out_b));
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "autograd/bf16_handoff.h"
 #include "autograd/precision.h"
 #include "kernels/cpu/attention_bf16.h"
 
@@ -25,8 +26,11 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t hd) {
   Tensor packed = Tensor::empty(qkv.shape(), DType::bf16);  // [3][B·H][T][hd] inside qkv's shape
   cpu::attention_bf16_pack(packed.data<bf16>(), qkv.f32(), B, T, H, hd);
   Tensor out = Tensor::empty({B, T, H * hd}), lse = Tensor::empty({B, H, T});
-  cpu::attention_bf16_forward(out.f32(), lse.f32(), packed.data<bf16>(), B, T, H, hd);
-  if (should_record({&qkv})) {
+  const bool rec = should_record({&qkv}), hand_off = rec && bf16_handoff::enabled();
+  Tensor out_b = hand_off ? Tensor::empty({B, T, H * hd}, DType::bf16) : Tensor();
+  cpu::attention_bf16_forward(out.f32(), lse.f32(), packed.data<bf16>(), B, T, H, hd,
+                              hand_off ? out_b.data<bf16>() : nullptr);
+  if (rec) {
     Tensor in = packed;
     in.set_autograd(qkv.autograd());
     record("attention_bf16", out, {in}, [B, T, H, hd, packed, lse](Node& n) {
@@ -36,6 +40,7 @@ Tensor attention(const Tensor& qkv, int64_t H, int64_t hd) {
       float* g = grad_buffer_for_write(q, &fresh).f32();
       cpu::attention_bf16_backward(g, grad_of(n.output).f32(), packed.data<bf16>(), lse.f32(), B, T, H, hd, !fresh);
     });
+    if (hand_off) bf16_handoff::offer_output(out, std::move(out_b));  // the output projection's input
   }
   return out;
 }

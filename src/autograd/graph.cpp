@@ -1,5 +1,7 @@
 #include "autograd/graph.h"
 
+#include "autograd/bf16_handoff.h"
+
 #include <unordered_map>
 #include <unordered_set>
 
@@ -80,6 +82,7 @@ Tensor grad_handle(const Tensor& t) {
 }
 
 void record(const char* op, Tensor& out, std::vector<Tensor> inputs, std::function<void(Node&)> backward) {
+  bf16_handoff::detail::op_recorded();
   auto m = std::make_shared<AutogradMeta>();
   m->requires_grad = true;
   m->is_leaf = false;
@@ -115,6 +118,7 @@ void walk(std::vector<Node>& nodes) {
     Node& n = nodes[i];
     AutogradMeta* om = n.output.autograd().get();
     if (om && om->grad.defined()) n.backward(n);
+    bf16_handoff::detail::node_walked();
     // The output's gradient and the node's saved tensors are no longer needed.
     if (om) om->grad = Tensor();
     n.inputs.clear();

@@ -10,6 +10,7 @@
 // through the blocked forward product's summation order.
 #include <algorithm>
 
+#include "autograd/bf16_handoff.h"
 #include "autograd/ops.h"
 #include "autograd/ops_util.h"
 #include "autograd/precision.h"
@@ -39,8 +40,11 @@ Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
     ATOLL_CHECK(tg[i] < V, "cross_entropy: target id {} at row {} is outside the vocabulary [0, {})", tg[i], i, V);
     kept += tg[i] >= 0;
   }
-  Tensor xb = Tensor::empty(x.shape(), DType::bf16);
-  cpu::f32_to_bf16(x.f32(), xb.data<bf16>(), x.numel());
+  Tensor xb = bf16_handoff::take_output(x);  // the final layer norm's copy (bf16_handoff.h)
+  if (!xb.defined()) {
+    xb = Tensor::empty(x.shape(), DType::bf16);
+    cpu::f32_to_bf16(x.f32(), xb.data<bf16>(), x.numel());
+  }
   const Tensor wb = bf16_weight(w);
   const bool rec = should_record({&x, &w});
   Tensor dlog = rec ? Tensor::empty({N, V}, DType::bf16) : Tensor();

@@ -7,11 +7,13 @@
 // shared by forward and the dX product of every micro-step.
 #include "autograd/linear_bf16.h"
 
+#include "autograd/bf16_handoff.h"
 #include "autograd/weight_cast_cache.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/gelu_bf16.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
@@ -25,6 +27,12 @@ Tensor to_bf16(const Tensor& t) {
   return b;
 }
 
+// x in bf16: the copy its producer offered (layer norm, GELU: bf16_handoff.h), else a cast.
+Tensor input_bf16(const Tensor& x) {
+  Tensor b = bf16_handoff::take_output(x);
+  return b.defined() ? b : to_bf16(x);
+}
+
 // A tensor with t's autograd record (and shape) whose storage is the bf16 copy: the node's input.
 Tensor stand_in(const Tensor& t, const Tensor& copy) {
   Tensor s = copy;
@@ -36,7 +44,7 @@ Tensor stand_in(const Tensor& t, const Tensor& copy) {
 // summed (rows in order) into their own partials, which are then added to db in block order: the
 // same order for any thread count.
 void to_bf16_with_column_sums(bf16* out, float* db, const float* g, int64_t N, int64_t OC) {
-  constexpr int64_t kRows = 64;
+  constexpr int64_t kRows = cpu::kBiasSumRows;  // GELU's backward hands over partials of these blocks
   const int64_t nblk = (N + kRows - 1) / kRows;
   std::vector<float> part(size_t(nblk * OC), 0.0f);
 #pragma omp parallel for schedule(static) if(parallel : N * OC >= (int64_t(1) << 15))
@@ -64,7 +72,7 @@ DType matmul_dtype() { return g_matmul; }
 namespace ops_bf16 {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int64_t C, int64_t OC, Shape out_shape) {
-  Tensor xb = to_bf16(x), wb = bf16_weight(w);
+  Tensor xb = input_bf16(x), wb = bf16_weight(w);
   Tensor out = Tensor::empty(out_shape);
   float* o = out.f32();
   if (b.defined()) cpu::gemm_bf16_bias(false, false, N, OC, C, xb.data<bf16>(), C, wb.data<bf16>(), OC, b.f32(), o, OC);
@@ -74,9 +82,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int6
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1], &bi = n.inputs[2];
       const Tensor& g = grad_of(n.output);
       const bool bias = bi.defined() && requires_grad(bi);
-      Tensor gb = Tensor::empty(g.shape(), DType::bf16);
-      if (bias) to_bf16_with_column_sums(gb.data<bf16>(), grad_buffer(bi).f32(), g.f32(), N, OC);  // one pass over g
-      else cpu::f32_to_bf16(g.f32(), gb.data<bf16>(), g.numel());
+      bf16_handoff::Grad h = bf16_handoff::take_grad(n.output);  // GELU's backward made them already
+      Tensor gb = h.bf16;
+      const int64_t nblk = (N + cpu::kBiasSumRows - 1) / cpu::kBiasSumRows;
+      if (gb.defined() && bias && (h.col_partials.dim() != 2 || h.col_partials.size(0) != nblk ||
+                                   h.col_partials.size(1) != OC))
+        gb = Tensor();  // partials of another row width: not this product's bias sums
+      if (gb.defined()) {
+        if (bias) {
+          float* db = grad_buffer(bi).f32();
+          const float* part = h.col_partials.f32();
+          for (int64_t blk = 0; blk < h.col_partials.size(0); ++blk)  // to_bf16_with_column_sums's order
+#pragma omp simd
+            for (int64_t o = 0; o < OC; ++o) db[o] += part[blk * OC + o];
+        }
+      } else {
+        gb = Tensor::empty(g.shape(), DType::bf16);
+        if (bias) to_bf16_with_column_sums(gb.data<bf16>(), grad_buffer(bi).f32(), g.f32(), N, OC);  // one pass over g
+        else cpu::f32_to_bf16(g.f32(), gb.data<bf16>(), g.numel());
+      }
       if (requires_grad(xi)) {
         bool fresh;
         float* gx = grad_buffer_for_write(xi, &fresh).f32();
@@ -90,13 +114,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t N, int6
 }
 
 Tensor linear_t(const Tensor& x, const Tensor& w, int64_t N, int64_t C, int64_t OC, Shape out_shape) {
-  Tensor xb = to_bf16(x), wb = bf16_weight(w);
+  Tensor xb = input_bf16(x), wb = bf16_weight(w);
   Tensor out = Tensor::empty(out_shape);
   cpu::gemm_bf16(false, true, N, OC, C, 1.f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.f, out.f32(), OC);
   if (should_record({&x, &w})) {
     record("linear_t_bf16", out, {stand_in(x, xb), w}, [N, C, OC, xb, wb](Node& n) {
       const Tensor &xi = n.inputs[0], &wi = n.inputs[1];
-      Tensor gb = to_bf16(grad_of(n.output));
+      Tensor gb = bf16_handoff::take_grad(n.output).bf16;
+      if (!gb.defined()) gb = to_bf16(grad_of(n.output));
       if (requires_grad(xi)) {
         bool fresh;
         float* gx = grad_buffer_for_write(xi, &fresh).f32();

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -75,6 +76,15 @@ TEST(AttentionBf16, MatchesTheFp32KernelsOnTrainingShapesOnEveryBf16Path) {
       std::vector<float> out(out_ref.size()), lse(lse_ref.size()), dqkv(qkv.size(), 0.5f);  // both accumulate
       cpu::attention_bf16_pack(packed.data(), qkv.data(), B, T, H, hd);
       cpu::attention_bf16_forward(out.data(), lse.data(), packed.data(), B, T, H, hd);
+      {  // the form that also writes the output's bf16 copy (bf16_handoff.h): same output, the cast's bits
+        std::vector<float> out2(out.size()), lse2(lse.size());
+        std::vector<bf16> ob(out.size()), ref(out.size());
+        cpu::attention_bf16_forward(out2.data(), lse2.data(), packed.data(), B, T, H, hd, ob.data());
+        cpu::f32_to_bf16(out.data(), ref.data(), int64_t(out.size()));
+        ASSERT_EQ(std::memcmp(out2.data(), out.data(), out.size() * 4), 0) << s.name;
+        ASSERT_EQ(std::memcmp(lse2.data(), lse.data(), lse.size() * 4), 0) << s.name;
+        ASSERT_EQ(std::memcmp(ob.data(), ref.data(), ob.size() * 2), 0) << s.name;
+      }
       cpu::attention_bf16_backward(dqkv.data(), dout.data(), packed.data(), lse.data(), B, T, H, hd);
       double lse_err = 0;
       for (size_t i = 0; i < lse.size(); ++i) lse_err = std::max(lse_err, double(std::fabs(lse[i] - lse_ref[i])));

@@ -1,7 +1,9 @@
 // GELU, SwiGLU and residual kernels against naive double-precision formulas and finite differences.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernel_test_util.h"
 #include "kernels/cpu/gelu_bf16.h"
@@ -64,6 +66,47 @@ TEST(Gelu, Bf16FormsGiveTheFp32KernelsBits) {
     ASSERT_EQ(acc16[i], acc[i]) << i;
     ASSERT_EQ(fresh[i], zero[i]) << i;  // == takes -0 and +0 as equal: written s*d may be -0
   }
+}
+
+// The hand-off forms (bf16_handoff.h) fold the next product's cast (and, backward, the bias's
+// column sums) into GELU: their bits must be the unfused path's, GELU then f32_to_bf16 (and
+// linear_bf16's sums of 64-row blocks, rows in order from 0). N = 333 rows leaves a partial last
+// block, OC = 301 a vector remainder, N·OC is above the parallel threshold; NaN and the rounding
+// ties check the cast's rule on the output side too.
+TEST(Gelu, HandOffFormsGiveTheUnfusedBits) {
+  const int64_t N = 333, OC = 301, n = N * OC;
+  auto x = randn(n, 21, 3.0f), dy = randn(n, 22);
+  x[0] = std::nanf(""), x[1] = 1.00390625f, x[2] = -30.0f;
+  dy[5] = 1.00390625f, dy[6] = std::nanf("");
+  std::vector<float> y(n), y2(n), ref_g(n), g(n, -7.0f);
+  std::vector<bf16> saved(n), saved2(n), yb(n), ref_yb(n), gb(n), ref_gb(n);
+  cpu::gelu_forward_keep_bf16(y.data(), saved.data(), x.data(), n);
+  cpu::f32_to_bf16(y.data(), ref_yb.data(), n);
+  cpu::gelu_forward_keep_bf16(y2.data(), yb.data(), saved2.data(), x.data(), n);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bits(y2[i]), bits(y[i])) << i;
+    ASSERT_EQ(saved2[i].bits, saved[i].bits) << i;
+    ASSERT_EQ(yb[i].bits, ref_yb[i].bits) << i;
+  }
+  cpu::gelu_backward_bf16(ref_g.data(), dy.data(), saved.data(), n, false);
+  cpu::f32_to_bf16(ref_g.data(), ref_gb.data(), n);
+  const int64_t nblk = (N + cpu::kBiasSumRows - 1) / cpu::kBiasSumRows;
+  std::vector<float> ref_p(size_t(nblk * OC), 0.0f), p(size_t(nblk * OC), 3.0f);
+  for (int64_t blk = 0; blk < nblk; ++blk)
+    for (int64_t i = blk * cpu::kBiasSumRows; i < std::min(N, (blk + 1) * cpu::kBiasSumRows); ++i)
+      for (int64_t o = 0; o < OC; ++o) ref_p[size_t(blk * OC + o)] += ref_g[size_t(i * OC + o)];
+  cpu::gelu_backward_bf16_rows(g.data(), gb.data(), p.data(), dy.data(), saved.data(), N, OC);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bits(g[i]), bits(ref_g[i])) << i;
+    ASSERT_EQ(gb[i].bits, ref_gb[i].bits) << i;
+  }
+  for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(bits(p[i]), bits(ref_p[i])) << i;
+  ASSERT_TRUE(std::isnan(p[0]));  // the NaN input's column carries its NaN into block 0
 }
 
 TEST(SwiGLU, ForwardBackwardMatchNaive) {

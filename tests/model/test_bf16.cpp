@@ -1,6 +1,7 @@
 // Mixed precision: bf16 matmuls with fp32 master weights stay close to the fp32 model.
 #include <gtest/gtest.h>
 
+#include "autograd/bf16_handoff.h"
 #include "autograd/graph.h"
 #include "autograd/ops.h"
 #include "autograd/precision.h"
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -254,7 +256,10 @@ TEST(MixedPrecision, ActivationsSaveTheirInputInBf16) {
       allocator_for(Device::cpu()).release_cache();  // no request is served from a bigger cached block
       const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
       Tensor y = swiglu ? ops::swiglu(ops::add(x0, half)) : ops::gelu(ops::add(x0, half));
-      *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes();
+      // GELU's bf16 copy of y, offered to a next product (bf16_handoff.h), is not the graph's.
+      const size_t offered = bf16_handoff::pending_bytes();
+      EXPECT_EQ(offered, dt == DType::bf16 && !swiglu ? y.nbytes() / 2 : 0);
+      *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes() - offered;
       Tensor loss = ops::dot_const(y, Tensor::from_vector(r, {N, F}));
       backward(loss);
       return grad_of(x0).clone();
@@ -296,7 +301,10 @@ TEST(MixedPrecision, LayerNormSavesItsNormalisedInputInBf16) {
     allocator_for(Device::cpu()).release_cache();
     const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
     Tensor y = ops::layernorm(ops::add(x0, zero), w, b, 1e-5f);
-    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes();
+    // The output's bf16 copy, offered to a next product (bf16_handoff.h), is not the graph's.
+    const size_t offered = bf16_handoff::pending_bytes();
+    EXPECT_EQ(offered, dt == DType::bf16 ? y.nbytes() / 2 : 0);
+    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes() - offered;
     backward(ops::dot_const(y, Tensor::from_vector(r, {N, C})));
     return std::make_pair(grad_of(x0).clone(), grad_of(w).clone());
   };
@@ -337,7 +345,10 @@ TEST(MixedPrecision, AttentionKeepsQkvOnceInBf16) {
     allocator_for(Device::cpu()).release_cache();
     const size_t before = allocator_for(Device::cpu()).stats().current_bytes;
     Tensor y = ops::attention(ops::add(x0, half), H, H, hd);
-    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes();
+    // The output's bf16 copy, offered to the output projection (bf16_handoff.h), is not the graph's.
+    const size_t offered = bf16_handoff::pending_bytes();
+    EXPECT_EQ(offered, dt == DType::bf16 ? y.nbytes() / 2 : 0);
+    *held = allocator_for(Device::cpu()).stats().current_bytes - before - y.nbytes() - offered;
     Tensor loss = ops::dot_const(y, Tensor::from_vector(r, {B, T, C}));
     backward(loss);
     return grad_of(x0).clone();
@@ -410,4 +421,123 @@ TEST(MixedPrecision, FusedHeadLossKeepsOnlyTheBf16LogitGradient) {
   EXPECT_EQ(f32a.loss, f32b.loss);
   EXPECT_EQ(max_abs_diff(f32a.gw, f32b.gw), 0.0);
   EXPECT_NEAR(fused.loss, f32a.loss, 1e-2 * f32a.loss);
+}
+
+// Producers hand their bf16 copy to the next product (autograd/bf16_handoff.h): layer norm's and
+// GELU's outputs to the following linear and the head, GELU's fresh gradient (with the bias's
+// column sums) to c_fc's backward. The copies are the casts the consumers would make, so loss and
+// every gradient must be bitwise those of the unfused path (hand-off off). The counters check the
+// hand-offs happen (a silently disabled hand-off fails here). Two cases must refuse an offer and
+// still give the unfused bits: an op recorded between producer and consumer, and a second
+// consumer of c_fc's output whose node accumulates into the gradient after GELU wrote it (taking
+// GELU's copy there would drop that term).
+TEST(MixedPrecision, ProducersHandTheirBf16CopyToTheNextProduct) {
+  PrecisionGuard guard;
+  const int64_t N = 160, C = 48, F = 4 * C, V = 96;  // N: two full 64-row blocks and a partial one
+  Rng rng(23, 0);
+  auto draw = [&](int64_t n, float s, float m = 0.f) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& e : v) e = m + s * rng.normal();
+    return v;
+  };
+  const auto xv = draw(N * C, 1.f, 2.f), lw = draw(C, 0.2f, 1.f), lb = draw(C, 0.1f), w1 = draw(C * F, 0.15f),
+             b1 = draw(F, 0.1f), w2 = draw(F * C, 0.08f), b2 = draw(C, 0.1f), wte = draw(V * C, 0.2f),
+             other = draw(N * C, 1.f);
+  std::vector<int32_t> tg(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) tg[size_t(i)] = int32_t((i * 37 + 5) % V);
+  struct Out {
+    float loss;
+    std::vector<std::vector<float>> grads;
+  };
+  // variant 0: the GPT block's order; 1: an op between layer norm and c_fc; 2: a second consumer
+  // of c_fc's output recorded before GELU (so GELU's node is walked first and writes fresh).
+  auto run = [&](bool hand_off, int variant) {
+    set_matmul_dtype(DType::bf16);
+    bf16_handoff::set_enabled(hand_off);
+    std::vector<Tensor> p = {Tensor::from_vector(xv, {N, C}),     Tensor::from_vector(lw, {C}),
+                             Tensor::from_vector(lb, {C}),        Tensor::from_vector(w1, {C, F}),
+                             Tensor::from_vector(b1, {F}),        Tensor::from_vector(w2, {F, C}),
+                             Tensor::from_vector(b2, {C}),        Tensor::from_vector(wte, {V, C})};
+    for (auto& t : p) set_requires_grad(t);
+    Tensor o = Tensor::from_vector(other, {N, C});
+    set_requires_grad(o);
+    Tensor h = ops::layernorm(p[0], p[1], p[2]);
+    Tensor extra;
+    if (variant == 1) extra = ops::gelu(o);  // recorded between the layer norm and its consumer
+    Tensor a = ops::linear(h, p[3], p[4]);
+    if (variant == 2) extra = ops::sum(a);
+    Tensor y = ops::add(ops::linear(ops::gelu(a), p[5], p[6]), p[0]);
+    Tensor loss = ops::head_cross_entropy(ops::layernorm(y, p[1], p[2]), p[7], Tensor::from_vector_i32(tg, {N}));
+    if (extra.defined()) loss = ops::add(loss, ops::mul(ops::sum(extra), Tensor::full({}, 1e-3f)));
+    backward(loss);
+    Out out{loss.item(), {}};
+    for (auto& t : p) out.grads.push_back(grad_of(t).to_vector());
+    bf16_handoff::set_enabled(true);
+    return out;
+  };
+  for (int variant : {0, 1, 2}) {
+    const Out off = run(false, variant);
+    const auto s0 = bf16_handoff::stats();
+    const Out on = run(true, variant);
+    const auto s1 = bf16_handoff::stats();
+    const int64_t outs = s1.outputs_taken - s0.outputs_taken, grads = s1.grads_taken - s0.grads_taken;
+    std::printf("variant %d: %lld outputs and %lld gradients handed over\n", variant, (long long)outs, (long long)grads);
+    // 0: ln -> c_fc, gelu -> c_proj, ln_f -> head, and gelu's gradient -> c_fc; 1 loses the first
+    // (an op in between); 2 loses the gradient (the sum's node accumulates after GELU's).
+    EXPECT_EQ(outs, variant == 1 ? 2 : 3) << variant;
+    EXPECT_EQ(grads, variant == 2 ? 0 : 1) << variant;
+    EXPECT_EQ(std::memcmp(&on.loss, &off.loss, 4), 0) << variant << ": " << on.loss << " vs " << off.loss;
+    for (size_t i = 0; i < on.grads.size(); ++i) {
+      ASSERT_EQ(on.grads[i].size(), off.grads[i].size());
+      EXPECT_EQ(std::memcmp(on.grads[i].data(), off.grads[i].data(), on.grads[i].size() * 4), 0)
+          << "variant " << variant << ", gradient " << i;
+    }
+  }
+}
+
+// The whole GPT step with the hand-offs on and off, on every bf16 GEMM path this CPU has: loss and
+// every gradient bitwise equal, and the hand-offs per step are the block's: per layer ln_1 → c_attn,
+// attention → its c_proj (where attention runs in bf16), ln_2 → c_fc, GELU → the MLP's c_proj,
+// GELU's gradient → c_fc; plus ln_f → the head.
+TEST(MixedPrecision, GptStepWithHandOffsIsBitwiseTheUnfusedStepOnEveryPath) {
+  PrecisionGuard guard;
+  nn::GPTConfig cfg = nn::GPTConfig::preset("gpt2-tiny");
+  nn::GPT model(cfg);
+  model.init_weights(5);
+  Rng rng(4, 0);
+  std::vector<int32_t> tok(2 * 32), tgt(2 * 32);
+  for (auto& t : tok) t = int32_t(rng.below(257));
+  for (auto& t : tgt) t = int32_t(rng.below(257));
+  Tensor x = Tensor::from_vector_i32(tok, {2, 32}), y = Tensor::from_vector_i32(tgt, {2, 32});
+  const cpu::Isa saved = cpu::active_isa();
+  set_matmul_dtype(DType::bf16);
+  for (cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::avx512, cpu::Isa::avx512_bf16, cpu::Isa::amx}) {
+    if (!cpu::isa_supported(isa)) {
+      std::printf("%s: not on this CPU\n", cpu::isa_name(isa));
+      continue;
+    }
+    cpu::set_isa(isa);
+    auto run = [&](bool on) {
+      bf16_handoff::set_enabled(on);
+      model.zero_grad();
+      Tensor l = model.loss(x, y);
+      backward(l);
+      bf16_handoff::set_enabled(true);
+      return std::make_pair(l.item(), model.flat_grads().to_vector());
+    };
+    const auto off = run(false);
+    const auto s0 = bf16_handoff::stats();
+    const auto on = run(true);
+    const auto s1 = bf16_handoff::stats();
+    const int64_t L = cfg.n_layer, outs = s1.outputs_taken - s0.outputs_taken, grads = s1.grads_taken - s0.grads_taken;
+    const bool attn = cpu::attention_bf16_supported();
+    std::printf("%s: %lld outputs, %lld gradients handed over (L = %lld, bf16 attention %d)\n", cpu::isa_name(isa),
+                (long long)outs, (long long)grads, (long long)L, int(attn));
+    EXPECT_EQ(outs, (attn ? 4 : 3) * L + 1) << cpu::isa_name(isa);
+    EXPECT_EQ(grads, L) << cpu::isa_name(isa);
+    EXPECT_EQ(std::memcmp(&on.first, &off.first, 4), 0) << cpu::isa_name(isa);
+    ASSERT_EQ(on.second.size(), off.second.size());
+    EXPECT_EQ(std::memcmp(on.second.data(), off.second.data(), on.second.size() * 4), 0) << cpu::isa_name(isa);
+  }
+  cpu::set_isa(saved);
 }

@@ -42,6 +42,14 @@ inline uint16_t round_bf16(float f) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// f32_to_bf16's rule including NaN (kept quiet): for the output's copy, which must be the cast's bits.
+inline uint16_t round_bf16_any(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
 // rows [B,T] of `src` (row stride `ld`, head h at column h·hd) → head-major bf16 [B·H][T][hd].
 void gather_heads(bf16* dst, const float* src, int64_t ld, int64_t B, int64_t T, int64_t H, int64_t hd) {
 #pragma omp parallel for schedule(static) if(parallel : B * T * H * hd >= detail::kMinParallelWork)
@@ -71,7 +79,8 @@ void attention_bf16_pack(bf16* packed, const float* qkv, int64_t B, int64_t T, i
   for (int64_t part = 0; part < 3; ++part) gather_heads(packed + part * n, qkv + part * H * hd, S, B, T, H, hd);
 }
 
-void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd) {
+void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd,
+                            bf16* out_bf16) {
   const int64_t BH = B * H, n = BH * T * hd, TT = T * T, OS = H * hd;
   const bf16 *Q = packed, *Kh = packed + n, *V = packed + 2 * n;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -112,6 +121,12 @@ void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t 
     for (int64_t row = 0; row < c * T; ++row) {
       const int64_t t = row % T, bh = h0 + row / T, b = bh / H, h = bh % H;
       std::memcpy(out + (b * T + t) * OS + h * hd, O + row * hd, size_t(hd) * sizeof(float));
+      if (out_bf16) {
+        uint16_t* d = reinterpret_cast<uint16_t*>(out_bf16 + (b * T + t) * OS + h * hd);
+        const float* o = O + row * hd;
+#pragma omp simd
+        for (int64_t e = 0; e < hd; ++e) d[e] = round_bf16_any(o[e]);
+      }
     }
   }
 }

@@ -21,7 +21,10 @@ bool attention_bf16_supported(std::string* why_not = nullptr);
 void attention_bf16_pack(bf16* packed, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t hd);
 
 // out [B,T,H·hd] fp32; lse [B,H,T] (the rows' log-sum-exp of the scaled scores, for backward).
-void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd);
+// out_bf16, if given, also gets f32_to_bf16(out) (the output projection's input, handed over by
+// autograd/bf16_handoff.h), written while each head's rows are in cache.
+void attention_bf16_forward(float* out, float* lse, const bf16* packed, int64_t B, int64_t T, int64_t H, int64_t hd,
+                            bf16* out_bf16 = nullptr);
 
 // dqkv [B,T,3·H·hd] += the gradient for dout [B,T,H·hd] (= when accumulate is false).
 void attention_bf16_backward(float* dqkv, const float* dout, const bf16* packed, const float* lse, int64_t B,

@@ -1,6 +1,7 @@
 // GELU with the tanh approximation used by GPT-2 (Hendrycks & Gimpel 2016):
 // gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))). tanh comes from a vectorisable
 // exp (kernel_util.h) because libm's tanhf would keep these loops scalar.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -62,6 +63,41 @@ void gelu_forward_keep_bf16(float* out, bf16* saved, const float* inp, int64_t n
     const float x = inp[i];
     out[i] = 0.5f * x * (1.0f + gelu_tanh(x));
     saved[i].bits = bf16_bits(x);
+  }
+}
+
+void gelu_forward_keep_bf16(float* out, bf16* out_bf16, bf16* saved, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float y = 0.5f * x * (1.0f + gelu_tanh(x));
+    out[i] = y;
+    out_bf16[i].bits = bf16_bits(y);
+    saved[i].bits = bf16_bits(x);
+  }
+}
+
+void gelu_backward_bf16_rows(float* dinp, bf16* dinp_bf16, float* partials, const float* dout, const bf16* inp,
+                             int64_t N, int64_t OC) {
+  const int64_t nblk = (N + kBiasSumRows - 1) / kBiasSumRows;
+#pragma omp parallel for schedule(static) if(parallel : N * OC >= detail::kMinParallelWork)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    float* p = partials + blk * OC;
+    for (int64_t o = 0; o < OC; ++o) p[o] = 0.0f;
+    for (int64_t i = blk * kBiasSumRows; i < std::min(N, (blk + 1) * kBiasSumRows); ++i) {
+      const bf16* xi = inp + i * OC;
+      const float* di = dout + i * OC;
+      float* gi = dinp + i * OC;
+      bf16* bi = dinp_bf16 + i * OC;
+#pragma omp simd
+      for (int64_t o = 0; o < OC; ++o) {
+        const float x = widen(xi[o].bits);
+        const float g = gelu_slope(x, gelu_tanh(x)) * di[o];
+        gi[o] = g;
+        bi[o].bits = bf16_bits(g);
+        p[o] += g;
+      }
+    }
   }
 }
 

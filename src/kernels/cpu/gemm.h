@@ -104,6 +104,10 @@ std::string onednn_version();
 
 bool has_avx512_bf16();
 void f32_to_bf16(const float* in, bf16* out, int64_t n);
+// Rows per block of a bias gradient's column sums: linear_bf16's dY pass sums each block of this
+// many rows (in row order, from 0) into its own partials and adds the partials in block order;
+// producers that hand over dY (gelu_bf16.h, attention_bf16.h) make the same partials.
+constexpr int64_t kBiasSumRows = 64;
 void bf16_to_f32(const bf16* in, float* out, int64_t n);
 
 }  // namespace atl::cpu
