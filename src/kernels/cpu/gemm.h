@@ -33,13 +33,6 @@ void set_gemm_f32(const std::string& name);
 const char* gemm_f32_setting();  // the current setting's name: "auto", "openblas" or "onednn"
 const char* gemm_f32_choice(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
 
-// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
-// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
-void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
-                    const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
-void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
-                           const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
-
 // The same over `batch` matrices at fixed element strides.
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
