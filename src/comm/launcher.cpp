@@ -227,9 +227,9 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
   // failure then stops the job at once, naming it, whatever --outlive allows.
   auto outlive_refused = [&](int rank, int pid, int st) {
     try {
-      if (!store->check({"launch/outlive_declared"}) || store->check({"launch/outlivable/" + std::to_string(rank)}))
+      if (!store.check({"launch/outlive_declared"}) || store.check({"launch/outlivable/" + std::to_string(rank)}))
         return false;
-      const std::string why = store->try_get("launch/outlive_declared").value_or("");
+      const std::string why = store.try_get("launch/outlive_declared").value_or("");
       begin_teardown(fmt::format("rank {} (pid {}) {}; the job cannot go on without it ({})", rank, pid,
                                  describe_status(st), why),
                      false);
