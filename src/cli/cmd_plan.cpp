@@ -655,9 +655,13 @@ int run_calibrate(int argc, char** argv) {
     const std::vector<int64_t> toks = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
     const std::vector<int64_t> widths = quick ? std::vector<int64_t>{64, 128, 256, 512}
                                               : std::vector<int64_t>{64, 128, 256, 512, 1024};
+    // Every sample evicts the caches twice (a buffer of twice the L3, 960 MB on a VM that reports
+    // 480 MB), which is most of the grid's time: --quick takes the best of 3, not 6.
+    const int grid_samples = quick ? reps : 2 * reps;
     for (int64_t n : toks)
       for (int64_t c : widths)
-        for (int64_t oc : widths) linear_grid.push_back({double(n), double(c), double(oc), measure_linear(n, c, oc, 2 * reps)});
+        for (int64_t oc : widths)
+          linear_grid.push_back({double(n), double(c), double(oc), measure_linear(n, c, oc, grid_samples)});
     double lo = 1e30, hi = 0;
     for (auto& g : linear_grid) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
     std::printf("  linear layers %.2f-%.2f GFLOP/s (fwd+bwd, %zu token-major shapes, widths %lld-%lld)\n", lo / 1e9,
