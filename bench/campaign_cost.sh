@@ -17,41 +17,8 @@ STEPS=${STEPS:-60} REPEAT=${REPEAT:-3}
 W=$(mktemp -d /tmp/atoll_campaigncost.XXXX)
 trap 'rm -rf "$W"' EXIT
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'); $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$W/corpus.txt" <<'PY'
-import sys
-words = "the island trains a model across many ranks and hosts".split()
-s = 777
-with open(sys.argv[1], "w") as f:
-    for doc in range(200):
-        for w in range(40):
-            s = (s * 1664525 + 1013904223) % 2**32
-            f.write(words[(s >> 16) % 10] + (".\n" if w % 9 == 8 else " "))
-        f.write("\n%\n")
-PY
-"$A" data prepare --input "$W/corpus.txt" --out "$W/data" --val-fraction 0.1 > "$W/prepare.log" 2>&1
-cat > "$W/cfg.toml" <<TOML
-[data]
-dir = "$W/data"
-auto_prepare = false
-[model]
-preset = "gpt2-tiny"
-n_layer = 2
-[train]
-steps = $STEPS
-batch_size = 4
-seq_len = 64
-threads = 1
-[eval]
-every = 0
-[sample]
-every = 0
-[checkpoint]
-every = 10
-[log]
-every = 1000
-[hardware]
-peak_gflops = 100.0
-TOML
+source "$(dirname "$0")/tiny_job.sh"
+tiny_job_write 10
 echo "{\"seed\": 1, \"checkpoint_every\": 10, \"steps\": $STEPS, \"faults\": []}" > "$W/clean.json"
 run() {  # name extra...: prints the job's CPU seconds (every rank: the launcher's children)
   local name=$1

@@ -13,41 +13,8 @@ STEPS=${STEPS:-60} DELAY_MS=${DELAY_MS:-500} REPEAT=${REPEAT:-3}
 W=$(mktemp -d /tmp/atoll_codedbench.XXXX)
 trap 'rm -rf "$W"' EXIT
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'); $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$W/corpus.txt" <<'PY'
-import sys
-words = "the island trains a model across many ranks and hosts".split()
-s = 777
-with open(sys.argv[1], "w") as f:
-    for doc in range(200):
-        for w in range(40):
-            s = (s * 1664525 + 1013904223) % 2**32
-            f.write(words[(s >> 16) % 10] + (".\n" if w % 9 == 8 else " "))
-        f.write("\n%\n")
-PY
-"$A" data prepare --input "$W/corpus.txt" --out "$W/data" --val-fraction 0.1 > "$W/prepare.log" 2>&1
-cat > "$W/cfg.toml" <<TOML
-[data]
-dir = "$W/data"
-auto_prepare = false
-[model]
-preset = "gpt2-tiny"
-n_layer = 2
-[train]
-steps = $STEPS
-batch_size = 4
-seq_len = 64
-threads = 1
-[eval]
-every = 0
-[sample]
-every = 0
-[checkpoint]
-every = 0
-[log]
-every = 1000
-[hardware]
-peak_gflops = 100.0
-TOML
+source "$(dirname "$0")/tiny_job.sh"
+tiny_job_write 0
 run() {  # name ranks extra...
   local name=$1 n=$2
   shift 2
