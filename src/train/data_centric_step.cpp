@@ -237,7 +237,7 @@ plan::DcpChoice DataCentricStep::price(const std::vector<PackedRow>& rows, int64
   return plan::price_packed(job_, dcp_row_lengths(rows), cp, accum, rc);
 }
 
-plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows) const {
+plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows, std::map<int64_t, double>* by_cp) const {
   // plan::dcp_candidates' enumeration (cp a power of two dividing the ranks, 1, 2, 4, ... micro-
   // batches up to the rows a group gets, each recompute policy) with the fixed keys held; a fixed
   // accum may exceed the rows a rank gets (its extra micro-batches are empty).
@@ -264,6 +264,11 @@ plan::DcpChoice DataCentricStep::choose(const std::vector<PackedRow>& rows) cons
   const plan::DcpChoice* best = nullptr;
   for (const plan::DcpChoice& c : cands)
     if (!best || better(c, *best)) best = &c;
+  if (by_cp) {
+    by_cp->clear();
+    for (const plan::DcpChoice& c : cands)
+      if (c.fits && (!by_cp->count(c.cp) || c.step_s < by_cp->at(c.cp))) (*by_cp)[c.cp] = c.step_s;
+  }
   if (best->fits)
     for (int64_t cp = 1; cp < best->cp; cp *= 2) {
       const plan::DcpChoice* at = nullptr;  // the fastest fitting candidate of this cp
@@ -281,7 +286,7 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
   const std::vector<VarlenDocument> docs = corpus_->batch(step);
   const std::vector<PackedRow> rows = pack_documents(docs);
   const auto t0 = std::chrono::steady_clock::now();
-  const plan::DcpChoice c = choose(rows);
+  const plan::DcpChoice c = choose(rows, &last_by_cp_);
   choose_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t N = 0, longest = 0;
   for (const VarlenDocument& d : docs) N += d.targets(), longest = std::max(longest, d.targets());
@@ -321,10 +326,12 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
 }
 
 nlohmann::json DataCentricStep::record() const {
+  nlohmann::json by_cp = nlohmann::json::object();
+  for (auto [cp, s] : last_by_cp_) by_cp[std::to_string(cp)] = s * 1e3;
   return {{"dcp",
            {{"cp", last_.cp}, {"dp", last_.dp}, {"accum", last_.accum}, {"micro_batch", last_.micro_batch},
             {"recompute", last_.recompute}, {"seq", last_.seq}, {"docs", last_docs_}, {"longest", last_longest_},
-            {"predicted_ms", last_.step_s * 1e3}, {"choose_ms", choose_s_ * 1e3}}},
+            {"predicted_ms", last_.step_s * 1e3}, {"predicted_ms_by_cp", by_cp}, {"choose_ms", choose_s_ * 1e3}}},
           {"tokens", total_tokens_}};
 }
 

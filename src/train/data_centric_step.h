@@ -15,6 +15,7 @@
 // same loss and gradients as any other up to the order of fp32 sums (ring attention's block
 // merges, the per-rank partial sums).
 #pragma once
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -80,11 +81,14 @@ class DataCentricStep {
   double compute(int64_t step, nn::Model& model, parallel::DataParallel& dp);
   int64_t step_tokens() const { return last_tokens_; }  // targets of the last batch (whole job)
   // The last step's choice for its metrics record: "dcp" {cp, dp, accum, micro_batch, recompute,
-  // seq, docs, longest, predicted_ms, choose_ms}, and "tokens" (cumulative over this run).
+  // seq, docs, longest, predicted_ms, predicted_ms_by_cp, choose_ms}, and "tokens" (cumulative
+  // over this run). predicted_ms_by_cp: the fastest fitting candidate of each cp degree, so that a
+  // run's choices can be checked against what it measured.
   nlohmann::json record() const;
   std::string describe() const;
   // The choice for a batch's rows (the fixed keys held).
-  plan::DcpChoice choose(const std::vector<PackedRow>& rows) const;
+  // by_cp, when given, receives the fastest fitting candidate's predicted seconds per cp degree.
+  plan::DcpChoice choose(const std::vector<PackedRow>& rows, std::map<int64_t, double>* by_cp = nullptr) const;
   // One candidate's predicted time for these rows (the slowest dp group's micro-batches).
   plan::DcpChoice price(const std::vector<PackedRow>& rows, int64_t cp, int64_t accum, const std::string& rc) const;
 
@@ -100,6 +104,7 @@ class DataCentricStep {
   std::vector<std::unique_ptr<nn::ContextAttention>> rings_;
   std::vector<int64_t> ring_cp_;
   plan::DcpChoice last_;
+  std::map<int64_t, double> last_by_cp_;  // the last choice's by_cp (see choose)
   double choose_s_ = 0;  // the last choice's time (packing excluded)
   int64_t last_tokens_ = 0, total_tokens_ = 0, last_docs_ = 0, last_longest_ = 0;
   std::string data_dir_, tokenizer_;

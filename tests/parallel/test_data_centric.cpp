@@ -354,6 +354,13 @@ TEST(DataCentricTrain, ChoosesPerBatchAndTrainsToTheStaticConfigurationsLoss) {
     EXPECT_EQ(st[s]["dcp"]["recompute"], "none");
     EXPECT_EQ(d["docs"], st[s]["dcp"]["docs"]) << "same batch at step " << s + 1;
     EXPECT_EQ(dcp[s]["tokens"], st[s]["tokens"]) << "same batch at step " << s + 1;
+    // Each cp degree's fastest prediction is logged: the chosen one is its own cp's, and no
+    // other degree beats it by more than the margin (10%, the default) a larger cp must clear.
+    const auto& by_cp = d["predicted_ms_by_cp"];
+    ASSERT_TRUE(by_cp.contains(std::to_string(d["cp"].get<int64_t>()))) << d.dump();
+    EXPECT_DOUBLE_EQ(by_cp[std::to_string(d["cp"].get<int64_t>())].get<double>(), d["predicted_ms"].get<double>());
+    for (auto& [cp, ms] : by_cp.items())
+      EXPECT_GE(ms.get<double>() * 1.1 + 1e-9, d["predicted_ms"].get<double>()) << "cp " << cp << ": " << d.dump();
   }
   std::printf("shortest batch (longest document %d): %s; longest (%d): %s\n",
               dcp[shortest]["dcp"]["longest"].get<int>(), dcp[shortest]["dcp"].dump().c_str(),
