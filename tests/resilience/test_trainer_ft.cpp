@@ -12,6 +12,7 @@
 
 #include "comm/tcp_store.h"
 #include "proc.h"
+#include "train_job.h"
 #include "resilience/lighthouse.h"
 #include "resilience/progress_record.h"
 
@@ -19,40 +20,10 @@ namespace atl::resilience::test {
 namespace fs = std::filesystem;
 namespace {
 
-std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
-
-struct Corpus {
-  fs::path root, cfg;
-  Corpus() {
-    root = fs::temp_directory_path() / ("atoll_ft_train_" + std::to_string(getpid()));
-    fs::remove_all(root);
-    fs::create_directories(root);
-    std::ofstream txt(root / "corpus.txt");
-    const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
-    uint32_t s = 777;
-    for (int doc = 0; doc < 200; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        s = s * 1664525u + 1013904223u;
-        txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-    txt.close();
-    pid_t p = spawn({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
-                     (root / "data").string(), "--val-fraction", "0.1"},
-                    {}, (root / "prepare.log").string());
-    EXPECT_EQ(wait_for(p, 60), 0) << read_file((root / "prepare.log").string());
-    cfg = root / "tiny.toml";
-    std::ofstream c(cfg);
-    c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
-      << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-      << "[train]\nsteps = 120\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 10\n"
-      << "[log]\nevery = 10\n[hardware]\npeak_gflops = 100.0\n";
-  }
-  ~Corpus() {
-    if (!std::getenv("ATOLL_KEEP_TEST_FILES")) fs::remove_all(root);
-  }
+// The quorum and spare tests' job: 200 documents, 120 steps, a checkpoint every 10.
+struct Corpus : TrainJob {
+  fs::path cfg = root / "tiny.toml";
+  Corpus() : TrainJob("ft_train", {200, 120, 10, 10}) {}
 };
 
 }  // namespace

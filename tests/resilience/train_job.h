@@ -17,9 +17,14 @@ namespace atl::resilience::test {
 
 inline std::string atoll_exe() { return std::string(ATOLL_BINARY_DIR) + "/atoll"; }
 
+// What differs between the jobs built on it: corpus size, steps, checkpoint and log intervals.
+struct TrainJobShape {
+  int docs = 120, steps = 24, checkpoint_every = 5, log_every = 8;
+};
+
 struct TrainJob {
   std::filesystem::path root;
-  explicit TrainJob(const std::string& name) {
+  explicit TrainJob(const std::string& name, TrainJobShape shape = {}) {
     namespace fs = std::filesystem;
     root = fs::temp_directory_path() / ("atoll_" + name + "_" + std::to_string(getpid()));
     fs::remove_all(root);
@@ -27,7 +32,7 @@ struct TrainJob {
     std::ofstream txt(root / "corpus.txt");
     const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
     uint32_t s = 777;
-    for (int doc = 0; doc < 120; ++doc) {
+    for (int doc = 0; doc < shape.docs; ++doc) {
       for (int w = 0; w < 40; ++w) {
         s = s * 1664525u + 1013904223u;
         txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
@@ -42,9 +47,9 @@ struct TrainJob {
     std::ofstream c(root / "tiny.toml");
     c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n"
       << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-      << "[train]\nsteps = 24\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 5\n"
-      << "[log]\nevery = 8\n[hardware]\npeak_gflops = 100.0\n";
+      << "[train]\nsteps = " << shape.steps << "\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
+      << "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = "
+      << shape.checkpoint_every << "\n[log]\nevery = " << shape.log_every << "\n[hardware]\npeak_gflops = 100.0\n";
   }
   ~TrainJob() {
     if (!std::getenv("ATOLL_KEEP_TEST_FILES")) std::filesystem::remove_all(root);
