@@ -448,6 +448,14 @@ std::vector<float> run_losses(const Scratch& s, const std::string& run) {
   return v;
 }
 
+// Tensor names and shapes of one file of a run's step-4 checkpoint.
+std::map<std::string, Shape> step4_names_shapes(const Scratch& s, const std::string& run, const char* file) {
+  std::map<std::string, Shape> m;
+  for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
+    m[n] = t.shape();
+  return m;
+}
+
 void job_equals_reference(int world, int64_t rep, const std::string& kind) {
   Scratch s;
   const std::string tag = (s.root / "job").string();
@@ -632,12 +640,7 @@ TEST(ExpertParallel, TrainerRunsEp2OnTwoRanks) {
   // The ep2 checkpoint holds the whole model under the stated names (the experts stacked
   // [E, C, 2F] and [E, F, C], gathered from both ranks): the same names and shapes as one
   // process's, weights and AdamW state alike.
-  auto names_shapes = [&](const std::string& run, const char* file) {
-    std::map<std::string, Shape> m;
-    for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
-      m[n] = t.shape();
-    return m;
-  };
+  auto names_shapes = [&](const std::string& run, const char* file) { return step4_names_shapes(s, run, file); };
   for (const char* f : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_EQ(names_shapes("all_to_all", f), names_shapes("one", f)) << f;
   EXPECT_EQ(names_shapes("all_to_all", "model.safetensors")["model.layers.1.mlp.experts.down_proj"],
@@ -862,12 +865,7 @@ TEST(EpTimesTp, TrainerRunsDp2Tp2Ep2AndResumesOnOneRank) {
   ASSERT_EQ(eptp.size(), 4u);
   // One rank at 2b vs (2 dp x 2 tp) at b: float summation order (the data-parallel tests' bound).
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(eptp[i], one[i], 1e-4) << "step " << i + 1;
-  auto names_shapes = [&](const std::string& run, const char* file) {
-    std::map<std::string, Shape> m;
-    for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
-      m[n] = t.shape();
-    return m;
-  };
+  auto names_shapes = [&](const std::string& run, const char* file) { return step4_names_shapes(s, run, file); };
   for (const char* f : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_EQ(names_shapes("eptp", f), names_shapes("one", f)) << f;
   // Resumed on one rank: steps 5-6 from the ep x tp checkpoint and from one process's own.
@@ -929,12 +927,7 @@ TEST(EpTimesTp, TrainerRunsUnderZero3AndResumesAcrossLayouts) {
   ASSERT_EQ(one.size(), 4u);
   ASSERT_EQ(z3.size(), 4u);
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(z3[i], one[i], 1e-4) << "step " << i + 1;
-  auto names_shapes = [&](const std::string& run, const char* file) {
-    std::map<std::string, Shape> m;
-    for (auto& [n, t] : load_safetensors((s.root / run / "checkpoints/step_00000004" / file).string()).tensors)
-      m[n] = t.shape();
-    return m;
-  };
+  auto names_shapes = [&](const std::string& run, const char* file) { return step4_names_shapes(s, run, file); };
   for (const char* f : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_EQ(names_shapes("z3", f), names_shapes("one", f)) << f;
   auto seed_from = [&](const std::string& from, const std::string& run) {
