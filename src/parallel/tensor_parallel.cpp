@@ -12,6 +12,7 @@
 #include "optim/param_groups.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/optim/tp_whole_matrix.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
 
@@ -77,16 +78,27 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
               "parallel.tp = {} composes with parallel.strategy = 'ddp', 'zero1', 'zero2', 'zero3' or 'hsdp' over "
               "the data-parallel axis, not '{}'", tp, strategy);
   // Every group's optimizer, not only the hidden matrices': a table optimizer (Ember) takes
-  // statistics over the vocabulary's rows, which the vocab-parallel embedding and head split.
+  // statistics over the vocabulary's rows, which the vocab-parallel embedding and head split. A
+  // whole-matrix type runs in its tp form (parallel/optim/tp_whole_matrix.h), which gathers whole
+  // parameters over tp; ZeRO and HSDP over dp would then hand it flat chunks of tp's blocks, so
+  // there it is refused (a pipeline's ZeRO places whole parameters: it composes).
   const OptimizerRoute route = optimizer_route(cfg);
   std::string elementwise;
   for (const std::string& n : optimizer_registry().names())
     if (optimizer_registry().get(n).elementwise) elementwise += (elementwise.empty() ? "" : ", ") + n;
+  const bool flat_chunks = strategy != "ddp" && mesh.shape().pp == 1;
   for (auto [key, type] : {std::pair<const char*, const std::string*>{"optim.type", &route.hidden},
-                           {"optim.embed", &route.embed}, {"optim.head", &route.head}, {"optim.vector", &route.vector}})
-    ATOLL_CHECK(optimizer_registry().get(*type).elementwise,
+                           {"optim.embed", &route.embed}, {"optim.head", &route.head}, {"optim.vector", &route.vector}}) {
+    if (optimizer_registry().get(*type).elementwise) continue;
+    ATOLL_CHECK(tensor_parallel_placements().has(*type),
                 "parallel.tp = {}: {} = '{}' works on whole matrices or tables, which tensor parallelism splits over "
-                "ranks; use an elementwise optimizer ({})", tp, key, *type, elementwise);
+                "ranks, and has no tensor-parallel form; use an elementwise optimizer ({})", tp, key, *type, elementwise);
+    ATOLL_CHECK(!flat_chunks,
+                "parallel.tp = {}: {} = '{}' works on whole matrices or tables, which tensor parallelism splits over "
+                "ranks and parallel.strategy = '{}' shards in flat chunks of those pieces: its tensor-parallel form "
+                "runs under parallel.strategy = 'ddp' (or with parallel.pp > 1); use 'ddp' or an elementwise "
+                "optimizer ({})", tp, key, *type, strategy, elementwise);
+  }
   ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
               "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));
   // Under cp x tp sequence parallelism splits each cp rank's share of the batch (its head and tail
@@ -253,6 +265,31 @@ Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) {
   return full;
 }
 
+bool TensorParallel::sharded(const std::string& param) const {
+  const ParamInfo* pi = info_of(param);
+  return pi && pi->rule.sharded();
+}
+
+Shape TensorParallel::full_shape(const std::string& param) const {
+  const ParamInfo* pi = info_of(param);
+  ATOLL_CHECK(pi, "tensor parallel: the shard has no parameter {}", param);
+  return pi->full;
+}
+
+Tensor TensorParallel::gather(const std::string& param, const Tensor& local) {
+  const ParamInfo* pi = info_of(param);
+  ATOLL_CHECK(pi && pi->rule.sharded() && local.shape() == pi->p->shape, "tensor parallel: {} is not split over "
+              "the tp group, or {} is not its local shape", param, shape_str(local.shape()));
+  return gather_full(*pi, local);
+}
+
+Tensor TensorParallel::take(const std::string& param, const Tensor& whole) const {
+  const ParamInfo* pi = info_of(param);
+  ATOLL_CHECK(pi && pi->rule.sharded() && whole.shape() == pi->full, "tensor parallel: {} is not split over the "
+              "tp group, or {} is not its full shape", param, shape_str(whole.shape()));
+  return nn::take_shard(whole, pi->rule, rank_, size_);
+}
+
 namespace {
 // "transformer.h.0.attn.c_attn.weight.exp_avg" -> "transformer.h.0.attn.c_attn.weight"
 std::string owner_of(const std::string& key) {
@@ -261,6 +298,17 @@ std::string owner_of(const std::string& key) {
 }
 }  // namespace
 
+const TensorParallel::ParamInfo* TensorParallel::sharded_owner(const std::string& entry) const {
+  std::string owner = owner_of(entry);
+  const ParamInfo* pi = info_of(owner);
+  // A grouped optimizer prefixes its groups' entries with the group's type ("adamw.", "lion.").
+  if (!pi && owner.find('.') != std::string::npos) pi = info_of(owner.substr(owner.find('.') + 1));
+  if (!pi || !pi->rule.sharded()) return nullptr;
+  for (const std::string& w : whole_state_)
+    if (w == pi->p->name) return nullptr;
+  return pi;
+}
+
 void TensorParallel::full_state(std::vector<std::pair<std::string, Tensor>>& model_sd,
                                 std::vector<std::pair<std::string, Tensor>>& opt_state) {
   // Every rank walks the same names in the same order: the gathers pair up.
@@ -268,8 +316,7 @@ void TensorParallel::full_state(std::vector<std::pair<std::string, Tensor>>& mod
   for (auto& [name, t] : model_sd)
     if (const ParamInfo* pi = info_of(names.from_file(name)); pi && pi->rule.sharded()) t = gather_full(*pi, t);
   for (auto& [name, t] : opt_state)
-    if (const ParamInfo* pi = info_of(owner_of(name)); pi && pi->rule.sharded() && t.shape() == pi->p->shape)
-      t = gather_full(*pi, t);
+    if (const ParamInfo* pi = sharded_owner(name); pi && t.shape() == pi->p->shape) t = gather_full(*pi, t);
 }
 
 void TensorParallel::local_state(std::vector<std::pair<std::string, Tensor>>& model_sd, TensorFile& opt_state) {
@@ -281,8 +328,7 @@ void TensorParallel::local_state(std::vector<std::pair<std::string, Tensor>>& mo
       t = nn::take_shard(t.dtype() == DType::f32 ? t : t.to(DType::f32), pi->rule, rank_, size_);
     }
   for (auto& [name, t] : opt_state.tensors)
-    if (const ParamInfo* pi = info_of(owner_of(name)); pi && pi->rule.sharded() && t.shape() == pi->full)
-      t = nn::take_shard(t, pi->rule, rank_, size_);
+    if (const ParamInfo* pi = sharded_owner(name); pi && t.shape() == pi->full) t = nn::take_shard(t, pi->rule, rank_, size_);
 }
 
 }  // namespace atl::parallel

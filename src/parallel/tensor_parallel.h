@@ -104,6 +104,18 @@ class TensorParallel final : public nn::TensorParallelContext {
   // Whether this parameter of the shard is split over the group (else replicated), and a double
   // summed over the group (the same bits on every rank): for norms taken elsewhere (pipeline.h).
   bool sharded(const nn::Parameter* p) const;
+  // A sharded parameter's whole tensor from every rank's `local` piece of it (a tensor of the
+  // parameter's local shape: its value, gradient or a state), rank order as the plan cuts it;
+  // collective over the group, every rank calling it for the same parameters in the same order.
+  // (Parameters by name, as ParamRef names them.)
+  bool sharded(const std::string& param) const;
+  Shape full_shape(const std::string& param) const;  // the whole model's shape of it
+  Tensor gather(const std::string& param, const Tensor& local);
+  // This rank's piece of a whole tensor of a sharded parameter's full shape.
+  Tensor take(const std::string& param, const Tensor& whole) const;
+  // The whole-matrix optimizers' tp form (parallel/optim/tp_whole_matrix.h) keeps the state of
+  // these parameters whole on every rank: full_state/local_state leave it as it is.
+  void keep_state_whole(const std::string& param) { whole_state_.push_back(param); }
   double sum(double x);
   // True on every rank of the group when it is true on any (a stop request, say).
   bool any(bool mine);
@@ -130,6 +142,10 @@ class TensorParallel final : public nn::TensorParallelContext {
     bool partial;  // replicated, but each rank's gradient is a part of the whole
   };
   const ParamInfo* info_of(const std::string& name) const;
+  // The parameter an optimizer entry belongs to ("<param>.<what>", under a grouped optimizer
+  // "<group>.<param>.<what>"), or null when the entry is not of a sharded parameter or its state
+  // is kept whole.
+  const ParamInfo* sharded_owner(const std::string& entry) const;
   void sum_partial(const std::vector<nn::Parameter*>& unit);
   Tensor gather_full(const ParamInfo& pi, const Tensor& local);
 
@@ -146,6 +162,7 @@ class TensorParallel final : public nn::TensorParallelContext {
   };
   mutable std::vector<Issued> issued_;  // this step's collectives, for time_collectives
   std::vector<ParamInfo> params_;
+  std::vector<std::string> whole_state_;  // keep_state_whole()
   const nn::Model* model_ = nullptr;
   bool per_unit_ = false;  // attach(): partial gradients summed before each unit's reduce-scatter
 };

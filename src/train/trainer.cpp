@@ -253,8 +253,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   check_memory_before_start(cfg, *I.model, shape);
   const bool sharding = parallel::strategy_registry().get(I.pc.strategy).sharding;
   // A pipeline's ranks step whole parameters (their stages'): any optimizer, as on one rank.
-  parallel::OptimizerPlacement placement = ppc.pp > 1 ? parallel::place_pipeline_optimizer(cfg)
-                                                      : parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy);
+  // (tp: whole-matrix optimizers step their split matrices whole, parallel/optim/tp_whole_matrix.h.)
+  parallel::OptimizerPlacement placement = ppc.pp > 1 ? parallel::place_pipeline_optimizer(cfg, I.tp.get())
+                                                      : parallel::place_optimizer(cfg, *I.model, dp_comm, sharding, I.pc.strategy,
+                                                                                  I.tp.get());
   I.placement_note = placement.note;
   const bool placement_adamw_only = !placement.full && !placement.sharded && !placement.per_rank;
   if (I.budget.offload) {

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "optim/param_groups.h"
+#include "parallel/optim/tp_whole_matrix.h"
 
 namespace atl::parallel {
 
@@ -17,7 +18,7 @@ Registry<ShardedPlacement>& sharded_placements() {
 }
 
 OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communicator* comm, bool sharding,
-                                   const std::string& strategy) {
+                                   const std::string& strategy, TensorParallel* tp) {
   OptimizerPlacement out;
   out.adamw = adamw_config_from(cfg);
   OptimizerRoute route = optimizer_route(cfg);
@@ -46,8 +47,16 @@ OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communic
     if (comm && comm->size() > 1) out.note = p.note;
     return out;
   }
+  // Under tp the whole-matrix types take their tp form, every dp rank stepping its tp group's
+  // matrices whole (the replicated forms split work over a comm that tp's blocks do not span).
+  const TpOverride tp_form = tensor_parallel_override(tp);
   OptimizerOverride distributed = [&](Config& c, const std::string& type, std::vector<ParamRef>& ps) {
     std::unique_ptr<Optimizer> o;
+    if (tp_form) {
+      if ((o = tp_form(c, type, ps)) && out.note.find("over tp") == std::string::npos)
+        out.note += " (" + type + "'s " + tensor_parallel_placements().get(type).describe + ")";
+      return o;
+    }
     if (!comm || !replicated_placements().has(type)) return o;
     std::string note;
     o = replicated_placements().get(type).make(c, ps, comm, note);
@@ -58,7 +67,7 @@ OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communic
   return out;
 }
 
-OptimizerPlacement place_pipeline_optimizer(Config& cfg) {
+OptimizerPlacement place_pipeline_optimizer(Config& cfg, TensorParallel* tp) {
   OptimizerPlacement out;
   out.adamw = adamw_config_from(cfg);
   OptimizerRoute route = optimizer_route(cfg);
@@ -72,7 +81,9 @@ OptimizerPlacement place_pipeline_optimizer(Config& cfg) {
   // now, before the unknown-key check, though the ranks build theirs once the stages are laid out.
   std::set<std::string> types = {route.hidden, route.embed, route.head, route.vector};
   for (const std::string& t : types) make_single_optimizer(cfg, t, {});
-  out.per_rank = [&cfg](std::vector<ParamRef> params) { return make_optimizer(cfg, std::move(params)); };
+  out.per_rank = [&cfg, tp](std::vector<ParamRef> params) {
+    return make_optimizer(cfg, std::move(params), tensor_parallel_override(tp));
+  };
   return out;
 }
 

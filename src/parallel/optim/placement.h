@@ -18,6 +18,8 @@
 
 namespace atl::parallel {
 
+class TensorParallel;
+
 // A distributed form of a group's optimizer under replicated data parallelism (DDP).
 struct ReplicatedPlacement {
   // Reads the form's keys (optim.muon.distributed, ...), so that they are valid in every run.
@@ -60,13 +62,17 @@ struct OptimizerPlacement {
 
 // Reads [optim] (every key it may need, so that cfg.finish() can follow) and places the model's
 // optimizer for a strategy that shards (ZeRO, HSDP) or replicates (DDP) it; comm null: one rank.
+// tp (null: none) is this rank's tensor parallelism: each group whose type needs whole matrices
+// then gets its tp form (tp_whole_matrix.h) instead of a replicated form over comm.
 OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communicator* comm, bool sharding,
-                                   const std::string& strategy);
+                                   const std::string& strategy, TensorParallel* tp = nullptr);
 
 // Under pipeline parallelism (any dp strategy): each rank steps whole parameters (its stages',
 // under ZeRO whole ones placed on dp ranks), so every registered optimizer runs as on one rank
 // over them. Reads every [optim] key the route uses now (before cfg.finish()); per_rank builds
 // from cfg later, so cfg must outlive the calls to it (the trainer's constructor makes them all).
-OptimizerPlacement place_pipeline_optimizer(Config& cfg);
+// Under pp x tp (tp non-null) a stage's split matrices are stepped whole as under tp alone (the tp
+// ranks of a stage hold the same parameters: the pipeline agrees its dp placement over tp).
+OptimizerPlacement place_pipeline_optimizer(Config& cfg, TensorParallel* tp = nullptr);
 
 }  // namespace atl::parallel
