@@ -6,6 +6,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "optim/param_groups.h"
 #include "plan/memory_model.h"
 #include "plan/model_spec.h"
 
@@ -66,6 +67,12 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
   }
   const int64_t data_ranks = std::max<int64_t>(1, int64_t(std::max(1, s.world)) / std::max<int64_t>(1, s.tp * s.pp));
   e.model_states = plan::zero_model_state_bytes(params, stage, data_ranks, sb);
+  // Under tp a whole-matrix optimizer holds its state of the split matrices whole, with whole
+  // copies of their weight and gradient (parallel/optim/tp_whole_matrix.h): tp - 1 more shards of
+  // state, tp more of weight and gradient (over every parameter: an overcount by the AdamW rest).
+  if (s.tp > 1 && s.optimizer != "adamw" && optimizer_registry().has(s.optimizer) &&
+      !optimizer_registry().get(s.optimizer).elementwise)
+    e.model_states += params * (double(s.tp - 1) * sb.optim + double(s.tp) * (sb.weight + sb.grad));
   if (s.dtype == "bf16") e.model_states += 2.0 * params;  // the bf16 weight copies
   return e;
 }

@@ -1068,6 +1068,24 @@ TEST(Pipeline, WholeMatrixOptimizersOnTwoStagesTimesTwoTensorMatchOneRank) {
   }
 }
 
+// pp2 x tp2 x dp2 under the pipeline's ZeRO-1 (8 ranks): each tp rank's dp owners are the tp
+// group's agreed placement, so a stage's two tp ranks own the same matrices and their gathers pair
+// up; Muon on the owners, the Llama-style model. Per step the 1e-6 bounds (measured: loss
+// 1.1e-7, step-1 gradients 3.7e-7, step-10 ones at the same parameters 3.4e-7, norm 6.8e-7).
+// Along the trajectories dp's averaging of half batches adds its rounding to tp's and the
+// pipeline's, all amplified by Newton-Schulz: measured 5.5e-6 on the trajectories' gradients and
+// 1.9e-6 on the final parameters; bounded at 1e-4 / 2e-5 (about 10x: another CPU's rounding
+// pattern), as the 8-rank AdamW layout above bounds its larger drift at 1e-3 / 1e-5.
+TEST(Pipeline, MuonOnTwoStagesTimesTwoTensorTimesTwoZeroReplicasMatchesOneRank) {
+  PJob j;
+  j.world = 8;
+  j.tp = 2;
+  j.dp = "zero1";
+  j.opt = "muon";
+  j.llama = true;
+  EXPECT_FALSE(expect_optimizer_matches(j, 1e-4, 2e-5).empty());
+}
+
 // Matrix optimizers under pp2 x dp2 (4 ranks): ZeRO places whole parameters on the stage's dp
 // ranks (pipeline.h), so each dp rank's Muon (ZeRO-1), Dion3 (ZeRO-2) and PRMuon (ZeRO-3, its
 // parameters sharded too) orthogonalises whole matrices as one process does. Beyond the pp2

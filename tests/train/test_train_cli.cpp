@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "resilience/checkpoint_select.h"
 #include "models/gpt/gpt.h"
+#include "plan/memory_model.h"
 #include "train/preflight.h"
 #include "trainer_fixture.h"
 
@@ -117,6 +118,29 @@ TEST(TrainCli, MemoryEstimateCountsTheTensorAndPipelineSplit) {
   pp_z3.strategy = "zero3";
   EXPECT_EQ(estimate_training_memory(mc, pp_z3).model_states, estimate_training_memory(mc, pp_z1).model_states);
   EXPECT_LT(estimate_training_memory(mc, pp_z1).model_states, p.model_states);
+}
+
+// Under tp a whole-matrix optimizer (Muon) keeps its state of the split matrices whole, with whole
+// copies of their weight and gradient (parallel/optim/tp_whole_matrix.h): the estimate counts
+// tp - 1 more shards of state and tp more of weight and gradient; an element-wise one (Lion) steps
+// its shards, halved at tp2 like AdamW.
+TEST(TrainCli, MemoryEstimateCountsWholeMatrixStateUnderTp) {
+  nn::GPT mc(nn::GPTConfig::preset("gpt2-tiny"));
+  TrainShape one;
+  one.batch_size = 4;
+  one.seq_len = 32;
+  one.world = 2;
+  for (const char* o : {"muon", "lion"}) {
+    TrainShape a = one;
+    a.optimizer = o;
+    TrainShape t = a;
+    t.tp = 2;
+    const double whole = estimate_training_memory(mc, a).model_states, split = estimate_training_memory(mc, t).model_states;
+    const plan::StateBytes sb = plan::state_bytes("fp32", o);
+    const double psi = whole / (sb.weight + sb.grad + sb.optim);  // one rank's parameters
+    const double want = std::string(o) == "muon" ? whole / 2 + psi / 2 * (sb.optim + 2 * (sb.weight + sb.grad)) : whole / 2;
+    EXPECT_NEAR(split, want, 1e-9 * want) << o;
+  }
 }
 
 // Under context parallelism a rank keeps the activations and logits of its seq_len / cp tokens of
