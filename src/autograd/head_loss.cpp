@@ -16,6 +16,7 @@
 #include "autograd/precision.h"
 #include "autograd/weight_cast_cache.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kernels.h"
 
 namespace atl::ops {
 namespace {
@@ -49,14 +50,21 @@ Tensor head_loss_bf16(const Tensor& x, const Tensor& w, const Tensor& targets) {
   const bool rec = should_record({&x, &w});
   Tensor dlog = rec ? Tensor::empty({N, V}, DType::bf16) : Tensor();
   const int64_t R = block_rows(V, N);
-  Tensor block = Tensor::empty({R, V}), losses = Tensor::empty({N}), lse = Tensor::empty({N});
-  Tensor dl = Tensor::full({R}, 1.f / float(kept ? kept : 1));
+  Tensor block = Tensor::empty({R, V}), losses = Tensor::empty({N}), lse = Tensor::empty({N}), dl = Tensor::empty({R});
+  const float g = 1.f / float(kept ? kept : 1);  // each row's upstream gradient, for a unit loss gradient
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     float* lg = block.f32();
     cpu::gemm_bf16(false, true, r, V, C, 1.f, xb.data<bf16>() + r0 * C, C, wb.data<bf16>(), C, 0.f, lg, V);
+    if (rec && bf16_handoff::enabled()) {
+      // Loss, gradient and its bf16 copy row by row, each row read from cache after the first
+      // pass: the same bits as the three passes below (ATOLL_BF16_HANDOFF=0 keeps those, for A/B).
+      cpu::crossentropy_rows_bf16(losses.f32() + r0, lse.f32() + r0, lg, dlog.data<bf16>() + r0 * V, tg + r0, g, r, V);
+      continue;
+    }
     K(block).softmax.crossentropy_forward(losses.f32() + r0, lse.f32() + r0, lg, tg + r0, r, V);
     if (!rec) continue;
+    dl.fill(g);
     K(block).softmax.crossentropy_backward(lg, dl.f32(), lg, lse.f32() + r0, tg + r0, r, V);
     cpu::f32_to_bf16(lg, dlog.data<bf16>() + r0 * V, r * V);
   }

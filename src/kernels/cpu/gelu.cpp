@@ -27,12 +27,7 @@ inline float gelu_slope(float x, float t) {
 }
 
 // cpu::f32_to_bf16's rounding (nearest even, NaN kept quiet), branch-free so the loop vectorises.
-inline uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
+inline uint16_t bf16_bits(float f) { return detail::bf16_round_bits(f); }
 inline float widen(uint16_t b) {
   const uint32_t u = uint32_t(b) << 16;
   float f;

@@ -137,14 +137,7 @@ bool has_avx512_bf16() { return cpu_features().avx512_bf16; }
 
 void f32_to_bf16(const float* in, bf16* out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if(parallel : n >= detail::kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &in[i], 4);
-    // Round to nearest even; NaNs stay quiet NaNs (the same rule as float_to_bf16).
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    out[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i].bits = detail::bf16_round_bits(in[i]);
 }
 
 void bf16_to_f32(const bf16* in, float* out, int64_t n) {

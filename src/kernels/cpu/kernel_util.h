@@ -14,6 +14,16 @@ namespace atl::cpu::detail {
 // microseconds (far more when cores are oversubscribed) and tiny calls cannot amortise it.
 constexpr int64_t kMinParallelWork = int64_t(1) << 15;
 
+// f32 -> bf16 bits, rounded to nearest even; NaNs stay quiet NaNs (tensor/dtype.h's
+// float_to_bf16 rule, written branch-free so that loops over it vectorise).
+inline uint16_t bf16_round_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
 // A float's bits as an int32 key that orders like the float (non-NaN), and back: negative floats
 // are sign-magnitude, so their magnitude bits are flipped. Clamping a key is integer min/max.
 inline int32_t float_order_key(float x) {

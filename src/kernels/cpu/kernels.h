@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 
+#include "tensor/dtype.h"
+
 namespace atl::cpu {
 
 // ---- Linear: out[N,OC] = inp[N,C] · weight[C,OC] + bias[OC] (bias may be null) ----
@@ -74,6 +76,12 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
                           int64_t V);
 void crossentropy_backward(float* dlogits, const float* dlosses, const float* logits, const float* lse,
                            const int32_t* targets, int64_t N, int64_t V);
+// The bf16 head's pass over a block of logits (autograd/head_loss.cpp), bitwise crossentropy_forward,
+// then crossentropy_backward in place with every dlosses = g, then f32_to_bf16 of the gradient into
+// dlog; but row by row, so that a row is read from L1/L2 the second and third time instead of
+// from memory (a block of logits is 4 MiB). logits ends holding the fp32 gradient.
+void crossentropy_rows_bf16(float* losses, float* lse, float* logits, bf16* dlog, const int32_t* targets, float g,
+                            int64_t N, int64_t V);
 
 // ---- AdamW (decoupled weight decay, Loshchilov & Hutter) over a flat buffer. The gradient is
 // multiplied by grad_scale first (global-norm clipping and averaging fold into it). t is the
