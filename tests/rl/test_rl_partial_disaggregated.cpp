@@ -175,9 +175,12 @@ void resume_one_step_off(const std::string& what, const std::vector<std::string>
   resume.insert(resume.end(), {"--resume", "--run.overwrite=false"});
   const JobRun c = launch(root, "b", resume, ranks, 8, 1);
   ASSERT_EQ(c.rc, 0) << c.out;
-  ASSERT_EQ(c.rl.size(), 3u) << c.out;  // steps 6-8 from the last checkpoint (step 5)
-  // Step 6's batch was generated one version behind the trainers: what the ahead push restores.
-  EXPECT_EQ(c.rl.at(6).at("staleness").get<int64_t>(), 1);
+  for (int64_t step = 6; step <= 8; ++step)  // from the last checkpoint (step 5)
+    ASSERT_TRUE(c.rl.count(step)) << "step " << step << ": " << c.out;
+  // Step 6's batch was generated one version behind the trainers (with partial rollouts its oldest
+  // tokens older still): what the ahead push restores.
+  EXPECT_GE(c.rl.at(6).at("staleness").get<int64_t>(), 1);
+  EXPECT_EQ(c.rl.at(6).at("staleness").get<int64_t>(), a.rl.at(6).at("staleness").get<int64_t>());
   EXPECT_EQ(c.rl.at(6).at("rollout_version").get<int64_t>(), a.rl.at(6).at("rollout_version").get<int64_t>());
   expect_equal_steps(a, c, 6);
   std::filesystem::remove_all(root);
