@@ -26,6 +26,7 @@ struct AlgorithmConfig {
   float gamma = 1.0f, lam = 0.95f;  // GAE (ppo)
   int64_t max_new_tokens = 8;       // Dr. GRPO's constant normaliser
   int64_t group_size = 8;
+  int64_t turns = 1;                // multi-turn episodes: Dr. GRPO's normaliser covers every turn
 };
 
 struct Algorithm {

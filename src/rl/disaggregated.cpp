@@ -75,7 +75,7 @@ void push_header(comm::Communicator& g, PushHeader& h, bool root) {
   if (root) {
     v[0] = h.version;
     v[1] = h.rl_step;
-    v[2] = h.stop ? 1 : 0;
+    v[2] = (h.stop ? 1 : 0) | (h.ahead ? 2 : 0);
     v[3] = int64_t(h.pools.size());
   }
   g.broadcast(hdr, 0);
@@ -90,7 +90,8 @@ void push_header(comm::Communicator& g, PushHeader& h, bool root) {
   if (!root) {
     h.version = v[0];
     h.rl_step = v[1];
-    h.stop = v[2] != 0;
+    h.stop = (v[2] & 1) != 0;
+    h.ahead = (v[2] & 2) != 0;
   }
 }
 

@@ -34,6 +34,11 @@ struct PushHeader {
   // A resumed run's first push: every trainer stream's carried partial-rollout pool from the
   // checkpoint (encode_pools), which the rollout ranks continue. Empty otherwise.
   std::vector<int32_t> pools;
+  // One step off, a resumed run's first push: the weights of `version`, the ones the saving run's
+  // rollout ranks had pre-generated RL step rl_step with while its trainers trained the step before.
+  // The receivers generate rl_step's batch with them and keep it (no exchange follows); the next
+  // push is the resumed step's own. Without it they would regenerate that batch with the newest weights.
+  bool ahead = false;
 };
 
 // Pools by trainer stream as one word vector for the push, and back.
@@ -85,7 +90,8 @@ class RolloutChannel {
   void split_pairs(std::vector<Tensor> params, double bucket_mb);
   std::vector<int32_t> exchange_pairs(const std::map<int, std::vector<int32_t>>& mine, int64_t rl_step);
   SyncStats push_pairs(PushHeader& h, double* header_wait_s);
-  bool rank_died(int job_rank);
+  bool rank_died(int job_rank);      // waits a moment for the store to see a closed transport
+  bool rank_died_now(int job_rank);  // the store's view now
 
   std::unique_ptr<comm::Communicator> job_, push_;
   std::unique_ptr<WeightSync> sync_;
@@ -99,6 +105,7 @@ class RolloutChannel {
   std::map<int, std::unique_ptr<comm::Communicator>> pair_, shadow_pair_;
   std::unique_ptr<comm::TcpStore> store_;  // the job's rendezvous store: liveness and the shadow's events
   std::vector<bool> dead_;                 // slots found dead (trainers)
+  bool shadow_dead_ = false;               // trainers: the shadow rank was found dead
   int64_t pushes_ = 0, from_shadow_ = 0, seen_events_ = -1;
   std::set<std::pair<int, int64_t>> answered_;  // shadow: questions returned
 };

@@ -38,10 +38,12 @@ std::vector<double> rewards_of(const RolloutBatch& b) {
   return r;
 }
 
-// Sequence advantage on each of its tokens; weight 1/(B * norm(b)).
+// Sequence advantage on each of its tokens; weight 1/(B * norm(b)). Only the model's own tokens:
+// a multi-turn episode's environment replies have no target (rollout.h) and no weight.
 void fill(RolloutBatch& b, const std::vector<float>& a, const std::function<double(int64_t)>& norm) {
   for (int64_t r = 0; r < b.B; ++r)
     for (int64_t t = b.first[size_t(r)]; t < b.first[size_t(r)] + b.count[size_t(r)]; ++t) {
+      if (b.target.i32()[r * b.T + t] < 0) continue;
       b.advantages.f32()[r * b.T + t] = a[size_t(r)];
       b.weights.f32()[r * b.T + t] = float(1.0 / (double(b.B) * norm(r)));
     }
@@ -51,11 +53,12 @@ struct Reg {
   Reg() {
     algorithm_registry().add("grpo", {false, true, [](RolloutBatch& b, const AlgorithmConfig& c) {
                                         fill(b, group_advantages(rewards_of(b), c.group_size, true),
-                                             [&](int64_t r) { return double(std::max<int64_t>(1, b.count[size_t(r)])); });
+                                             [&](int64_t r) { return double(std::max<int64_t>(1, b.own[size_t(r)])); });
                                       }});
     algorithm_registry().add("dr_grpo", {false, true, [](RolloutBatch& b, const AlgorithmConfig& c) {
-                                           // +1: the end marker is a generated token too.
-                                           const double L = double(c.max_new_tokens + 1);
+                                           // +1: the end marker is a generated token too; a
+                                           // multi-turn episode's budget is every turn's.
+                                           const double L = double(c.turns * (c.max_new_tokens + 1));
                                            fill(b, group_advantages(rewards_of(b), c.group_size, false),
                                                 [L](int64_t) { return L; });
                                          }});

@@ -33,6 +33,7 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   r.format_reward = float(c.get_float("rl.format_reward", r.format_reward, 0.0, 1.0));
   r.lr_scale = float(c.get_float("rl.lr_scale", r.lr_scale, 0.0, 100.0));
   r.eval_size = c.get_int("rl.eval_size", r.eval_size, 1, 100000);
+  r.eval_samples = c.get_int("rl.eval_samples", r.eval_samples, 0, 256);
   r.placement = c.get_string("rl.placement", r.placement, {"colocated", "async", "disaggregated"});
   r.max_staleness = c.get_int("rl.max_staleness", r.max_staleness, 0, 1);
   r.rollout_ranks = c.get_int("rl.rollout_ranks", r.rollout_ranks, 1, 4096);
@@ -54,6 +55,10 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   ATOLL_CHECK(r.kill_after_tokens == 0 || !r.journal_dir.empty(),
               "fault.rl_kill_after_tokens ({}) needs rl.journal_dir: only journaled rollouts can be taken over",
               c.where("fault.rl_kill_after_tokens"));
+  r.kill_stagger = c.get_int("fault.rl_kill_stagger", 0, 0, int64_t(1) << 40);
+  ATOLL_CHECK(r.kill_stagger == 0 || r.kill_after_tokens > 0, "fault.rl_kill_stagger ({}) needs "
+              "fault.rl_kill_after_tokens: the first rollout rank's death", c.where("fault.rl_kill_stagger"));
+  r.kill_shadow_step = c.get_int("fault.rl_kill_shadow_step", 0, 0, int64_t(1) << 40);
   r.kill_trainer = c.get_int("fault.rl_kill_trainer", 0, 0, 4095);
   r.kill_trainer_step = c.get_int("fault.rl_kill_trainer_step", 0, 0, int64_t(1) << 40);
   ATOLL_CHECK(r.kill_trainer == 0 || r.kill_trainer_step > 0, "fault.rl_kill_trainer ({}) needs "
@@ -61,6 +66,8 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   // Belayer's live takeover (rl/shadow_rank.h): the job's last rank follows the pushes and continues
   // a dead rollout rank's journal inside the running job.
   r.shadow_ranks = c.get_int("rl.shadow_ranks", r.shadow_ranks, 0, 1);
+  ATOLL_CHECK(r.kill_shadow_step == 0 || r.shadow_ranks == 1, "fault.rl_kill_shadow_step ({}) needs rl.shadow_ranks "
+              "= 1: there is no shadow rank to kill", c.where("fault.rl_kill_shadow_step"));
   ATOLL_CHECK(r.shadow_ranks == 0 || (r.placement == "disaggregated" && !r.journal_dir.empty()),
               "rl.shadow_ranks ({}) needs rl.placement = 'disaggregated' and rl.journal_dir: the shadow continues a "
               "rollout rank's journal", c.where("rl.shadow_ranks"));
@@ -75,6 +82,18 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   if (r.placement == "async")
     ATOLL_CHECK(r.epochs == 1, "rl.epochs ({}) must be 1 for rl.placement = 'async': a batch reused for more updates "
                 "would be more than one step stale", c.where("rl.epochs"));
+  // Multi-turn episodes (rl/multi_turn.h): GRPO-family advantages (one reward per episode, on the
+  // final answer) over the model's own tokens; the generation paths that know single turns only
+  // (journaled, partial, disaggregated's payload) refuse it.
+  r.turns = c.get_int("rl.turns", r.turns, 1, 8);
+  if (r.turns > 1) {
+    ATOLL_CHECK(r.algorithm == "grpo" || r.algorithm == "dr_grpo", "rl.turns ({}) needs rl.algorithm 'grpo' or "
+                "'dr_grpo' (a reward per episode), not '{}'", c.where("rl.turns"), r.algorithm);
+    ATOLL_CHECK(r.placement != "disaggregated" && r.partial_tokens == 0 && r.journal_dir.empty(),
+                "rl.turns ({}) is for rl.placement 'colocated' or 'async' without rl.partial_tokens or rl.journal_dir",
+                c.where("rl.turns"));
+  }
+  r.alg.turns = r.turns;
   r.alg.group_size = r.group_size;
   if (algorithm_registry().get(r.algorithm).kl_in_loss) r.loss.kl_coef = r.alg.kl_coef;
   return r;

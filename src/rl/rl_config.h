@@ -15,7 +15,8 @@ struct RlConfig {
   TaskSpec task;
   int heldout_percent = 10;
   int64_t prompts = 8, group_size = 8;  // per rank per step: prompts × group_size rollouts
-  int64_t max_new_tokens = 0;           // 0: the task's longest answer + 1
+  int64_t max_new_tokens = 0;           // 0: the task's longest answer + 1 (per turn)
+  int64_t turns = 1;                    // > 1: multi-turn episodes, the environment replying (rl/multi_turn.h)
   float temperature = 1.0f;
   int64_t top_k = 0;
   PolicyLossConfig loss;
@@ -26,6 +27,7 @@ struct RlConfig {
   float format_reward = 0.1f;
   float lr_scale = 0.1f;  // the RL steps' learning rate relative to the schedule (SFT: 1)
   int64_t eval_size = 200;
+  int64_t eval_samples = 0;  // > 0: also that many sampled episodes per held-out problem (heldout_sampled_reward)
   std::string placement = "colocated";  // colocated | async (one-step-off-policy) | disaggregated
   int64_t max_staleness = 1;            // async, disaggregated: rollouts at most this many updates old
   int64_t rollout_ranks = 1;
@@ -38,6 +40,12 @@ struct RlConfig {
   // [fault] rl_kill_trainer_step = S > 0 (tests): trainer rank rl_kill_trainer SIGKILLs itself as it
   // asks for the batch of its step S (disaggregated: the job stops naming it, docs/rl.md).
   int64_t kill_trainer = 0, kill_trainer_step = 0;
+  // [fault] rl_kill_stagger = M (tests): rollout rank i (of rl.rollout_ranks) dies after
+  // rl_kill_after_tokens + i * M tokens, so a test can kill a second rollout rank after the first.
+  int64_t kill_stagger = 0;
+  // [fault] rl_kill_shadow_step = S > 0 (tests): the shadow rank SIGKILLs itself once it has taken
+  // the push of RL step S.
+  int64_t kill_shadow_step = 0;
   uint64_t seed = 1;
 
   static RlConfig from_config(Config& c, uint64_t seed);

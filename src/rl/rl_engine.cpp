@@ -11,6 +11,7 @@
 #include "core/threads.h"
 #include "optim/adamw.h"
 #include "tensor/safetensors.h"
+#include "rl/multi_turn.h"
 #include "rl/policy_loss.h"
 
 namespace atl::rl {
@@ -95,7 +96,7 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
   ATOLL_CHECK(tm && tm->vocab_size() >= kVocab, "[train] task = 'rl': the model's vocabulary must hold the {} ids of "
                                                 "the RL tasks' characters (model.vocab_size = {})",
               kVocab, tm ? tm->vocab_size() : 0);
-  const int64_t need = task_->max_prompt_len() + max_new_ + 1;
+  const int64_t need = episode_positions(*task_, max_new_, c_.turns) + 1;
   ATOLL_CHECK(tm->max_sequence_length() == 0 || tm->max_sequence_length() >= need,
               "[train] task = 'rl' ({}): prompts and completions need {} positions; model.block_size is {}",
               task_->name(), need, tm->max_sequence_length());
@@ -105,6 +106,7 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
     channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
                                                 c_.sync_bucket_mb, int(c_.shadow_ranks));  // collective over the job
     if (channel_->is_shadow()) journal_die_after = 0;  // the fault injection kills a rollout rank, not its shadow
+    else if (rollout_rank_ && journal_die_after > 0) journal_die_after += channel_->served().front() * c_.kill_stagger;
     if (rollout_rank_) return;  // generates only: no reference, no value head
   }
   ref_ = nn::model_from_metadata(model.config_metadata());
@@ -154,8 +156,16 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
   nn::SamplingConfig s;
   draw_batch(rng, seed, probs, rows, s);
   double t0 = now_s();
-  auto comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
-                                      : journaled_generate(gen, rows, s, step, seed_rank, version);
+  std::vector<nn::PolicyModel::Completion> comps;
+  std::vector<Episode> eps;  // rl.turns > 1
+  if (c_.turns > 1) {
+    std::vector<const Problem*> of;
+    for (size_t r = 0; r < rows.size(); ++r) of.push_back(&probs[r / size_t(c_.group_size)]);
+    eps = run_episodes(policy_of(gen), *task_, of, rows, s, max_new_, c_.turns);
+  } else {
+    comps = c_.journal_dir.empty() ? policy_of(gen).generate_batch(rows, max_new_, s)
+                                   : journaled_generate(gen, rows, s, step, seed_rank, version);
+  }
   const double gen_s = now_s() - t0;
   t0 = now_s();
   std::vector<Sample> samples;
@@ -164,11 +174,21 @@ RolloutBatch RlEngine::rollouts(const nn::Model& gen, int64_t step, int seed_ran
     Sample sm;
     sm.problem = probs[r / size_t(c_.group_size)];
     sm.prompt = rows[r];
-    sm.completion = comps[r].tokens;
-    sm.stopped = comps[r].stopped;
-    sm.reward = task_->score(sm.problem, decode(sm.completion), sm.stopped, c_.format_reward);
+    if (c_.turns > 1) {  // the reward is the final answer's
+      sm.completion = eps[r].completion;
+      sm.env = eps[r].env;
+      sm.stopped = eps[r].stopped;
+      sm.turns = eps[r].turns;
+      sm.reward = task_->score(sm.problem, eps[r].final_answer, sm.stopped, c_.format_reward);
+      for (uint8_t e : sm.env) gen_tokens += e ? 0 : 1;
+      gen_tokens += sm.stopped ? 1 : 0;
+    } else {
+      sm.completion = comps[r].tokens;
+      sm.stopped = comps[r].stopped;
+      sm.reward = task_->score(sm.problem, decode(sm.completion), sm.stopped, c_.format_reward);
+      gen_tokens += int64_t(sm.completion.size()) + (sm.stopped ? 1 : 0);
+    }
     sm.group = int64_t(r) / c_.group_size;
-    gen_tokens += int64_t(sm.completion.size()) + (sm.stopped ? 1 : 0);
     samples.push_back(std::move(sm));
   }
   RolloutBatch b = pack_rollouts(std::move(samples));
@@ -293,13 +313,40 @@ void RlEngine::sync_rollout_model() {
 // this trainer's scored rollouts and check they were generated with the weights of their version.
 void RlEngine::disaggregated_batch(int64_t updates) {
   const std::vector<Tensor> params = param_values(*policy_);
+  std::vector<int32_t> pools = std::move(resume_pools_);  // a resumed run's carried pools, with its first push only
+  resume_pools_.clear();
+  if (push_behind_) {
+    // Resumed one step off: the weights the saving run's rollout ranks generated this step with
+    // first (trainer 0 lends them to its policy for the broadcast), then this version's as usual.
+    push_behind_ = false;
+    pushed_hash_[behind_version_] = behind_hash_;
+    PushHeader a{behind_version_, rl_steps_, false, std::move(pools)};
+    a.ahead = true;
+    pools.clear();
+    Tensor now, pv = policy_->flat_values();
+    if (rank_ == 0) {
+      ATOLL_CHECK(behind_, "rl: resumed one step off without the checkpoint's 'task.rl.behind.*' weights");
+      now = pv.clone();
+      pv.copy_from(behind_->flat_values());
+      ATOLL_CHECK(weights_hash(params) == behind_hash_, "rl: the checkpoint's 'task.rl.behind.*' weights do not hash "
+                                                        "to the version {} they were saved as", behind_version_);
+    }
+    channel_->push(a);
+    if (rank_ == 0) pv.copy_from(now);
+  }
   pushed_hash_[updates] = weights_hash(params);
   while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
-  PushHeader h{updates, rl_steps_, false, {}};
-  h.pools = std::move(resume_pools_);  // a resumed run's carried pools, with its first push only
-  resume_pools_.clear();
+  PushHeader h{updates, rl_steps_, false, std::move(pools)};
   double wait_s = 0;
   const SyncStats st = channel_->push(h, &wait_s);
+  if (c_.max_staleness >= 1) {  // what the rollout ranks pre-generate the next step with
+    behind_version_ = updates;
+    behind_hash_ = pushed_hash_[updates];
+    if (rank_ == 0) {
+      if (!behind_) behind_ = nn::model_from_metadata(policy_->config_metadata());
+      copy_weights(*behind_, *policy_);
+    }
+  }
   m_["sync_ms"] = st.seconds * 1e3;  // trainer 0's broadcast of the weights (0 on the other trainers)
   m_["sync_buckets"] = st.buckets;
   m_["sync_mb"] = double(st.bytes) / 1e6;
@@ -352,6 +399,11 @@ void RlEngine::serve() {
     }
     if (h.stop) break;
     if (!h.pools.empty()) take_resume_pools(h);
+    if (h.ahead) {  // a resumed run: the batch the saving run had pre-generated, with the same weights
+      ready = generate(h.rl_step, h.version);
+      ready_step = h.rl_step;
+      continue;
+    }
     if (ready_step != h.rl_step) ready = generate(h.rl_step, h.version);
     channel_->exchange(ready);
     ready_step = -1;
@@ -469,6 +521,11 @@ const RolloutBatch& RlEngine::next_batch() {
     m_["exact"] = sums[1] / sums[4];
     m_["format"] = sums[2] / sums[4];
     m_["completion_len"] = sums[3] / sums[4];
+    if (c_.turns > 1) {  // the model's turns per episode (this rank's)
+      double turns = 0;
+      for (const Sample& s : cur_.samples) turns += double(s.turns);
+      m_["turns"] = turns / double(std::max<size_t>(1, cur_.samples.size()));
+    }
     m_["gen_ms"] = cur_.gen_s * 1e3;
     m_["score_ms"] = cur_.score_s * 1e3;
     // Disaggregated: each rollout rank generates its trainers' batches one after another.
@@ -514,26 +571,66 @@ double RlEngine::heldout_accuracy(const nn::Model& model) {
     rows.push_back(encode(eval_[i].prompt));
     probs.push_back(&eval_[i]);
   }
-  float sums[3] = {0, 0, float(rows.size())};
+  float sums[5] = {0, 0, float(rows.size()), 0, 0};
   if (!rows.empty()) {
     nn::SamplingConfig s;
     s.temperature = 0;
     s.stop_tokens = {kEndMarker};
-    auto comps = policy_of(model).generate_batch(rows, max_new_, s);
+    std::vector<std::pair<std::string, bool>> answers;
+    if (c_.turns > 1) {  // the whole episode, greedy: its final answer
+      for (const Episode& e : run_episodes(policy_of(model), *task_, probs, rows, s, max_new_, c_.turns)) {
+        answers.emplace_back(e.final_answer, e.stopped);
+        sums[3] += float(e.first_exact);
+        sums[4] += float(e.turns);
+      }
+    } else {
+      for (const auto& c : policy_of(model).generate_batch(rows, max_new_, s)) answers.emplace_back(decode(c.tokens), c.stopped);
+    }
     for (size_t i = 0; i < rows.size(); ++i) {
-      Reward r = task_->score(*probs[i], decode(comps[i].tokens), comps[i].stopped, 0.0);
+      Reward r = task_->score(*probs[i], answers[i].first, answers[i].second, 0.0);
       sums[0] += float(r.exact);
       sums[1] += float(r.format);
     }
   }
+  // rl.eval_samples: the policy as it trains (rl.temperature), eval_samples episodes per held-out
+  // problem from a fixed seed: the expected reward, where the greedy answer moves in jumps.
+  float sampled[2] = {0, 0};
+  if (c_.eval_samples > 0 && !rows.empty()) {
+    std::vector<std::vector<int32_t>> srows;
+    std::vector<const Problem*> sprobs;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t k = 0; k < c_.eval_samples; ++k) srows.push_back(rows[i]), sprobs.push_back(probs[i]);
+    nn::SamplingConfig s;
+    s.temperature = c_.temperature;
+    s.top_k = c_.top_k;
+    s.stop_tokens = {kEndMarker};
+    s.seed = mix(0x5a3b1e, uint64_t(rank_), 11);
+    const std::vector<Episode> eps = run_episodes(policy_of(model), *task_, sprobs, srows, s, max_new_, c_.turns);
+    for (size_t i = 0; i < eps.size(); ++i)
+      sampled[0] += float(task_->score(*sprobs[i], eps[i].final_answer, eps[i].stopped, c_.format_reward).total);
+    sampled[1] = float(eps.size());
+  }
+  if (c_.eval_samples > 0 && comm_ && world_ > 1) {
+    Tensor t = Tensor::from_vector({sampled[0], sampled[1]}, {2});
+    comm_->all_reduce(t);
+    std::memcpy(sampled, t.f32(), sizeof(sampled));
+  }
+  if (c_.eval_samples > 0) m_["heldout_sampled_reward"] = sampled[0] / std::max(1.0f, sampled[1]);
   if (comm_ && world_ > 1) {
-    Tensor t = Tensor::from_vector({sums[0], sums[1], sums[2]}, {3});
+    Tensor t = Tensor::from_vector({sums[0], sums[1], sums[2], sums[3], sums[4]}, {5});
     comm_->all_reduce(t);
     std::memcpy(sums, t.f32(), sizeof(sums));
   }
-  eval_acc_ = sums[0] / std::max(1.0f, sums[2]);
+  const float n = std::max(1.0f, sums[2]);
+  eval_acc_ = sums[0] / n;
   m_["heldout_acc"] = eval_acc_;
-  m_["heldout_format"] = sums[1] / std::max(1.0f, sums[2]);
+  m_["heldout_format"] = sums[1] / n;
+  // The training reward's form (exact + rl.format_reward x format) on the held-out problems.
+  m_["heldout_reward"] = (sums[0] + c_.format_reward * sums[1]) / n;
+  if (c_.turns > 1) {
+    m_["heldout_first_acc"] = sums[3] / n;  // right at the first answer
+    m_["heldout_turns"] = sums[4] / n;
+  }
   m_["eval_ms"] = (now_s() - t0) * 1e3;
   if (rank_ == 0) log::info("rl: held-out accuracy {:.3f} on {} {} problems", eval_acc_, int64_t(sums[2]), task_->name());
   return eval_acc_;
@@ -567,18 +664,32 @@ int64_t RlEngine::tokens_per_batch() const {
   return std::max(c_.prompts * c_.group_size, c_.sft_batch) * sequence_length();
 }
 
-nlohmann::json RlEngine::state() const { return {{"calls", calls_}, {"rl_steps", rl_steps_}, {"epoch", epoch_}}; }
+nlohmann::json RlEngine::state() const {
+  nlohmann::json j = {{"calls", calls_}, {"rl_steps", rl_steps_}, {"epoch", epoch_}};
+  if (behind_version_ >= 0) {
+    j["behind_version"] = behind_version_;
+    j["behind_hash"] = fmt::format("{:016x}", behind_hash_);
+  }
+  return j;
+}
 
 void RlEngine::set_state(const nlohmann::json& j) {
   calls_ = j.at("calls").get<int64_t>();
   rl_steps_ = j.at("rl_steps").get<int64_t>();
   epoch_ = j.at("epoch").get<int64_t>();
+  // One step off, disaggregated: the resumed step was pre-generated with the last push's weights.
+  // An older checkpoint has none: the step is regenerated with the newest weights, as before.
+  if (j.contains("behind_version") && channel_ && !rollout_rank_ && c_.max_staleness >= 1 && epoch_ == 0) {
+    behind_version_ = j.at("behind_version").get<int64_t>();
+    behind_hash_ = std::stoull(j.at("behind_hash").get<std::string>(), nullptr, 16);
+    push_behind_ = true;
+  }
   sft_phase_ = calls_ > 0 && calls_ <= c_.sft_steps;  // the phase of the last batch (the value head's step)
 }
 
 namespace {
 const std::string kRef = "task.rl.reference.", kRollout = "task.rl.rollout.", kValue = "task.rl.value_head.",
-                  kPartial = "task.rl.partial.";
+                  kPartial = "task.rl.partial.", kBehind = "task.rl.behind.";
 
 void save_model(const nn::Model& m, const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) {
   for (nn::Parameter* p : const_cast<nn::Model&>(m).parameters()) out.emplace_back(prefix + p->name, p->value);
@@ -605,6 +716,7 @@ bool load_model(nn::Model& m, const std::string& prefix, const std::map<std::str
 void RlEngine::save_tensors(std::vector<std::pair<std::string, Tensor>>& out) const {
   if (ref_ && ref_ready_) save_model(*ref_, kRef, out);
   if (rollout_ && rollout_ready_) save_model(*rollout_, kRollout, out);
+  if (behind_ && behind_version_ >= 0) save_model(*behind_, kBehind, out);
   if (vopt_) {
     for (const ParamRef& r : vrefs_) {
       out.emplace_back("task.rl." + r.name, r.value);
@@ -643,6 +755,10 @@ void RlEngine::load_tensors(const std::vector<std::pair<std::string, Tensor>>& i
   // An older checkpoint without the reference: it is re-taken from the resumed policy, as before.
   if (ref_) ref_ready_ = load_model(*ref_, kRef, by);
   if (rollout_) rollout_ready_ = load_model(*rollout_, kRollout, by);
+  if (channel_ && !rollout_rank_ && rank_ == 0 && by.count(kBehind + policy_->parameters().front()->name)) {
+    behind_ = nn::model_from_metadata(policy_->config_metadata());
+    load_model(*behind_, kBehind, by);
+  }
   if (vopt_ && by.count("task.rl.value_head.weight")) {
     TensorFile f;
     for (const auto& [n, t] : in) f.tensors.emplace_back(n, t);

@@ -154,6 +154,13 @@ class RlEngine {
   std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
   std::vector<int32_t> carried_;       // disaggregated trainer: its stream's pool after the last batch
   std::vector<int32_t> resume_pools_;  // trainer 0 of a resumed run: every stream's pool, for the first push
+  // One step off (rl.max_staleness 1): the last push's version and weights hash (every trainer) and
+  // weights (trainer 0), checkpointed, so a resumed run first pushes them `ahead` (PushHeader) and the
+  // rollout ranks pre-generate the resumed step as the saving run's did. -1: none (on policy, SFT).
+  std::unique_ptr<nn::Model> behind_;
+  int64_t behind_version_ = -1;
+  uint64_t behind_hash_ = 0;
+  bool push_behind_ = false;  // resumed with behind_: the next push is the ahead one first
   bool ref_ready_ = false, rollout_ready_ = false;
   int64_t calls_ = 0, rl_steps_ = 0, epoch_ = 0;
   RolloutBatch cur_;

@@ -31,12 +31,20 @@ RolloutBatch pack_rollouts(std::vector<Sample> samples) {
     if (s.stopped) seq.push_back(kEndMarker);
     int32_t* in = b.input.i32() + r * b.T;
     int32_t* tg = b.target.i32() + r * b.T;
+    ATOLL_CHECK(s.env.empty() || s.env.size() == s.completion.size(), "rl: a rollout's environment mask has {} "
+                "entries for {} completion tokens", s.env.size(), s.completion.size());
+    int64_t own = 0;
     for (size_t t = 0; t + 1 < seq.size(); ++t) {
       in[t] = seq[t];
-      if (t + 1 >= s.prompt.size()) tg[t] = seq[t + 1];
+      if (t + 1 < s.prompt.size()) continue;
+      const size_t c = t + 1 - s.prompt.size();  // the completion token it predicts (the end marker: past the end)
+      if (c < s.env.size() && s.env[c]) continue;  // the environment's: context, not the model's action
+      tg[t] = seq[t + 1];
+      ++own;
     }
     b.first.push_back(int64_t(s.prompt.size()) - 1);
     b.count.push_back(int64_t(seq.size() - s.prompt.size()));
+    b.own.push_back(own);
   }
   const int64_t N = b.B * b.T;
   b.old_logp = Tensor::zeros({N});

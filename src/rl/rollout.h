@@ -22,6 +22,11 @@ struct Sample {
   // end marker), and the group's id over the run. Empty / 0 otherwise (every token the batch's).
   std::vector<int64_t> token_version;
   int64_t uid = 0;
+  // Multi-turn episodes (rl/multi_turn.h): 1 for each completion token the environment wrote (its
+  // replies), 0 for the model's; empty: every token is the model's. The environment's tokens are
+  // context, not actions: their targets are masked out of the loss (pack_rollouts).
+  std::vector<uint8_t> env;
+  int64_t turns = 1;  // the model's turns in the episode
 };
 
 struct RolloutBatch {
@@ -29,6 +34,7 @@ struct RolloutBatch {
   std::vector<Sample> samples;
   Tensor input, target;                    // [B,T] i32
   std::vector<int64_t> first, count;       // row b's completion targets: positions first..first+count-1
+  std::vector<int64_t> own;                // of those, the model's own tokens (= count without env replies)
   Tensor old_logp, ref_logp, old_values;   // [B*T] f32
   Tensor advantages, returns, weights;     // [B*T] f32
   int64_t policy_version = 0;              // updates the generating weights had seen (the oldest token's)

@@ -76,9 +76,10 @@ void RolloutChannel::split_pairs(std::vector<Tensor> params, double bucket_mb) {
   // all-reduced over all of them, and Gloo fails a group a member of which died), so the job stops
   // naming it and resumes from its last checkpoint (docs/rl.md).
   if (me == 0) {
-    for (int i = 0; i < R_; ++i) store_->set(fmt::format("launch/outlivable/{}", T_ + i), "1");
+    // The shadow too: its death leaves the rollout ranks serving (without a spare from then on).
+    for (int i = 0; i <= R_; ++i) store_->set(fmt::format("launch/outlivable/{}", T_ + i), "1");
     store_->set("launch/outlive_declared",
-                fmt::format("an RL job goes on without a rollout rank only; {} as one data-parallel "
+                fmt::format("an RL job goes on without its rollout ranks and shadow only; {} as one data-parallel "
                             "group: resume the job from its last checkpoint",
                             T_ == 1 ? std::string("rank 0 trains") : fmt::format("ranks 0-{} train", T_ - 1)));
   }
@@ -101,6 +102,12 @@ bool RolloutChannel::rank_died(int job_rank) {
       if (d == job_rank) return true;
     std::this_thread::sleep_for(comm::Millis(20));
   }
+  return false;
+}
+
+bool RolloutChannel::rank_died_now(int job_rank) {
+  for (int d : store_->dead_ranks())
+    if (d == job_rank) return true;
   return false;
 }
 
@@ -128,10 +135,19 @@ SyncStats RolloutChannel::push_pairs(PushHeader& h, double* header_wait_s) {
                 e.what(), T_ + R_);
     }
   }
-  // The shadow follows every push (weights already loaded when it takes over).
-  store_->set(fmt::format("rl/shadow/push/{}", pushes_++), "1");
-  store_->add(kEvents, 1);
-  push_one(*push_shadow_);
+  // The shadow follows every push (weights already loaded when it takes over). A dead shadow is
+  // left out: the live rollout ranks go on serving, and a later rollout rank's death stops the job.
+  if (!shadow_dead_) {
+    store_->set(fmt::format("rl/shadow/push/{}", pushes_++), "1");
+    store_->add(kEvents, 1);
+    try {
+      push_one(*push_shadow_);
+    } catch (const std::exception& e) {
+      if (!rank_died(T_ + R_)) throw;
+      shadow_dead_ = true;
+      log::warn("rl: the shadow rank {} is gone ({}); the rollout ranks go on without a spare", T_ + R_, e.what());
+    }
+  }
   if (header_wait_s) *header_wait_s = wait;
   return st;
 }
@@ -154,10 +170,24 @@ std::vector<int32_t> RolloutChannel::exchange_pairs(const std::map<int, std::vec
                 server, e.what(), me, T_ + R_, rl_step);
     }
   }
+  const int shadow = T_ + R_;
+  auto no_spare = [&](const std::string& why) {
+    fail("rl: trainer {} cannot go on: its rollout rank {} died and the shadow rank {} is gone too ({}); resume the "
+         "job from its last checkpoint",
+         me, server, shadow, why);
+  };
+  if (shadow_dead_ || rank_died_now(shadow)) no_spare("its connection to the rendezvous store closed");
   store_->set(fmt::format("rl/shadow/ask/{}/{}", me, rl_step), "1");
   store_->add(kEvents, 1);
   ++from_shadow_;
-  return recv_words(*shadow_pair_.at(me));
+  try {
+    return recv_words(*shadow_pair_.at(me));
+  } catch (const std::exception& e) {
+    if (!rank_died(shadow)) throw;
+    shadow_dead_ = true;
+    no_spare(e.what());
+  }
+  return {};
 }
 
 RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const std::function<bool()>& idle) {

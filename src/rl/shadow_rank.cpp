@@ -6,6 +6,7 @@
 // the same file, rl/belayer.h), so the batch is the one the dead rank would have sent, token for
 // token, and from then on serves that rank's trainers as serve() does. The job does not restart.
 #include <chrono>
+#include <csignal>
 
 #include "core/log.h"
 #include "rl/rl_engine.h"
@@ -129,6 +130,12 @@ void RlEngine::serve_shadow() {
     PushHeader h;
     channel_->push(h);
     if (h.stop) break;
+    if (c_.kill_shadow_step > 0 && h.rl_step == c_.kill_shadow_step && !h.ahead) std::raise(SIGKILL);  // tests
+    // A resumed run's ahead push (PushHeader::ahead) stands for the saving run's push of the step
+    // before: its weights are the ones the rollout ranks pre-generate h.rl_step with, and no
+    // batch is exchanged after it.
+    const bool ahead = h.ahead;
+    if (ahead) --h.rl_step;
     before = last;
     last = h;
     // Keep this push's weights under its version; drop those no batch can need any more.
@@ -144,7 +151,7 @@ void RlEngine::serve_shadow() {
     Tensor dst = m->flat_values();
     dst.copy_from(policy_->flat_values());
     held[h.version] = std::move(m);
-    for (int slot : adopted)
+    for (int slot : ahead ? std::set<int>{} : adopted)
       for (int t : slot_trainers(slot)) {
         auto it = ready.find(t);
         const bool have = it != ready.end() && it->second.first == h.rl_step;

@@ -22,6 +22,11 @@ class Arithmetic final : public VerifiableTask {
   std::string alphabet() const override { return "0123456789"; }
   int64_t max_answer_len() const override { return op_ == '+' ? digits_ + 1 : 2 * digits_; }
   int64_t max_prompt_len() const override { return 2 * digits_ + 2; }
+  // A tool's verdict on a wrong answer: "<=" the result is smaller, ">=" larger, "x=" not a number.
+  std::string feedback(const Problem& p, const std::string& answer) const override {
+    if (answer.empty() || answer.size() > 18 || answer.find_first_not_of("0123456789") != std::string::npos) return "x=";
+    return std::stoll(p.answer) < std::stoll(answer) ? "<=" : ">=";
+  }
 
  private:
   static int64_t pow10(int64_t n) {

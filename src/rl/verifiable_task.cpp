@@ -72,4 +72,6 @@ std::string decode(const std::vector<int32_t>& ids) {
   return s;
 }
 
+std::string VerifiableTask::feedback(const Problem&, const std::string&) const { return "x="; }
+
 }  // namespace atl::rl

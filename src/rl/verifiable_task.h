@@ -49,6 +49,12 @@ class VerifiableTask {
   std::vector<Problem> eval_set(int64_t n, uint64_t seed) const;
   // Virtual: an environment task ("sandbox_add", rl/sandbox.h) scores by running the completion.
   virtual Reward score(const Problem& p, const std::string& completion, bool stopped, double format_weight) const;
+  // Multi-turn episodes (rl.turns > 1, rl/multi_turn.h): what the environment replies to a wrong
+  // answer, appended to the model's context before its next turn. It ends with '=' (the model
+  // answers after it, as after the prompt) and is at most max_feedback_len() characters. The
+  // default says only "wrong, try again" ("x="); arithmetic says which way the answer is off.
+  virtual std::string feedback(const Problem& p, const std::string& answer) const;
+  virtual int64_t max_feedback_len() const { return 2; }
 
   int heldout_percent = 10;
 };

@@ -23,25 +23,30 @@
 namespace atl::rl {
 namespace {
 
-struct Run {
+struct JobRun {
   int rc = -1;
   std::string out;
   std::map<int64_t, nlohmann::json> rl;  // RL step records by trainer step
   std::string weights;                   // the final checkpoint's model.safetensors
 };
 
-Run launch(const std::filesystem::path& root, const std::string& name, int staleness, int64_t kill_after) {
+// rollout_ranks 2: 5 ranks (trainers 0-1, rollout ranks 2-3, shadow 4). `--outlive` covers every
+// rollout rank and the shadow (the ranks the job declares it can lose).
+JobRun launch(const std::filesystem::path& root, const std::string& name, int staleness, int64_t kill_after,
+           int rollout_ranks = 1, const std::vector<std::string>& extra = {}) {
   const std::string atoll = std::string(ATOLL_BINARY_DIR) + "/atoll";
   const std::string cfg = std::string(ATOLL_SOURCE_DIR) + "/configs/rl_add.toml";
-  std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", "4", "--outlive", "1", "--timeout", "60", "--",
+  std::vector<std::string> argv = {atoll, "launch", "--nproc-per-node", std::to_string(3 + rollout_ranks), "--outlive",
+                                   std::to_string(rollout_ranks + 1), "--timeout", "60", "--",
                                    atoll, "train", cfg, "--run.dir=" + (root / name).string(), "--train.steps=8",
                                    "--rl.sft_steps=3", "--rl.prompts=4", "--rl.group_size=4", "--eval.every=0",
                                    "--sample.every=0", "--hardware.peak_gflops=1", "--rl.placement=disaggregated",
-                                   "--rl.rollout_ranks=1", "--rl.shadow_ranks=1", "--checkpoint.every=8",
-                                   "--rl.max_staleness=" + std::to_string(staleness),
+                                   "--rl.rollout_ranks=" + std::to_string(rollout_ranks), "--rl.shadow_ranks=1",
+                                   "--checkpoint.every=8", "--rl.max_staleness=" + std::to_string(staleness),
                                    "--rl.journal_dir=" + (root / (name + "_journal")).string()};
   if (kill_after > 0) argv.push_back("--fault.rl_kill_after_tokens=" + std::to_string(kill_after));
-  Run r;
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  JobRun r;
   const std::string log = (root / (name + ".log")).string();
   r.rc = parallel::test::run_command(argv, {"OMP_NUM_THREADS=1"}, log, 180);
   r.out = parallel::test::read_file(log);
@@ -50,7 +55,8 @@ Run launch(const std::filesystem::path& root, const std::string& name, int stale
     auto j = nlohmann::json::parse(line);
     if (j.value("phase", "") == "rl") r.rl[j.at("step").get<int64_t>()] = j;
   }
-  r.weights = parallel::test::read_file((root / name / "checkpoints/step_00000008/model.safetensors").string());
+  const auto w = root / name / "checkpoints/step_00000008/model.safetensors";
+  if (std::filesystem::exists(w)) r.weights = parallel::test::read_file(w.string());
   return r;
 }
 
@@ -59,7 +65,7 @@ void takeover(int staleness, int64_t kill_after, const std::string& expect_takeo
                     ("atoll_rl_shadow_" + std::to_string(staleness) + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
-  const Run a = launch(root, "a", staleness, 0), b = launch(root, "b", staleness, kill_after);
+  const JobRun a = launch(root, "a", staleness, 0), b = launch(root, "b", staleness, kill_after);
   ASSERT_EQ(a.rc, 0) << a.out;
   EXPECT_EQ(a.out.find("takes over"), std::string::npos) << "no rank died, yet the shadow took over: " << a.out;
   ASSERT_EQ(b.rc, 0) << "the job did not outlive its rollout rank: " << b.out;
@@ -96,6 +102,73 @@ TEST(RlShadowRank, TakesOverAKilledRolloutRankOnPolicy) { takeover(0, 20, "0 (ve
 // with version 3 while the trainers train; the shadow, already at version 4, continues that
 // journal with the version-3 weights it kept.
 TEST(RlShadowRank, TakesOverAKilledRolloutRankOneStepOff) { takeover(1, 138, "1 (version 3)"); }
+
+std::filesystem::path fresh_root(const std::string& what) {
+  const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_shadow_" + what + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  return root;
+}
+
+void expect_equal_runs(const JobRun& a, const JobRun& b) {
+  ASSERT_EQ(a.rl.size(), 5u) << a.out;
+  ASSERT_EQ(b.rl.size(), 5u) << "the job did not run to its end: " << b.out;
+  for (const auto& [step, ja] : a.rl) {
+    ASSERT_TRUE(b.rl.count(step)) << "step " << step;
+    const nlohmann::json& jb = b.rl.at(step);
+    EXPECT_EQ(ja.at("loss").get<double>(), jb.at("loss").get<double>()) << "step " << step;
+    EXPECT_EQ(ja.at("reward").get<double>(), jb.at("reward").get<double>()) << "step " << step;
+    EXPECT_EQ(ja.at("rollout_version").get<int64_t>(), jb.at("rollout_version").get<int64_t>()) << "step " << step;
+  }
+  ASSERT_FALSE(a.weights.empty());
+  EXPECT_TRUE(a.weights == b.weights) << "the final weights differ from the uninterrupted run's";
+}
+
+// Two rollout ranks, one shadow: rollout rank 2 (trainer 0's) dies 20 tokens into RL step 0,
+// rollout rank 3 (trainer 1's) 150 tokens later (fault.rl_kill_stagger), during RL step 2 (its
+// batches are <= 64 tokens: 16 rollouts x 4). The shadow, already serving trainer 0, has followed
+// rank 3's journals all along; trainer 1 asks it in turn and it continues rank 3's journal too, so
+// the shadow ends serving both trainers and the run is the uninterrupted one's bit for bit.
+TEST(RlShadowRank, OutlivesASecondRolloutRanksDeath) {
+  const auto root = fresh_root("second");
+  const JobRun a = launch(root, "a", 0, 0, 2);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  const JobRun b = launch(root, "b", 0, 20, 2, {"--fault.rl_kill_stagger=150"});
+  ASSERT_EQ(b.rc, 0) << "the job did not outlive its two rollout ranks: " << b.out;
+  EXPECT_NE(b.out.find("rank 2 (pid"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("rank 3 (pid"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("shadow rank 4 takes over rollout rank 2 for trainer 0 at RL step 0"), std::string::npos)
+      << b.out;
+  const std::string second = "shadow rank 4 takes over rollout rank 3 for trainer 1 at RL step ";
+  const size_t at = b.out.find(second);
+  ASSERT_NE(at, std::string::npos) << b.out;
+  EXPECT_GE(std::stoll(b.out.substr(at + second.size())), 1) << "the two deaths were not one after the other";
+  expect_equal_runs(a, b);
+  // Trainer 0's last batches all came from the shadow (it asked at RL step 0).
+  EXPECT_GE(b.rl.rbegin()->second.at("from_shadow").get<int64_t>(), 4);
+  std::filesystem::remove_all(root);
+}
+
+// The shadow's own death (fault.rl_kill_shadow_step: it SIGKILLs itself after RL step 1's push):
+// trainer 0 finds it gone at the next push, leaves it out, and the rollout rank serves to the end
+// (the run equals the no-fault one). A rollout rank dying after that has no spare: the job stops
+// naming both ranks, to be resumed from its checkpoint.
+TEST(RlShadowRank, OutlivesTheShadowsDeathAndThenStopsNamingBoth) {
+  const auto root = fresh_root("shadowdeath");
+  const JobRun a = launch(root, "a", 0, 0);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  const JobRun b = launch(root, "b", 0, 0, 1, {"--fault.rl_kill_shadow_step=1"});
+  ASSERT_EQ(b.rc, 0) << "the job did not outlive its shadow: " << b.out;
+  EXPECT_NE(b.out.find("rank 3 (pid"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("the shadow rank 3 is gone"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("takes over"), std::string::npos) << b.out;
+  expect_equal_runs(a, b);
+  // The rollout rank dies in RL step 3, after the shadow (launch --outlive 2 for both).
+  const JobRun c = launch(root, "c", 0, 200, 1, {"--fault.rl_kill_shadow_step=1"});
+  EXPECT_NE(c.rc, 0) << c.out;
+  EXPECT_NE(c.out.find("and the shadow rank 3 is gone too"), std::string::npos) << c.out;
+  std::filesystem::remove_all(root);
+}
 
 }  // namespace
 }  // namespace atl::rl
