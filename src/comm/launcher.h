@@ -26,7 +26,8 @@ struct LaunchOptions {
   // rank fails the others are torn down and the whole group is started again, up to max_restarts
   // times, with restart_cmd (empty: cmd itself; for `atoll train`, cmd with --resume, so that the
   // run goes on from its last committed checkpoint). Every rank gets TORCHELASTIC_RESTART_COUNT
-  // (0 on the first start) and TORCHELASTIC_MAX_RESTARTS. One node only.
+  // (0 on the first start) and TORCHELASTIC_MAX_RESTARTS. Across nodes every node's launcher
+  // restarts its ranks together with the others' (they agree through node 0's control store).
   bool restart_group = false;
   std::vector<std::string> restart_cmd;
   // `atoll launch --outlive N` (issue 15, Belayer's shadow rank): up to N ranks may fail without
