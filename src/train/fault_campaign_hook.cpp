@@ -350,7 +350,7 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
       std::string adetail;
       int64_t awhen = -1;
       std::string detail, wdetail;
-      int64_t when = -1, bwhen = -1, wwhen = -1;
+      int64_t when = -1, bwhen = -1, wwhen = -1, own_when = -1;
       bool any_own = false;
       for (auto& e : ends) {
         const int r = e.at("rank").get<int>();
@@ -372,6 +372,7 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
         const bool torn = e.value("torn_down", false);
         const bool own_end = !torn && e.value("status", "") != "exited with code 0";
         any_own = any_own || own_end;
+        if (own_end) own_when = std::max(own_when, at(r, 3));  // where the dead run was, named or not
         detail += fmt::format("{}rank {} {}{}{}", detail.empty() ? "" : "; ", r, e.value("status", "?"),
                               torn ? " (torn down by the launcher)" : "",
                               at(r, 4) > 0 ? fmt::format(" after {} failed collective(s)", at(r, 4)) : "");
@@ -399,7 +400,7 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
                resumed);
       }
       if (any_own && (!l.ranks.empty() || behind.ranks.empty()))
-        record(when < 0 ? step : when, "exit status", l, detail, resumed);
+        record(when >= 0 ? when : own_when >= 0 ? own_when : step, "exit status", l, detail, resumed);
       if (!watched.ranks.empty()) {
         watched.verdict = Localization::outlier;
         record(wwhen < 0 ? step : wwhen, "watcher", watched, wdetail, resumed);
