@@ -42,7 +42,13 @@ struct Child {
   int status = 0;
   bool signalled = false;  // the launcher's teardown signalled it before it exited
   int exit_order = -1;     // 0 for the first of this start's ranks to exit, 1 for the next...
+  int spare_id = -1;       // a DeadPool spare (--spares): its ATOLL_SPARE_ID, also in `rank`
 };
+
+// "rank 3" or, for a spare, "spare 4".
+std::string who_is(const Child& c) {
+  return fmt::format("{} {}", c.spare_id >= 0 ? "spare" : "rank", c.rank);
+}
 
 void write_fd(int fd, const std::string& s) {
   size_t off = 0;
@@ -61,12 +67,12 @@ void emit_lines(Child& c, int stream, const char* data, size_t n, bool flush) {
   std::string out;
   size_t start = 0, nl;
   while ((nl = buf.find('\n', start)) != std::string::npos) {
-    out += "[rank " + std::to_string(c.rank) + "] " + buf.substr(start, nl - start + 1);
+    out += "[" + who_is(c) + "] " + buf.substr(start, nl - start + 1);
     start = nl + 1;
   }
   buf.erase(0, start);
   if (flush && !buf.empty()) {
-    out += "[rank " + std::to_string(c.rank) + "] " + buf + "\n";
+    out += "[" + who_is(c) + "] " + buf + "\n";
     buf.clear();
   }
   if (!out.empty()) write_fd(stream == 0 ? 1 : 2, out);
@@ -87,8 +93,9 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
   ATOLL_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe(): {}",
               std::strerror(errno));
   // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
+  // A spare's RANK must be a valid rank of the job (the lighthouse gives it its slot later).
   std::vector<std::string> envs = {
-      "RANK=" + std::to_string(c.rank),
+      "RANK=" + std::to_string(c.spare_id >= 0 ? 0 : c.rank),
       "LOCAL_RANK=" + std::to_string(local_rank),
       "WORLD_SIZE=" + std::to_string(o.nproc_per_node * o.nnodes),
       "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node),
@@ -104,6 +111,7 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
       "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart_count),
       "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(o.max_restarts),
   };
+  if (c.spare_id >= 0) envs.push_back(fmt::format("ATOLL_SPARE_ID={}", c.spare_id));
   if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
   if (o.connect_timeout_s > 0) envs.push_back(fmt::format("ATOLL_CONNECT_TIMEOUT={}", o.connect_timeout_s));
   // Like torchrun: ranks sharing a node share its cores unless the user says otherwise.
@@ -125,6 +133,7 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
   for (auto& s : keep) envp.push_back(s.data());
   envp.push_back(nullptr);
   std::vector<std::string> cmd = o.cmd;
+  if (c.spare_id >= 0) cmd.insert(cmd.end(), o.spare_args.begin(), o.spare_args.end());
   for (auto& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);
 
@@ -264,6 +273,12 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
     kids[size_t(i)].rank = o.node_rank * o.nproc_per_node + i;
     kids[size_t(i)].pid = spawn(first, kids[size_t(i)], i, port, master_port, attempt);
   }
+  for (int i = 0; i < o.spares; ++i) {  // DeadPool's pool: they wait for a slot to take
+    Child c;
+    c.rank = c.spare_id = o.nproc_per_node * o.nnodes + i;
+    kids.push_back(std::move(c));
+    kids.back().pid = spawn(first, kids.back(), 0, port, master_port, attempt);
+  }
 
   // issue 14: the watcher, a plain child (its output goes straight to ours).
   pid_t watcher = 0;
@@ -288,6 +303,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
   int restarts = 0;     // ranks started again (max_restarts, --ft)
   int outlived = 0;     // ranks the job went on without (outlive)
   int exits = 0;        // ranks that have exited (their order: Child::exit_order)
+  int replaced = 0;     // failed ranks whose slot a spare takes (--spares)
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -352,10 +368,16 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
           c.exited = true;
           c.status = st;
           c.exit_order = exits++;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && replaced < o.spares && failure.empty() &&
+              !g_interrupted) {
+            ++replaced;
+            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; a spare takes its slot (DeadPool, %d of %d spares), "
+                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, o.spares);
+            std::fflush(stderr);
+          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
               failure.empty() && !g_interrupted) {
             ++restarts;
-            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", c.rank,
+            std::fprintf(stderr, "atoll launch: %s (pid %d) %s; starting it again (restart %d of %d)\n", who_is(c).c_str(),
                          int(c.pid), describe_status(st).c_str(), restarts, o.max_restarts);
             std::fflush(stderr);
             for (int s = 0; s < 2; ++s)
@@ -377,8 +399,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
             std::fflush(stderr);
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
             if (failure.empty()) a.failed_rank = c.rank;
-            begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
-                           false);
+            begin_teardown(fmt::format("{} (pid {}) {}", who_is(c), c.pid, describe_status(st)), false);
           }
         }
       }

@@ -22,6 +22,12 @@ struct LaunchOptions {
   // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
   int max_restarts = 0;
   std::vector<std::string> restart_args;
+  // DeadPool's hot spares (`atoll launch --ft --spares K`): K more processes of cmd with spare_args
+  // appended (--fault.spare=true), RANK=0 and ATOLL_SPARE_ID=<world size + i>, that wait in the
+  // lighthouse's pool; a rank that fails while a spare is left is not started again (a spare takes
+  // its slot, resilience/deadpool.h) and the job goes on.
+  int spares = 0;
+  std::vector<std::string> spare_args;
   // Whole-job restarts (`atoll launch --max-restarts N` without --ft; torchrun's policy): when a
   // rank fails the others are torn down and the whole group is started again, up to max_restarts
   // times, with restart_cmd (empty: cmd itself; for `atoll train`, cmd with --resume, so that the
