@@ -205,15 +205,16 @@ TEST(WatchTrainer, UnderLaunchFtAKilledReplicaIsNoHangAndTheJobFinishes) {
 // `atoll launch --ft --spares 1` (DeadPool from the launcher): 3 replicas and one spare started
 // together; replica 1 killed with -9 from outside (its pid from its progress record) after its
 // step-20 checkpoint. The launcher does not start it again: the spare takes slot 1 from its peer's
-// in-memory snapshot, the job never runs a reduced quorum, and ends 0 with replica 0's, replica 2's
-// and the spare's last model and optimizer files byte-identical.
+// in-memory snapshot (two copies, [fault] snapshot_copies = 2: the newer of slot 2's and slot 0's),
+// the job never runs a reduced quorum, and ends 0 with replica 0's, replica 2's and the spare's last
+// model and optimizer files byte-identical.
 TEST(QuorumTrainer, LaunchFtSparesStartsThePoolAndASpareTakesAKilledReplicasSlotBitwise) {
   Corpus c;
   const fs::path dir = c.root / "progress";
   fs::create_directories(dir);
   pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "3", "--ft", "--spares", "1", "--heartbeat-timeout-ms",
                    "600", "--", atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
-                   "--fault.snapshot_every=5"},
+                   "--fault.snapshot_every=5", "--fault.snapshot_copies=2"},
                   {"OMP_NUM_THREADS=1", "ATOLL_PROGRESS_DIR=" + dir.string()}, (c.root / "launch.log").string());
   auto t0 = std::chrono::steady_clock::now();
   while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
@@ -233,6 +234,7 @@ TEST(QuorumTrainer, LaunchFtSparesStartsThePoolAndASpareTakesAKilledReplicasSlot
   EXPECT_EQ(log.find("starting it again"), std::string::npos) << log;
   EXPECT_NE(log.find("[spare 3] "), std::string::npos) << log;
   EXPECT_NE(log.find("restored from its peer's in-memory snapshot of step"), std::string::npos) << log;
+  EXPECT_EQ(log.find("holder: cannot reach"), std::string::npos) << "both copies' holders are alive: " << log;
   EXPECT_EQ(log.find("no spare left"), std::string::npos) << log;
   EXPECT_EQ(log.find("quorum 2 of 2 replicas"), std::string::npos) << "the job ran at reduced size:\n" << log;
   for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
@@ -250,6 +252,15 @@ TEST(QuorumTrainer, LaunchFtSparesStartsThePoolAndASpareTakesAKilledReplicasSlot
                                                               "quorum job: use it with --ft"),
             std::string::npos)
       << read_file((c.root / "refused.log").string());
+  // A second copy of snapshots that are not taken: refused, naming the key.
+  pid_t k = spawn({atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "k").string(),
+                   "--fault.tolerance=quorum", "--fault.snapshot_copies=2"},
+                  {"OMP_NUM_THREADS=1"}, (c.root / "copies.log").string());
+  EXPECT_NE(wait_for(k, 30), 0);
+  EXPECT_NE(read_file((c.root / "copies.log").string()).find("fault.snapshot_copies"), std::string::npos)
+      << read_file((c.root / "copies.log").string());
+  EXPECT_NE(read_file((c.root / "copies.log").string()).find("needs fault.snapshot_every > 0"), std::string::npos)
+      << read_file((c.root / "copies.log").string());
 }
 
 }  // namespace atl::resilience::test
