@@ -51,6 +51,10 @@ static int run_launch(int argc, char** argv) {
       ->check(integer_in(0, 1 << 20));
   app.add_option("--heartbeat-timeout-ms", ft_timeout_ms, "with --ft: a replica silent this long leaves the quorum")
       ->check(integer_in(10, 3600000));
+  app.add_option("--spares", o.spares,
+                 "with --ft: hot spares (DeadPool) started beside the replicas; a dead replica's slot goes to a spare, "
+                 "restored from its peer's in-memory snapshot ([fault] snapshot_every), instead of a restart")
+      ->check(integer_in(0, 4096));
   // issue 15: a job that outlives dead ranks (RL's shadow rank takes over a rollout rank, docs/rl.md).
   app.add_option("--outlive", o.outlive, "ranks that may die without stopping the job (RL with rl.shadow_ranks)")
       ->check(integer_in(0, 1 << 20));
@@ -78,6 +82,8 @@ static int run_launch(int argc, char** argv) {
       fail("--rdzv '{}': the port is not a number", rdzv);
     }
   }
+  ATOLL_CHECK(o.spares == 0 || ft, "--spares {}: spares take a dead replica's place in a quorum job: use it with --ft",
+              o.spares);
   for (int i = split + 1; i < argc; ++i) o.cmd.push_back(argv[i]);
   ATOLL_CHECK(!o.cmd.empty(), "no command: use `atoll launch [options] -- CMD ARGS...`");
   if (watch) {
@@ -109,6 +115,10 @@ static int run_launch(int argc, char** argv) {
   lo.host = "127.0.0.1";
   lo.heartbeat_timeout = std::chrono::milliseconds(ft_timeout_ms);
   lo.min_replicas = o.nproc_per_node;
+  if (o.spares > 0) {
+    lo.slots = o.nproc_per_node;  // the lighthouse keeps the spare pool (resilience/lighthouse.h)
+    o.spare_args = {"--fault.spare=true"};
+  }
   resilience::Lighthouse lighthouse(lo);
   std::string addr = fmt::format("127.0.0.1:{}", lighthouse.port());
   ::setenv("ATOLL_LIGHTHOUSE", addr.c_str(), 1);

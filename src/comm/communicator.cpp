@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
 
 #include "comm/collective_observer.h"
+#include "comm/network_partition.h"
 #include "core/log.h"
 
 namespace atl::comm {
@@ -173,6 +175,10 @@ void Communicator::worker_loop() {
       }
       try {
         on_op_start(w->name_, w->seq_);
+        if (this_process_partitioned()) {  // nothing leaves or arrives: the op waits out its deadline
+          std::this_thread::sleep_until(op_deadline_);
+          fail("no answer from any peer within the timeout of {:.1f} s", double(w->timeout_.count()) / 1000.0);
+        }
         w->run_(*w);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(qmu_);

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/network_partition.h"
 #include "core/log.h"
 
 namespace atl::comm {
@@ -62,6 +63,7 @@ struct GlooProcess {
         for (auto& [k, v] : progress)
           if (posted[k] != v) todo.push_back({k, v});
         lk.unlock();
+        if (this_process_partitioned()) todo.clear();  // the store is out of reach too
         try {
           for (auto& [k, v] : todo) lifeline->set(k, v);
         } catch (const std::exception&) {
@@ -389,10 +391,36 @@ void GlooCommunicator::run_abort() {
   }
 }
 
+// The rank's own failure report for `atoll launch` (issue 14): the world ranks its failed
+// collective blames, under launch/report/<world rank> in the launcher's store, so that the
+// launcher names the rank the job failed because of, not the first one to exit (a peer that timed
+// out waiting for it exits before the launcher tears the culprit down). The first report stays.
+void GlooCommunicator::post_failure_report(const std::vector<int>& blamed, const std::string& why) {
+  if (proc_->store_on_rank0 || !proc_->lifeline) return;  // no launcher's store to read it
+  if (this_process_partitioned()) return;                  // a partitioned rank cannot reach it
+  try {
+    const std::string key = fmt::format("launch/report/{}", proc_->world_rank);
+    std::string ranks;
+    for (int r : blamed) ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", r);
+    if (!proc_->lifeline->check({key})) proc_->lifeline->set(key, ranks + ";" + why);
+  } catch (const std::exception&) {
+  }
+}
+
 std::string GlooCommunicator::diagnose() {
+  std::vector<int> blamed;
+  std::string why = diagnose_into(blamed);
+  post_failure_report(blamed, why);
+  return why;
+}
+
+std::string GlooCommunicator::diagnose_into(std::vector<int>& blamed) {
   proc_->clean = false;
   // A group (create_group) has no lifelines to read; its owner knows who failed (the lighthouse).
   if (!proc_->lifeline) return "";
+  // Partitioned (comm/network_partition.h): the store would not answer either; waiting for it to
+  // say so would only add its timeout.
+  if (this_process_partitioned()) return "neither the peers nor the rendezvous store answer (a network partition?)";
   const auto& wr = world_ranks();
   try {
     // The transport often notices a death a moment before the store does.
@@ -401,6 +429,7 @@ std::string GlooCommunicator::diagnose() {
       for (int d : proc_->store->dead_ranks())
         if (std::count(wr.begin(), wr.end(), d)) dead_here.push_back(d);
       if (!dead_here.empty()) {
+        blamed = dead_here;
         std::string names;
         for (int d : dead_here) names += (names.empty() ? "" : ", ") + std::to_string(d);
         return fmt::format("rank {} died (its connection to the rendezvous store closed)", names);
@@ -419,9 +448,11 @@ std::string GlooCommunicator::diagnose() {
       if (r == rank()) continue;
       auto v = proc_->store->try_get(fmt::format("{}progress/{}", prefix_, r));
       uint64_t seq = v ? std::strtoull(v->c_str(), nullptr, 10) : 0;
-      if (seq < op_seq())
+      if (seq < op_seq()) {
+        blamed.push_back(world_ranks_of(r));
         behind += fmt::format("{}rank {} (last started: {})", behind.empty() ? "" : ", ", world_ranks_of(r),
                               v ? v->substr(v->find(' ') + 1) : std::string("nothing"));
+      }
     }
   } catch (const std::exception&) {
   }

@@ -59,6 +59,8 @@ class GlooCommunicator : public Communicator {
  private:
   uint32_t tag() const { return uint32_t(op_seq()); }
   int world_ranks_of(int r) const;
+  std::string diagnose_into(std::vector<int>& blamed);  // blamed: the world ranks it names
+  void post_failure_report(const std::vector<int>& blamed, const std::string& why);
   std::shared_ptr<GlooProcess> proc_;
   std::shared_ptr<gloo::Context> ctx_;
   std::string prefix_;

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -40,7 +41,14 @@ struct Child {
   bool exited = false;
   int status = 0;
   bool signalled = false;  // the launcher's teardown signalled it before it exited
+  int exit_order = -1;     // 0 for the first of this start's ranks to exit, 1 for the next...
+  int spare_id = -1;       // a DeadPool spare (--spares): its ATOLL_SPARE_ID, also in `rank`
 };
+
+// "rank 3" or, for a spare, "spare 4".
+std::string who_is(const Child& c) {
+  return fmt::format("{} {}", c.spare_id >= 0 ? "spare" : "rank", c.rank);
+}
 
 void write_fd(int fd, const std::string& s) {
   size_t off = 0;
@@ -59,12 +67,12 @@ void emit_lines(Child& c, int stream, const char* data, size_t n, bool flush) {
   std::string out;
   size_t start = 0, nl;
   while ((nl = buf.find('\n', start)) != std::string::npos) {
-    out += "[rank " + std::to_string(c.rank) + "] " + buf.substr(start, nl - start + 1);
+    out += "[" + who_is(c) + "] " + buf.substr(start, nl - start + 1);
     start = nl + 1;
   }
   buf.erase(0, start);
   if (flush && !buf.empty()) {
-    out += "[rank " + std::to_string(c.rank) + "] " + buf + "\n";
+    out += "[" + who_is(c) + "] " + buf + "\n";
     buf.clear();
   }
   if (!out.empty()) write_fd(stream == 0 ? 1 : 2, out);
@@ -85,8 +93,9 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
   ATOLL_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe(): {}",
               std::strerror(errno));
   // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
+  // A spare's RANK must be a valid rank of the job (the lighthouse gives it its slot later).
   std::vector<std::string> envs = {
-      "RANK=" + std::to_string(c.rank),
+      "RANK=" + std::to_string(c.spare_id >= 0 ? 0 : c.rank),
       "LOCAL_RANK=" + std::to_string(local_rank),
       "WORLD_SIZE=" + std::to_string(o.nproc_per_node * o.nnodes),
       "LOCAL_WORLD_SIZE=" + std::to_string(o.nproc_per_node),
@@ -102,6 +111,7 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
       "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart_count),
       "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(o.max_restarts),
   };
+  if (c.spare_id >= 0) envs.push_back(fmt::format("ATOLL_SPARE_ID={}", c.spare_id));
   if (o.timeout_s > 0) envs.push_back(fmt::format("ATOLL_COMM_TIMEOUT={}", o.timeout_s));
   if (o.connect_timeout_s > 0) envs.push_back(fmt::format("ATOLL_CONNECT_TIMEOUT={}", o.connect_timeout_s));
   // Like torchrun: ranks sharing a node share its cores unless the user says otherwise.
@@ -123,6 +133,7 @@ pid_t spawn(const LaunchOptions& o, Child& c, int local_rank, int store_port, in
   for (auto& s : keep) envp.push_back(s.data());
   envp.push_back(nullptr);
   std::vector<std::string> cmd = o.cmd;
+  if (c.spare_id >= 0) cmd.insert(cmd.end(), o.spare_args.begin(), o.spare_args.end());
   for (auto& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);
 
@@ -162,13 +173,92 @@ namespace {
 
 // One start of this node's ranks, to its end: every rank exited, or the job torn down.
 struct Attempt {
-  std::string failure;  // the first failure, as reported; empty: every rank exited 0
+  std::string failure;  // the failure, as reported; empty: every rank exited 0
   bool interrupted = false;  // the launcher itself was signalled: never restarted
-  int failed_rank = -1;      // the rank whose end began the teardown (-1: the watcher, a signal, another node)
+  int failed_rank = -1;      // the rank the job failed because of (-1: the watcher, a signal, another node)
   std::vector<Child> kids;
+  std::map<int, std::string> reports;  // this node's ranks' failure reports: rank -> "blamed ranks;why"
 };
 
-Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int port, int master_port) {
+// The ranks a report blames.
+std::vector<int> blamed_in(const std::string& report) {
+  std::vector<int> out;
+  const std::string ranks = report.substr(0, report.find(';'));
+  for (size_t at = 0; at < ranks.size();) {
+    size_t comma = ranks.find(',', at);
+    if (comma == std::string::npos) comma = ranks.size();
+    try {
+      out.push_back(std::stoi(ranks.substr(at, comma - at)));
+    } catch (const std::exception&) {
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+void read_reports(Attempt& a, TcpStore& store) {
+  for (auto& c : a.kids) try {
+      if (auto v = store.try_get("launch/report/" + std::to_string(c.rank))) a.reports[c.rank] = *v;
+    } catch (const Error&) {
+      return;  // the store is gone (a node-0 launcher that exited)
+    }
+}
+
+// The rank a start failed because of, which is not always the first to exit: when a rank stops
+// answering (a timeout, a hang) its peers' collectives fail and they exit first, and the
+// teardown ends the culprit afterwards. A rank whose collective failed has posted the ranks it
+// blames under launch/report/<rank> (comm/gloo_communicator.cpp). In order of preference:
+//  1. the first rank that ended on its own, not zero, without such a report (it failed by itself:
+//     an exception, a kill from outside, exhausted memory; its peers' failures followed from it);
+//  2. the rank this node's reports blame most often (a tie: the lowest);
+//  3. the first to exit, as before.
+// When that is not the first rank to exit, the failure's text says both.
+void name_culprit(Attempt& a) {
+  const std::map<int, std::string>& reports = a.reports;
+  auto failed = [](const Child& c) { return c.exited && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0); };
+  const Child* first = nullptr;
+  for (auto& c : a.kids)
+    if (failed(c) && (!first || c.exit_order < first->exit_order)) first = &c;
+  if (!first) return;
+  const Child* own = nullptr;
+  for (auto& c : a.kids)
+    if (failed(c) && !c.signalled && !reports.count(c.rank) && (!own || c.exit_order < own->exit_order)) own = &c;
+  int culprit = -1;
+  std::string blamers, why;
+  if (own) {
+    culprit = own->rank;
+  } else {
+    std::map<int, int> votes;
+    for (auto& [r, v] : reports)
+      for (int b : blamed_in(v)) ++votes[b];
+    for (auto& [r, n] : votes)
+      if (culprit < 0 || n > votes[culprit]) culprit = r;
+  }
+  if (culprit < 0 || culprit == first->rank) return;
+  const Child* c = nullptr;
+  for (auto& k : a.kids)
+    if (k.rank == culprit) c = &k;
+  for (auto& [r, v] : reports) {
+    const auto b = blamed_in(v);
+    if (!std::count(b.begin(), b.end(), culprit)) continue;
+    blamers += fmt::format("{}{}", blamers.empty() ? "" : ", ", r);
+    if (why.empty()) why = v.substr(v.find(';') + 1);
+  }
+  a.failed_rank = culprit;
+  const std::string end = c ? fmt::format("(pid {}) {}{}", c->pid, describe_status(c->status),
+                                          c->signalled ? " when torn down" : "")
+                            : std::string("(on another node)");  // its own launcher says how it ended
+  a.failure = fmt::format("rank {} {}{}; rank {} (pid {}) {} first{}", culprit, end,
+                          blamers.empty() ? "" : fmt::format(", blamed by rank(s) {} whose collective failed: {}", blamers, why),
+                          first->rank, first->pid, describe_status(first->status),
+                          reports.count(first->rank) ? ", its collective having failed" : "");
+}
+
+// store: this start's rendezvous store (the ranks' own, with their failure reports); ctl and
+// ctl_prefix: where the launchers of a multi-node job tell each other a start failed (one node:
+// the same store, "launch/"; several: node 0's control store, "launch/<start>/").
+Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpStore& ctl, const std::string& ctl_prefix,
+                    int port, int master_port) {
   using clock = std::chrono::steady_clock;
   using Millis = std::chrono::milliseconds;
   Attempt a;
@@ -182,6 +272,12 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
   for (int i = 0; i < o.nproc_per_node; ++i) {
     kids[size_t(i)].rank = o.node_rank * o.nproc_per_node + i;
     kids[size_t(i)].pid = spawn(first, kids[size_t(i)], i, port, master_port, attempt);
+  }
+  for (int i = 0; i < o.spares; ++i) {  // DeadPool's pool: they wait for a slot to take
+    Child c;
+    c.rank = c.spare_id = o.nproc_per_node * o.nnodes + i;
+    kids.push_back(std::move(c));
+    kids.back().pid = spawn(first, kids.back(), 0, port, master_port, attempt);
   }
 
   // issue 14: the watcher, a plain child (its output goes straight to ours).
@@ -206,6 +302,8 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
   std::string& failure = a.failure;
   int restarts = 0;     // ranks started again (max_restarts, --ft)
   int outlived = 0;     // ranks the job went on without (outlive)
+  int exits = 0;        // ranks that have exited (their order: Child::exit_order)
+  int replaced = 0;     // failed ranks whose slot a spare takes (--spares)
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -215,7 +313,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
     std::fprintf(stderr, "atoll launch: %s; stopping the other ranks\n", why.c_str());
     std::fflush(stderr);
     try {
-      if (!store.check({"launch/failed"})) store.set("launch/failed", why);
+      if (!ctl.check({ctl_prefix + "failed"})) ctl.set(ctl_prefix + "failed", why);
     } catch (const Error&) {
     }
     term_at = clock::now() + (immediate ? Millis(0) : Millis(int64_t(o.grace_s * 1000)));
@@ -269,10 +367,17 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
         if (r == c.pid) {
           c.exited = true;
           c.status = st;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
+          c.exit_order = exits++;
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && replaced < o.spares && failure.empty() &&
+              !g_interrupted) {
+            ++replaced;
+            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; a spare takes its slot (DeadPool, %d of %d spares), "
+                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, o.spares);
+            std::fflush(stderr);
+          } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
               failure.empty() && !g_interrupted) {
             ++restarts;
-            std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", c.rank,
+            std::fprintf(stderr, "atoll launch: %s (pid %d) %s; starting it again (restart %d of %d)\n", who_is(c).c_str(),
                          int(c.pid), describe_status(st).c_str(), restarts, o.max_restarts);
             std::fflush(stderr);
             for (int s = 0; s < 2; ++s)
@@ -294,8 +399,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
             std::fflush(stderr);
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
             if (failure.empty()) a.failed_rank = c.rank;
-            begin_teardown(fmt::format("rank {} (pid {}) {}", c.rank, c.pid, describe_status(st)),
-                           false);
+            begin_teardown(fmt::format("{} (pid {}) {}", who_is(c), c.pid, describe_status(st)), false);
           }
         }
       }
@@ -320,7 +424,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
     if (o.nnodes > 1 && failure.empty() && clock::now() - last_store_check > Millis(250)) {
       last_store_check = clock::now();
       try {
-        if (auto f = store.try_get("launch/failed")) begin_teardown("on another node: " + *f, false);
+        if (auto f = ctl.try_get(ctl_prefix + "failed")) begin_teardown("on another node: " + *f, false);
       } catch (const Error& e) {
         begin_teardown(std::string("lost the rendezvous store: ") + e.what(), false);
       }
@@ -353,6 +457,8 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
     int st = 0;
     ::waitpid(watcher, &st, 0);
   }
+  if (!failure.empty()) read_reports(a, store);
+  if (a.failed_rank >= 0) name_culprit(a);
   return a;
 }
 
@@ -360,10 +466,20 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, int po
 void write_failure_file(const Attempt& a) {
   const char* ff = std::getenv("ATOLL_FAILURE_FILE");
   if (!ff || !*ff) return;
+  // Per rank, the ranks whose failure reports blamed it (the accusations of its peers' failed
+  // collectives; the resumed run counts them, train/fault_campaign_hook.cpp).
   std::string lines;
-  for (auto& c : a.kids)
-    lines += fmt::format("{{\"rank\": {}, \"status\": \"{}\", \"torn_down\": {}}}\n", c.rank,
-                         describe_status(c.status), c.signalled ? "true" : "false");
+  for (auto& c : a.kids) {
+    std::string by;
+    for (auto& [r, v] : a.reports) {
+      const auto b = blamed_in(v);
+      if (std::count(b.begin(), b.end(), c.rank)) by += fmt::format("{}{}", by.empty() ? "" : ", ", r);
+    }
+    lines += fmt::format("{{\"rank\": {}, \"status\": \"{}\", \"torn_down\": {}, \"blamed_by\": [{}], "
+                         "\"reported\": {}}}\n",
+                         c.rank, describe_status(c.status), c.signalled ? "true" : "false", by,
+                         a.reports.count(c.rank) ? "true" : "false");
+  }
   if (FILE* f = std::fopen(ff, "a")) {
     std::fputs(lines.c_str(), f);
     std::fclose(f);
@@ -379,9 +495,6 @@ int launch(const LaunchOptions& o) {
               "--node-rank {} is outside 0..{}", o.node_rank, o.nnodes - 1);
   ATOLL_CHECK(o.nnodes == 1 || o.rdzv_port > 0,
               "a multi-node launch needs --rdzv HOST:PORT naming node 0's address");
-  ATOLL_CHECK(!(o.restart_group && o.max_restarts > 0 && o.nnodes > 1),
-              "--max-restarts: whole-job restarts run on one node for now (every node's launcher would have to "
-              "agree on each new start); across nodes restart the job by hand with --resume");
   using Millis = std::chrono::milliseconds;
 
   struct sigaction sa {};
@@ -405,34 +518,105 @@ int launch(const LaunchOptions& o) {
     }
   }
 
+  Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
+  Millis connect_within = o.connect_timeout_s > 0 ? Millis(int64_t(o.connect_timeout_s * 1000)) : Millis(-1);
+  // Several nodes: node 0 hosts, on --rdzv's port and for the job's whole life, the launchers'
+  // control store. Through it they agree on each start (its rendezvous store's port, published by
+  // node 0: launch/<k>/ports), tell each other a start failed (launch/<k>/failed: every node tears
+  // its ranks down), and, when a start is over on every node (launch/<k>/done/<node>), all decide
+  // alike from the same keys: done, or (torchrun's policy, up to --max-restarts) start again.
+  std::unique_ptr<TcpStoreServer> ctl_server;
+  std::unique_ptr<TcpStore> ctl;
+  if (o.nnodes > 1) {
+    if (o.node_rank == 0) ctl_server = std::make_unique<TcpStoreServer>("0.0.0.0", o.rdzv_port);
+    ctl = std::make_unique<TcpStore>(o.rdzv_host, o.rdzv_port, store_timeout, connect_within);
+    ctl->hello(o.node_rank);  // its lifeline: node 0 tells a launcher that died from a slow one
+  }
+
   Attempt a;
-  for (int attempt = 0;; ++attempt) {
+  int attempt = 0;
+  for (;; ++attempt) {
     // Node 0 hosts the store; a single-node job keeps it on loopback. A fresh store per start: the
     // ranks' rendezvous keys of the previous start must not meet the new ranks.
+    const std::string prefix = o.nnodes > 1 ? fmt::format("launch/{}/", attempt) : "launch/";
     std::unique_ptr<TcpStoreServer> server;
     int port = o.rdzv_port;
-    if (o.node_rank == 0) {
-      server = std::make_unique<TcpStoreServer>(o.nnodes > 1 ? "0.0.0.0" : o.rdzv_host, attempt == 0 ? port : 0);
-      port = server->port();
-    }
-    Millis store_timeout(int64_t(1000 * std::max(60.0, o.timeout_s)));
-    auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout,
-                                           o.connect_timeout_s > 0 ? Millis(int64_t(o.connect_timeout_s * 1000)) : Millis(-1));
     // MASTER_PORT stays free for rank 0's own use (torch.distributed's env:// store, say): the
     // next port on a multi-node job, so that every node agrees without asking; a free one here.
     int master_port = o.nnodes > 1 ? o.rdzv_port + 1 : pick_free_port(o.rdzv_host);
-
-    a = run_attempt(o, attempt, *store, port, master_port);
-
-    // Node 0 keeps the store up until every node's launcher is done with it.
-    try {
-      store->set("launch/done/" + std::to_string(o.node_rank), "1");
-      if (server && o.nnodes > 1) {
-        std::vector<std::string> keys;
-        for (int n = 0; n < o.nnodes; ++n) keys.push_back("launch/done/" + std::to_string(n));
-        store->wait(keys, Millis(a.failure.empty() ? 30000 : 5000));
+    if (o.node_rank == 0) {
+      server = std::make_unique<TcpStoreServer>(o.nnodes > 1 ? "0.0.0.0" : o.rdzv_host,
+                                                o.nnodes > 1 || attempt > 0 ? 0 : port);
+      port = server->port();
+      if (ctl) ctl->set(prefix + "ports", std::to_string(port));
+    } else {
+      // Node 0 publishes the start's store once its previous start is over on every node.
+      std::string lost;
+      try {
+        for (auto v = ctl->try_get(prefix + "ports"); !g_interrupted; v = ctl->try_get(prefix + "ports")) {
+          if (v) {
+            port = std::stoi(*v);
+            break;
+          }
+          std::this_thread::sleep_for(Millis(50));
+        }
+      } catch (const Error& e) {
+        lost = std::string("lost node 0's control store: ") + e.what();
       }
-    } catch (const Error&) {
+      if (g_interrupted || !lost.empty()) {
+        a = Attempt{};
+        a.failure = lost.empty() ? fmt::format("interrupted by signal {}", int(g_interrupted)) : lost;
+        a.interrupted = true;
+        break;
+      }
+    }
+    auto store = std::make_unique<TcpStore>(o.rdzv_host, port, store_timeout, connect_within);
+
+    a = run_attempt(o, attempt, *store, ctl ? *ctl : *store, prefix, port, master_port);
+
+    // Every node decides alike (several nodes: from the same keys of the control store).
+    try {
+      if (ctl) {
+        // A launcher that will not start again (it was interrupted) says so before it is done,
+        // so that no node starts again without it.
+        if (a.interrupted || g_interrupted) ctl->set(prefix + "stop", std::to_string(o.node_rank));
+        ctl->set(prefix + "done/" + std::to_string(o.node_rank), a.failure.empty() ? "ok" : "failed");
+        std::vector<std::string> keys;
+        for (int n = 0; n < o.nnodes; ++n) keys.push_back(prefix + "done/" + std::to_string(n));
+        // A node whose ranks are still training is waited for as long as it trains; a node whose
+        // launcher is gone (its control connection closed without a goodbye) ends the job: a new
+        // start would wait for its ranks in vain.
+        while (!ctl->check(keys)) {
+          if (g_interrupted && a.failure.empty()) {
+            a.failure = fmt::format("interrupted by signal {}", int(g_interrupted));
+            a.interrupted = true;
+            ctl->set(prefix + "stop", std::to_string(o.node_rank));
+            ctl->set(prefix + "failed", "node " + std::to_string(o.node_rank) + "'s launcher was interrupted");
+          }
+          std::string gone;
+          for (int n : ctl->dead_ranks())
+            if (!ctl->check({prefix + "done/" + std::to_string(n)})) gone += fmt::format("{}{}", gone.empty() ? "" : ", ", n);
+          if (!gone.empty()) {
+            const std::string why = fmt::format("the launcher of node(s) {} is gone", gone);
+            if (!ctl->check({prefix + "failed"})) ctl->set(prefix + "failed", why);
+            if (a.failure.empty()) a.failure = why;
+            a.interrupted = true;
+            break;
+          }
+          std::this_thread::sleep_for(Millis(100));
+        }
+        if (a.failure.empty())
+          if (auto f = ctl->try_get(prefix + "failed")) a.failure = "on another node: " + *f;
+        if (auto n = ctl->try_get(prefix + "stop"); n && !a.failure.empty() && !a.interrupted) {
+          a.failure += fmt::format(" (node {}'s launcher was interrupted: no new start)", *n);
+          a.interrupted = true;
+        }
+      } else {
+        store->set("launch/done/" + std::to_string(o.node_rank), "1");
+      }
+    } catch (const Error& e) {
+      if (a.failure.empty()) a.failure = std::string("lost node 0's control store: ") + e.what();
+      a.interrupted = true;  // nobody left to agree with on a new start
     }
     store.reset();
     server.reset();
@@ -445,6 +629,25 @@ int launch(const LaunchOptions& o) {
                  attempt + 1, o.max_restarts, attempt + 1,
                  a.failed_rank >= 0 ? fmt::format("failed rank {}: ", a.failed_rank).c_str() : "", a.failure.c_str());
     std::fflush(stderr);
+  }
+  // Node 0 keeps the control store up until every node has read the outcome of the last start.
+  if (ctl) {
+    try {
+      const std::string prefix = fmt::format("launch/{}/", attempt);
+      ctl->set(prefix + "seen/" + std::to_string(o.node_rank), "1");
+      if (ctl_server) {
+        std::vector<std::string> keys;
+        for (int n = 0; n < o.nnodes; ++n) keys.push_back(prefix + "seen/" + std::to_string(n));
+        ctl->wait(keys, Millis(10000));
+      }
+    } catch (const Error&) {
+    }
+    try {
+      ctl->goodbye();
+    } catch (const Error&) {
+    }
+    ctl.reset();
+    ctl_server.reset();
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);

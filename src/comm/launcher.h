@@ -22,11 +22,18 @@ struct LaunchOptions {
   // job down; the other ranks go on (they are quorum replicas, resilience/quorum.h).
   int max_restarts = 0;
   std::vector<std::string> restart_args;
+  // DeadPool's hot spares (`atoll launch --ft --spares K`): K more processes of cmd with spare_args
+  // appended (--fault.spare=true), RANK=0 and ATOLL_SPARE_ID=<world size + i>, that wait in the
+  // lighthouse's pool; a rank that fails while a spare is left is not started again (a spare takes
+  // its slot, resilience/deadpool.h) and the job goes on.
+  int spares = 0;
+  std::vector<std::string> spare_args;
   // Whole-job restarts (`atoll launch --max-restarts N` without --ft; torchrun's policy): when a
   // rank fails the others are torn down and the whole group is started again, up to max_restarts
   // times, with restart_cmd (empty: cmd itself; for `atoll train`, cmd with --resume, so that the
   // run goes on from its last committed checkpoint). Every rank gets TORCHELASTIC_RESTART_COUNT
-  // (0 on the first start) and TORCHELASTIC_MAX_RESTARTS. One node only.
+  // (0 on the first start) and TORCHELASTIC_MAX_RESTARTS. Across nodes every node's launcher
+  // restarts its ranks together with the others' (they agree through node 0's control store).
   bool restart_group = false;
   std::vector<std::string> restart_cmd;
   // `atoll launch --outlive N` (issue 15, Belayer's shadow rank): up to N ranks may fail without

@@ -56,6 +56,11 @@ void GradientChecksumComm::arm_corruption() {
   armed_ = true;
 }
 
+void GradientChecksumComm::arm_drop() {
+  std::lock_guard<std::mutex> g(mu_);
+  drop_ = true;
+}
+
 std::vector<PayloadFinding> GradientChecksumComm::take_findings() {
   std::lock_guard<std::mutex> g(mu_);
   return std::exchange(findings_, {});
@@ -76,13 +81,16 @@ void GradientChecksumComm::checked_all_reduce(const Tensor& t) {
   const Sums mine = sums(x, N);
   const uint32_t crc = crc32c(x, size_t(N) * 4);
   Tensor kept = t.clone();
-  bool armed;
+  bool armed, dropped;
   {
     std::lock_guard<std::mutex> g(mu_);
     armed = armed_;
-    armed_ = false;
+    dropped = drop_;
+    armed_ = drop_ = false;
   }
   if (armed) corrupt(x, N);  // 2. the payload corrupted after its checksum
+  // A message that never lands adds nothing to the sum: this rank's share of it is zero.
+  if (dropped) std::memset(x, 0, size_t(N) * 4);
   {
     const int64_t r0 = thread_cpu_ns();
     inner_->all_reduce(t, comm::ReduceOp::sum);
@@ -146,10 +154,17 @@ void GradientChecksumComm::checked_all_reduce(const Tensor& t) {
   {
     Tensor out = kept.clone();
     if (armed) corrupt(out.f32(), N);
+    if (dropped) std::memset(out.raw(), 0, size_t(N) * 4);  // its slot keeps the receivers' zeros
     Tensor every = Tensor::zeros({N * n});
     inner_->all_gather(out, every);
-    for (int q = 0; q < n; ++q)
-      if (crc32c(every.f32() + int64_t(q) * N, size_t(N) * 4) != crcs[size_t(q)]) f.ranks.push_back(q);
+    for (int q = 0; q < n; ++q) {
+      const float* got = every.f32() + int64_t(q) * N;
+      if (crc32c(got, size_t(N) * 4) == crcs[size_t(q)]) continue;
+      f.ranks.push_back(q);
+      bool empty = true;  // nothing landed: a dropped message, not a corrupted one
+      for (int64_t i = 0; i < N && empty; ++i) empty = got[i] == 0.f;
+      if (empty) f.missing.push_back(q);
+    }
   }
   // 5. Repair: the kept contributions reduced again, and checked again.
   std::memcpy(x, kept.raw(), size_t(N) * 4);

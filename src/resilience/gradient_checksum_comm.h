@@ -38,6 +38,7 @@ namespace atl::resilience {
 struct PayloadFinding {
   std::string bucket;      // "bucket [lo, hi)"
   std::vector<int> ranks;  // the senders whose re-sent payload failed its CRC (empty: transient)
+  std::vector<int> missing;  // of those, the ones whose re-sent payload never arrived (all zero)
   double diff = 0, bound = 0;
 };
 
@@ -53,6 +54,10 @@ class GradientChecksumComm final : public comm::Communicator {
   // largest element flipped, after its checksum, and so does its re-sent copy in the localization
   // (the step's outgoing gradient messages); the repair's all-reduce is clean.
   void arm_corruption();
+  // The fault (message_drop): this rank's next gradient bucket never lands: the receivers' buffers
+  // keep what they held (the sum lacks its contribution), and so does its re-sent copy in the
+  // localization (its slot stays empty: named as missing, not as corrupt); the repair is clean.
+  void arm_drop();
   // Mismatches found since the last call.
   std::vector<PayloadFinding> take_findings();
   int64_t buckets_checked() const { return checked_; }
@@ -76,7 +81,7 @@ class GradientChecksumComm final : public comm::Communicator {
   comm::Communicator* inner_;
   const nn::Model& model_;
   std::mutex mu_;
-  bool armed_ = false;  // guarded by mu_
+  bool armed_ = false, drop_ = false;  // guarded by mu_
   std::vector<PayloadFinding> findings_;
   std::atomic<int64_t> checked_{0}, cpu_ns_{0};
 };

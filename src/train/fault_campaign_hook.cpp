@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/network_partition.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/log.h"
@@ -35,13 +36,13 @@ const std::set<std::string>& trainer_types() {
       "hang",                  "timeout",               "exception",          "process_termination",
       "checkpoint_corruption", "checkpoint_truncation", "checkpoint_missing", "checkpoint_io_error",
       "payload_corruption",    "collective_desync",     "drop",               "duplicate",
-      "reorder",               "resource_exhaustion"};
+      "reorder",               "resource_exhaustion",   "message_drop",       "network_partition"};
   return t;
 }
 const char* kTrainerTypes =
     "tensor_corruption, stale_state, config_drift, drop, duplicate, reorder, delay, hang, timeout, exception, "
     "resource_exhaustion, process_termination, checkpoint_corruption, checkpoint_truncation, checkpoint_missing, "
-    "checkpoint_io_error, payload_corruption, collective_desync";
+    "checkpoint_io_error, payload_corruption, collective_desync, message_drop, network_partition";
 int64_t cpu_ns(clockid_t which) {
   timespec t{};
   ::clock_gettime(which, &t);
@@ -103,9 +104,9 @@ CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, cons
   for (auto& f : c_.faults) {
     ATOLL_CHECK(trainer_types().count(f.type), "fault.campaign {}: fault {} ({}) is not fired inside atoll train; "
                 "these are: {}", o.fault_campaign, f.index, f.type, kTrainerTypes);
-    ATOLL_CHECK(f.type != "payload_corruption" || grad_check_,
-                "fault.campaign {}: fault {} (payload_corruption) needs the gradient payload check, which runs under "
-                "plain DDP without a gradient codec", o.fault_campaign, f.index);
+    ATOLL_CHECK((f.type != "payload_corruption" && f.type != "message_drop") || grad_check_,
+                "fault.campaign {}: fault {} ({}) needs the gradient payload check, which runs under plain DDP "
+                "without a gradient codec", o.fault_campaign, f.index, f.type);
     ATOLL_CHECK(f.type != "checkpoint_io_error" || (o.ckpt_every > 0 && f.step % o.ckpt_every == 0),
                 "fault.campaign {}: fault {} (checkpoint_io_error) is at step {}, not a checkpoint step (a multiple "
                 "of checkpoint.every = {})", o.fault_campaign, f.index, f.step, o.ckpt_every);
@@ -113,10 +114,10 @@ CampaignHook::CampaignHook(const TrainOptions& o, comm::Communicator* comm, cons
     ATOLL_CHECK(f.type != "hang" || (pd && *pd),
                 "fault.campaign {}: fault {} (hang) stops its rank (SIGSTOP): it needs the watcher to name it and end "
                 "the job (`atoll launch --watch --watch-hang-s S`)", o.fault_campaign, f.index);
-    ATOLL_CHECK(f.type != "timeout" || comm->timeout().count() <= kMaxTimeoutMs,
-                "fault.campaign {}: fault {} (timeout) outlasts the collective timeout, now {} ms: give the job a "
-                "short one (`atoll launch --timeout S`, S <= {})", o.fault_campaign, f.index, comm->timeout().count(),
-                kMaxTimeoutMs / 1000);
+    ATOLL_CHECK((f.type != "timeout" && f.type != "network_partition") || comm->timeout().count() <= kMaxTimeoutMs,
+                "fault.campaign {}: fault {} ({}) is found by the collective timeout, now {} ms: give the job a "
+                "short one (`atoll launch --timeout S`, S <= {})", o.fault_campaign, f.index, f.type,
+                comm->timeout().count(), kMaxTimeoutMs / 1000);
     ATOLL_CHECK(!storage(f.type) || f.ranks == std::vector<int>{0},
                 "fault.campaign {}: fault {} ({}) needs \"rank\": 0: in atoll train rank 0 alone writes checkpoints",
                 o.fault_campaign, f.index, f.type);
@@ -223,6 +224,12 @@ void CampaignHook::fire(const resilience::ScheduledFault& f, nn::Model& model, p
     std::this_thread::sleep_for(2 * comm_->timeout() + std::chrono::seconds(20));
   } else if (f.type == "payload_corruption") {
     grad_check_->arm_corruption();
+  } else if (f.type == "message_drop") {
+    grad_check_->arm_drop();
+  } else if (f.type == "network_partition") {
+    // Its links go down: from here on nothing it sends arrives and nothing reaches it, the store
+    // included (comm/network_partition.h); its peers and it time out in the boundary's all-gather.
+    comm::partition_this_process();
   } else if (f.type == "delay") {
     std::this_thread::sleep_for(std::chrono::milliseconds(kDelayMs));
   } else if (f.type == "exception") {
@@ -339,9 +346,11 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
       int64_t failed_op = -1;
       for (int r = 0; r < world_; ++r)
         if (at(r, 3) >= 0 && at(r, 4) > 0) failed_op = failed_op < 0 ? at(r, 5) : std::min(failed_op, at(r, 5));
-      Localization l, behind, watched;
+      Localization l, behind, watched, accused;
+      std::string adetail;
+      int64_t awhen = -1;
       std::string detail, wdetail;
-      int64_t when = -1, bwhen = -1, wwhen = -1;
+      int64_t when = -1, bwhen = -1, wwhen = -1, own_when = -1;
       bool any_own = false;
       for (auto& e : ends) {
         const int r = e.at("rank").get<int>();
@@ -352,9 +361,18 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
           wwhen = std::max(wwhen, e.value("step", int64_t(-1)));
           continue;
         }
+        // Accusations: the ranks whose failed collectives blamed it in their reports to the
+        // launcher (comm/launcher.cpp). A vote: named only when a strict majority of the ranks
+        // blame it (at 2 ranks the one accuser may be the faulty one: inconclusive).
+        if (auto by = e.value("blamed_by", nlohmann::json::array()); !by.empty()) {
+          adetail += fmt::format("{}rank {} blamed by rank(s) {}", adetail.empty() ? "" : "; ", r, by.dump());
+          if (2 * int(by.size()) > world_) accused.ranks.push_back(r);
+          awhen = std::max(awhen, at(r, 3));
+        }
         const bool torn = e.value("torn_down", false);
         const bool own_end = !torn && e.value("status", "") != "exited with code 0";
         any_own = any_own || own_end;
+        if (own_end) own_when = std::max(own_when, at(r, 3));  // where the dead run was, named or not
         detail += fmt::format("{}rank {} {}{}{}", detail.empty() ? "" : "; ", r, e.value("status", "?"),
                               torn ? " (torn down by the launcher)" : "",
                               at(r, 4) > 0 ? fmt::format(" after {} failed collective(s)", at(r, 4)) : "");
@@ -382,10 +400,16 @@ void CampaignHook::at_boundary(int64_t step, int64_t start, nn::Model& model, pa
                resumed);
       }
       if (any_own && (!l.ranks.empty() || behind.ranks.empty()))
-        record(when < 0 ? step : when, "exit status", l, detail, resumed);
+        record(when >= 0 ? when : own_when >= 0 ? own_when : step, "exit status", l, detail, resumed);
       if (!watched.ranks.empty()) {
         watched.verdict = Localization::outlier;
         record(wwhen < 0 ? step : wwhen, "watcher", watched, wdetail, resumed);
+      }
+      if (!adetail.empty()) {
+        std::sort(accused.ranks.begin(), accused.ranks.end());
+        accused.verdict = accused.ranks.empty() ? Localization::inconclusive : Localization::outlier;
+        record(awhen < 0 ? step : awhen, "peers' reports", accused,
+               fmt::format("the failed collectives' reports: {} (of {} ranks)", adetail, world_), resumed);
       }
       if (rank_ == 0) fs::rename(ff, std::string(ff) + ".seen." + std::to_string(start));
     }
@@ -506,7 +530,10 @@ void CampaignHook::after_update(const nn::Model& model, const Task& task) {
     record(step_, "gradient checksum", l,
            fmt::format("{}: the reduced sum is off by {:.3g} (bound {:.3g}); {}", f.bucket, f.diff, f.bound,
                        f.ranks.empty() ? "every re-sent contribution matched its sender's CRC (transient)"
-                                       : "the named sender's re-sent contribution failed its CRC"),
+                       : f.missing.size() == f.ranks.size()
+                           ? "the named sender's re-sent contribution never arrived (its slot stayed empty): a "
+                             "dropped message"
+                           : "the named sender's re-sent contribution failed its CRC"),
            "the bucket reduced again from the kept contributions, checked");
   }
 }

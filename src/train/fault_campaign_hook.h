@@ -7,8 +7,8 @@
 // Types fired in the trainer (the others of the 21 are refused naming these): tensor_corruption,
 // stale_state, config_drift, delay, hang, timeout, exception, process_termination,
 // checkpoint_corruption, checkpoint_truncation, checkpoint_missing, checkpoint_io_error,
-// payload_corruption, collective_desync, drop, duplicate, reorder, resource_exhaustion — every
-// family. Detectors:
+// payload_corruption, collective_desync, drop, duplicate, reorder, resource_exhaustion,
+// message_drop — every family. Detectors:
 //  - state self-check (evidence): each rank hashes its parameters after its update and again at
 //    the next boundary; a rank whose parameters changed outside the optimizer (a flipped bit, the
 //    state of 3 steps earlier put back) names itself. Repair: the weights and optimizer state
@@ -26,7 +26,8 @@
 //  - phase fingerprints (vote): resilience::gather_phases, then localize_by_majority.
 //  - gradient checksum (evidence): every gradient bucket checked against its senders' checksums
 //    (resilience/gradient_checksum_comm.h); a mismatch re-sends the contributions with their
-//    CRCs and names the sender whose payload fails. Repair: the bucket reduced again.
+//    CRCs and names the sender whose payload fails (a message_drop: whose payload never arrived,
+//    its slot left empty). Repair: the bucket reduced again.
 //  - checkpoint scrub (evidence, the writer, rank 0): the newest checkpoint written against its
 //    manifest. Repair: a checkpoint written again at this step.
 //  - checkpoint write (evidence, rank 0): the save's own error. Repair: written again.

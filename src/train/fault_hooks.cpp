@@ -21,6 +21,10 @@ void read_fault_options(Config& c, TrainOptions& o) {
   o.fault_phase_guard = c.get_bool("fault.phase_guard", o.fault_phase_guard);
   o.fault_signatures = c.get_bool("fault.signatures", o.fault_signatures);
   o.fault_snapshot_every = c.get_int("fault.snapshot_every", o.fault_snapshot_every, 0, 1000000);
+  o.fault_snapshot_copies = c.get_int("fault.snapshot_copies", o.fault_snapshot_copies, 1, 2);
+  ATOLL_CHECK(o.fault_snapshot_copies == 1 || o.fault_snapshot_every > 0,
+              "fault.snapshot_copies ({}) = {} needs fault.snapshot_every > 0 (the snapshots it copies)",
+              c.where("fault.snapshot_copies"), o.fault_snapshot_copies);
   o.fault_spare = c.get_bool("fault.spare", o.fault_spare);
   o.fault_progress = c.get_bool("fault.progress", o.fault_progress);
   o.fault_campaign = c.get_string("fault.campaign", o.fault_campaign);  // train/fault_campaign_hook.h
@@ -103,6 +107,7 @@ QuorumHook::QuorumHook(TrainOptions& o, const comm::DistEnv& env) : id_(env.rank
               "ATOLL_LIGHTHOUSE (start one with `atoll lighthouse`)");
   qo_.heartbeat = std::chrono::milliseconds(o.fault_heartbeat_ms);
   every_ = o.fault_snapshot_every;
+  copies_ = o.fault_snapshot_copies;
   spare_ = o.fault_spare;
   std::string dir = "replica" + std::to_string(id_);
   if (spare_) {
@@ -151,7 +156,7 @@ void QuorumHook::begin(int64_t start, nn::Model& model, parallel::DataParallel& 
   if (every_ > 0) {
     const char* adv = std::getenv("ATOLL_ADVERTISE_HOST");  // where the other hosts reach this one
     pc_ = std::make_unique<resilience::PeerCheckpointer>(qo_.lighthouse_host, qo_.lighthouse_port, id_, replicas_,
-                                                         int(every_), adv ? adv : "127.0.0.1");
+                                                         int(every_), adv ? adv : "127.0.0.1", int(copies_));
     if (spare_) {
       auto snap = pc_->fetch_own(std::chrono::seconds(30));
       if (snap) {

@@ -83,6 +83,7 @@ class QuorumHook {
   void peer_snapshot();
   int id_ = 0, replicas_ = 1;
   int64_t every_ = 0;  // [fault] snapshot_every
+  int64_t copies_ = 1;  // [fault] snapshot_copies
   bool spare_ = false;
   std::unique_ptr<resilience::PeerCheckpointer> pc_;
   resilience::QuorumOptions qo_;

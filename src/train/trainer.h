@@ -54,6 +54,7 @@ struct TrainOptions {
   // DeadPool: a quorum replica's state sent to the next replica's memory every N committed steps
   // (0 = off); a spare waits in the lighthouse's pool and takes a dead replica's place.
   int64_t fault_snapshot_every = 0;
+  int64_t fault_snapshot_copies = 1;  // 2: also in the replica after next (resilience/deadpool.h)
   bool fault_spare = false;
   // progress: publish RUN_DIR/progress/rank<R>.progress (or under ATOLL_PROGRESS_DIR) for the
   // external watcher, `atoll watch` (resilience/progress_record.h).

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/tcp_store.h"
 #include "comm_test_util.h"
 
 using namespace atl::comm::test;
@@ -100,12 +101,38 @@ TEST(Launch, MaxRestartsUsedUpFailsNamingTheRankAndSaysSo) {
   EXPECT_NE(p.out.find("job failed: rank 1 (pid"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("exited with code 5"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("gave up: every one of the 1 restart(s) allowed (--max-restarts)"), std::string::npos) << p.out;
-  // Across nodes the launchers would have to agree on each new start: refused, naming the option.
-  Proc q = run({atoll_exe(), "launch", "--nnodes", "2", "--rdzv", "127.0.0.1:29999", "--max-restarts", "1", "--",
-                "true"},
-               20);
-  EXPECT_NE(q.exit_code(), 0);
-  EXPECT_NE(q.out.find("--max-restarts: whole-job restarts run on one node for now"), std::string::npos) << q.out;
+}
+
+// Across nodes (two launchers on loopback, torchrun's --nnodes/--node-rank/--rdzv): rank 1, on
+// node 1, fails in the first start; node 1's launcher tears it down, node 0's hears of it through
+// node 0's control store and tears rank 0 down, and both start their ranks again, together, with
+// the same TORCHELASTIC_RESTART_COUNT; the second start succeeds on both nodes.
+TEST(Launch, MaxRestartsAcrossNodesStartsEveryNodesRanksAgainTogether) {
+  const int port = atl::comm::pick_free_port("127.0.0.1");
+  const std::string rank_cmd =
+      "echo start $RANK $TORCHELASTIC_RESTART_COUNT $WORLD_SIZE $GROUP_RANK; if [ $TORCHELASTIC_RESTART_COUNT -lt 1 ]; "
+      "then if [ $RANK = 1 ]; then sleep 0.3; exit 5; fi; sleep 60; fi; echo done $RANK";
+  auto node = [&](int n) {
+    return fmt::format("'{}' launch --nnodes 2 --node-rank {} --nproc-per-node 1 --rdzv 127.0.0.1:{} --max-restarts 2 "
+                       "--grace 0.5 -- sh -c '{}'",
+                       atoll_exe(), n, port, rank_cmd);
+  };
+  const std::string script = node(1) + " > \"$T\" 2>&1 & N1=$!; " + node(0) + "; echo node0-status $?; wait $N1; " +
+                             "echo node1-status $?; cat \"$T\"; rm -f \"$T\"";
+  Proc p = run({"sh", "-c", "T=$(mktemp); " + script}, 60);
+  EXPECT_FALSE(p.timed_out) << p.out;
+  EXPECT_NE(p.out.find("node0-status 0"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("node1-status 0"), std::string::npos) << p.out;
+  for (int r = 0; r < 2; ++r) {
+    for (int k = 0; k < 2; ++k)
+      EXPECT_EQ(count_of(p.out, fmt::format("[rank {}] start {} {} 2 {}\n", r, r, k, r)), 1) << p.out;
+    EXPECT_EQ(count_of(p.out, fmt::format("[rank {}] done {}\n", r, r)), 1) << p.out;
+  }
+  EXPECT_EQ(count_of(p.out, "restarting the whole job (restart 1 of 2, TORCHELASTIC_RESTART_COUNT=1)"), 2) << p.out;
+  EXPECT_NE(p.out.find("TORCHELASTIC_RESTART_COUNT=1): failed rank 1: rank 1 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("TORCHELASTIC_RESTART_COUNT=1): on another node: rank 1 (pid"), std::string::npos) << p.out;
+  EXPECT_EQ(count_of(p.out, "restart 2 of 2"), 0) << p.out;
+  EXPECT_LT(p.seconds, 30) << p.out;
 }
 
 // kill -9 of rank 2 in the middle of a stream of all_reduces.
@@ -147,6 +174,15 @@ TEST(Fault, StoppedRankMakesOthersTimeOutNotHang) {
   // Issue 10: the wait is not silent (with a 2 s timeout, a line after 1 s).
   EXPECT_NE(p.out.find("all_reduce #11: still waiting after 1 s (gives up after 2 s)"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("rank 0 exited with code 3"), std::string::npos) << p.out;
+  // issue 14: rank 0 exits first, but the job failed because of rank 1, which rank 0's collective
+  // blamed in its report to the launcher's store; the launcher names rank 1, and says both.
+  EXPECT_NE(p.out.find("job failed: rank 1 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("when torn down, blamed by rank(s) 0 whose collective failed: rank 1 (last started: "
+                       "all_reduce #10) stopped answering"),
+            std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("; rank 0 (pid"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find(") exited with code 3 first, its collective having failed"), std::string::npos) << p.out;
 }
 
 #ifdef ATOLL_HAVE_MPI

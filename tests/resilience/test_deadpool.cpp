@@ -13,9 +13,11 @@
 #include <thread>
 
 #include "core/checksum.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "dp_toy.h"
 #include "proc.h"
+#include "resilience/deadpool.h"
 #include "resilience/lighthouse.h"
 #include "resilience/line_socket.h"
 #include "resilience/peer_snapshot.h"
@@ -302,6 +304,45 @@ TEST(DeadPool, WithNoSpareLeftTheQuorumGoesOnWithoutTheSlotAndSaysSo) {
 
 // A job that ends normally: finished replicas are not failures, so no spare takes their place, and
 // the waiting spare is told it is not needed and exits.
+// [fault] snapshot_copies = 2: slot s's snapshot also lives in slot s+2. Slot 1 and its first
+// holder (slot 2) lost together: with two copies the spare that takes slot 1 restores it from
+// slot 0's memory; with one copy the same loss leaves no snapshot to restore.
+TEST(DeadPool, WithTwoCopiesASlotAndItsFirstHolderLostTogetherAreRestoredFromTheSecond) {
+  LighthouseOptions lo;
+  lo.host = "127.0.0.1";
+  lo.min_replicas = 3;
+  lo.slots = 3;
+  Lighthouse lh(lo);
+  for (int copies : {2, 1}) {
+    SCOPED_TRACE(copies);
+    std::vector<std::unique_ptr<PeerCheckpointer>> pc;
+    for (int s = 0; s < 3; ++s)
+      pc.push_back(std::make_unique<PeerCheckpointer>("127.0.0.1", lh.port(), s, 3, 4, "127.0.0.1", copies));
+    std::vector<std::string> state;
+    for (int s = 0; s < 3; ++s) state.push_back(fmt::format("the state of slot {} at step 8 ({} copies)", s, copies));
+    for (int s = 0; s < 3; ++s) {
+      pc[size_t(s)]->after_commit(8, {{state[size_t(s)].data(), state[size_t(s)].size()}});
+      pc[size_t(s)]->fence();
+      ASSERT_TRUE(pc[size_t(s)]->sender().wait_acked(8, 10s));
+      if (copies == 2) ASSERT_TRUE(pc[size_t(s)]->second_sender()->wait_acked(8, 10s));
+      else EXPECT_EQ(pc[size_t(s)]->second_sender(), nullptr);
+    }
+    pc[1].reset();  // slot 1 and its first holder, slot 2, lost together
+    pc[2].reset();
+    PeerCheckpointer spare("127.0.0.1", lh.port(), 1, 3, 4, "127.0.0.1", copies);
+    if (copies == 2) {
+      auto snap = spare.fetch_own(4s);
+      ASSERT_TRUE(snap.has_value());
+      EXPECT_EQ(snap->step, 8);
+      EXPECT_EQ(snap->blob, state[1]);
+    } else {
+      EXPECT_THROW(spare.fetch_own(2s), atl::Error) << "one copy: its only holder is gone";
+    }
+  }
+  // Two copies need a slot after next that is not the slot itself: refused with 2 slots.
+  EXPECT_THROW(PeerCheckpointer("127.0.0.1", lh.port(), 0, 2, 4, "127.0.0.1", 2), atl::Error);
+}
+
 TEST(DeadPool, ASpareIsReleasedWhenTheJobFinishesWithoutAFailure) {
   LighthouseOptions lo;
   lo.host = "127.0.0.1";

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/tcp_store.h"
 #include "resilience/checkpoint_select.h"
 #include "resilience/progress_record.h"
 #include "train_job.h"
@@ -71,6 +72,60 @@ TEST(LaunchRestart, ARankKilledMidRunRestartsTheWholeJobWhichEndsBitwiseEqualToA
   // The resume is exact (the same reductions in the same order on the same data from the same
   // state): the weights and optimizer state at the last step equal the uninterrupted run's.
   expect_same_final_state(job, "step_00000040");
+}
+
+// Across nodes: two `atoll launch` processes on loopback, one rank each (torchrun's --nnodes,
+// --node-rank, --rdzv HOST:PORT), rank 1 (node 1) killed with -9 from outside mid-run. Both
+// launchers restart the whole job together, which resumes from its last committed checkpoint and
+// ends bitwise equal to an uninterrupted run of the same 2 ranks on one node.
+TEST(LaunchRestart, AcrossTwoNodesAKilledRankRestartsBothNodesAndTheJobEndsBitwiseEqual) {
+  TrainJob job("launch_restart_nodes");
+  const int port = comm::pick_free_port("127.0.0.1");
+  auto node_opts = [&](int n) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(n), "--rdzv",
+                                    "127.0.0.1:" + std::to_string(port), "--max-restarts", "2"};
+  };
+  pid_t node1 = job.start(1, node_opts(1), "run", {}, "node1.log");
+  pid_t node0 = job.start(1, node_opts(0), "run", {}, "node0.log");
+  const std::string rec = (job.root / "run/progress/rank1.progress").string();
+  int victim = 0;
+  int64_t at_step = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(100);
+       !victim && std::chrono::steady_clock::now() < until;) {
+    if (auto s = read_progress(rec); s && s->pid > 0 && s->step >= 8) {
+      victim = s->pid;
+      at_step = s->step;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never reached step 8: " << job.log("node0.log") << job.log("node1.log");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(wait_for(node1, 150), 0) << job.log("node1.log");
+  ASSERT_EQ(wait_for(node0, 150), 0) << job.log("node0.log");
+  const std::string log0 = job.log("node0.log"), log1 = job.log("node1.log");
+  EXPECT_NE(log1.find("restarting the whole job (restart 1 of 2, TORCHELASTIC_RESTART_COUNT=1): failed rank 1: "
+                      "rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9"),
+            std::string::npos)
+      << log1;
+  // Node 0 names rank 1 too: from node 1's word through the control store ("on another node: rank
+  // 1 ..."), or, when its own rank 0 failed first, from rank 0's report blaming rank 1.
+  const size_t at0 = log0.find("restarting the whole job (restart 1 of 2, TORCHELASTIC_RESTART_COUNT=1): ");
+  ASSERT_NE(at0, std::string::npos) << log0;
+  const std::string line0 = log0.substr(at0, log0.find('\n', at0) - at0);
+  EXPECT_TRUE(line0.find("on another node: rank 1 (pid " + std::to_string(victim) + ")") != std::string::npos ||
+              line0.find("failed rank 1: rank 1 (on another node), blamed by rank(s) 0") != std::string::npos)
+      << line0;
+  EXPECT_EQ((log0 + log1).find("restart 2 of 2"), std::string::npos) << log0 << log1;
+  auto segs = records_with(job.root / "run/metrics.jsonl", "segment");
+  ASSERT_EQ(segs.size(), 2u) << "one segment per start: " << log0;
+  EXPECT_EQ(segs[1]["segment"].value("restart_count", 0), 1);
+  const int64_t resumed = segs[1]["segment"]["start_step"].get<int64_t>();
+  EXPECT_GT(resumed, 0);
+  EXPECT_LE(resumed, at_step) << "the last committed checkpoint before the kill";
+
+  ASSERT_EQ(job.launch(2, "clean", {}, "clean.log"), 0) << job.log("clean.log");
+  expect_same_final_state(job, "step_00000024");
 }
 
 // Two fatal faults of the campaign (process_termination of rank 1 at steps 8 and 13) against

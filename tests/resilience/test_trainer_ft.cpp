@@ -202,4 +202,65 @@ TEST(WatchTrainer, UnderLaunchFtAKilledReplicaIsNoHangAndTheJobFinishes) {
   EXPECT_EQ(log.find("the watcher named a hang"), std::string::npos) << log;
 }
 
+// `atoll launch --ft --spares 1` (DeadPool from the launcher): 3 replicas and one spare started
+// together; replica 1 killed with -9 from outside (its pid from its progress record) after its
+// step-20 checkpoint. The launcher does not start it again: the spare takes slot 1 from its peer's
+// in-memory snapshot (two copies, [fault] snapshot_copies = 2: the newer of slot 2's and slot 0's),
+// the job never runs a reduced quorum, and ends 0 with replica 0's, replica 2's and the spare's last
+// model and optimizer files byte-identical.
+TEST(QuorumTrainer, LaunchFtSparesStartsThePoolAndASpareTakesAKilledReplicasSlotBitwise) {
+  Corpus c;
+  const fs::path dir = c.root / "progress";
+  fs::create_directories(dir);
+  pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "3", "--ft", "--spares", "1", "--heartbeat-timeout-ms",
+                   "600", "--", atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
+                   "--fault.snapshot_every=5", "--fault.snapshot_copies=2"},
+                  {"OMP_NUM_THREADS=1", "ATOLL_PROGRESS_DIR=" + dir.string()}, (c.root / "launch.log").string());
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(c.root / "run/replica1/checkpoints/step_00000020")) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(90)) << read_file((c.root / "launch.log").string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto rec = read_progress((dir / "rank1.progress").string());
+  ASSERT_TRUE(rec.has_value());
+  ASSERT_GT(rec->pid, 0);
+  ::kill(rec->pid, SIGKILL);
+  ASSERT_EQ(wait_for(p, 180), 0) << read_file((c.root / "launch.log").string());
+  const std::string log = read_file((c.root / "launch.log").string());
+  EXPECT_NE(log.find("atoll launch: rank 1 (pid " + std::to_string(rec->pid) +
+                     ") was killed by signal 9 (SIGKILL); a spare takes its slot (DeadPool, 1 of 1 spares)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("starting it again"), std::string::npos) << log;
+  EXPECT_NE(log.find("[spare 3] "), std::string::npos) << log;
+  EXPECT_NE(log.find("restored from its peer's in-memory snapshot of step"), std::string::npos) << log;
+  EXPECT_EQ(log.find("holder: cannot reach"), std::string::npos) << "both copies' holders are alive: " << log;
+  EXPECT_EQ(log.find("no spare left"), std::string::npos) << log;
+  EXPECT_EQ(log.find("quorum 2 of 2 replicas"), std::string::npos) << "the job ran at reduced size:\n" << log;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    std::string ref = read_file((c.root / "run/replica0/checkpoints/step_00000120" / f).string());
+    ASSERT_FALSE(ref.empty()) << f;
+    for (const char* d : {"run/replica2", "run/replica1.spare3"})
+      EXPECT_TRUE(read_file((c.root / d / "checkpoints/step_00000120" / f).string()) == ref)
+          << d << "'s " << f << " differs from replica 0's";
+  }
+  // --spares without --ft has no pool to wait in: refused, naming the option.
+  pid_t q = spawn({atoll_exe(), "launch", "--nproc-per-node", "2", "--spares", "1", "--", "true"}, {},
+                  (c.root / "refused.log").string());
+  EXPECT_NE(wait_for(q, 30), 0);
+  EXPECT_NE(read_file((c.root / "refused.log").string()).find("--spares 1: spares take a dead replica's place in a "
+                                                              "quorum job: use it with --ft"),
+            std::string::npos)
+      << read_file((c.root / "refused.log").string());
+  // A second copy of snapshots that are not taken: refused, naming the key.
+  pid_t k = spawn({atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "k").string(),
+                   "--fault.tolerance=quorum", "--fault.snapshot_copies=2"},
+                  {"OMP_NUM_THREADS=1"}, (c.root / "copies.log").string());
+  EXPECT_NE(wait_for(k, 30), 0);
+  EXPECT_NE(read_file((c.root / "copies.log").string()).find("fault.snapshot_copies"), std::string::npos)
+      << read_file((c.root / "copies.log").string());
+  EXPECT_NE(read_file((c.root / "copies.log").string()).find("needs fault.snapshot_every > 0"), std::string::npos)
+      << read_file((c.root / "copies.log").string());
+}
+
 }  // namespace atl::resilience::test
