@@ -20,7 +20,8 @@ BUILD=${BUILD:-build}
 ATOLL=$(realpath "$BUILD/atoll")
 [ -x "$ATOLL" ] || { echo "build first: cmake --build $BUILD --target atoll"; exit 1; }
 W=$(mktemp -d /tmp/atoll_dcp_bench.XXXXXX)
-trap 'rm -rf "$W"' EXIT
+# KEEP=1 keeps the runs' directories (metrics.jsonl per run) for a closer look.
+if [ -n "${KEEP:-}" ]; then echo "runs kept in $W"; else trap 'rm -rf "$W"' EXIT; fi
 cat > "$W/dcp.toml" <<EOF
 [data]
 dir = "${DCP_DATA:-$W/data}"
@@ -111,6 +112,19 @@ m = {n: st.median(runs[(n, r)]["tps"] for r in range(1, R + 1)) for n in names}
 best = max(statics, key=lambda n: m[n])
 print("medians (tokens/s): " + ", ".join(f"{short(n)} {m[n]:.0f}" for n in names) + f"; best static: {short(best)}")
 print(f"DCP / best static (median of per-round ratios, best static of each round): {st.median(ratios):.2f}x")
+# Per batch: the chooser's predicted step per cp degree (dcp.predicted_ms_by_cp, the fastest
+# candidate of each cp; the gradient reduction and the optimizer left out) against what each
+# static layout measured on that batch (median over the rounds; step_ms less opt_ms), so a wrong
+# price shows as a cp whose prediction orders differently from its measurement.
+print("per batch (ms; medians over rounds): predicted by cp | measured, static layouts (step - optimizer)")
+print(f"{'step':<5}{'docs':>5}{'long':>6}{'rows':>5}  " + "".join(f"{'pred cp'+k:>10}" for k in sorted(runs[('dcp', 1)]['recs'][0]['dcp']['predicted_ms_by_cp'])) +
+      "".join(f"{short(n):>10}" for n in statics) + "   dcp chose")
+for i, x in enumerate(runs[("dcp", 1)]["recs"]):
+    d = x["dcp"]
+    pred = d["predicted_ms_by_cp"]
+    meas = {n: st.median(runs[(n, r)]["recs"][i]["step_ms"] - runs[(n, r)]["recs"][i].get("opt_ms", 0) for r in range(1, R + 1)) for n in statics}
+    print(f"{x['step']:<5}{d['docs']:>5}{d['longest']:>6}{d.get('rows', 0):>5}  " + "".join(f"{pred[k]:10.1f}" for k in sorted(pred)) +
+          "".join(f"{meas[n]:10.1f}" for n in statics) + f"   cp {d['cp']} x{d['accum']}")
 print("final loss (round 1): " + ", ".join(f"{short(n)} {runs[(n, 1)]['loss']:.6f}" for n in names) +
       " (same batches, same order)")
 PY
