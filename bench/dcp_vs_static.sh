@@ -90,8 +90,11 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 def run(name, r):
     recs = [json.loads(l) for l in open(f"{w}/{name}.{r}/metrics.jsonl") if '"loss"' in l]
     body = recs[1:]
-    return {"tps": sum((x["tokens"] - p["tokens"]) for p, x in zip(recs, body)) /
-                   (sum(x["step_ms"] for x in body) / 1e3),
+    toks = sum((x["tokens"] - p["tokens"]) for p, x in zip(recs, body))
+    # busy_ms: the slowest rank's forward + backward in its process's CPU seconds (the ring's
+    # thread included), i.e. the step on dedicated cores, which the load does not stretch.
+    return {"tps": toks / (sum(x["step_ms"] for x in body) / 1e3),
+            "cpu_tps": toks / (sum(x["dcp"].get("busy_ms", 0) for x in body) / 1e3) if all(x["dcp"].get("busy_ms", 0) > 0 for x in body) else 0,
             "loss": recs[-1]["loss"], "cps": collections.Counter(x["dcp"]["cp"] for x in recs),
             "recs": recs}
 runs = {(n, r): run(n, r) for n in names for r in range(1, R + 1)}
@@ -125,6 +128,23 @@ for i, x in enumerate(runs[("dcp", 1)]["recs"]):
     meas = {n: st.median(runs[(n, r)]["recs"][i]["step_ms"] - runs[(n, r)]["recs"][i].get("opt_ms", 0) for r in range(1, R + 1)) for n in statics}
     print(f"{x['step']:<5}{d['docs']:>5}{d['longest']:>6}{d.get('rows', 0):>5}  " + "".join(f"{pred[k]:10.1f}" for k in sorted(pred)) +
           "".join(f"{meas[n]:10.1f}" for n in statics) + f"   cp {d['cp']} x{d['accum']}")
+if all(runs[k]["cpu_tps"] > 0 for k in runs):
+    print("by CPU time (targets / the slowest rank's forward + backward CPU seconds, steps 2..; load-independent):")
+    print(f"{'round':<7}" + "".join(f"{short(n):>10}" for n in names) + f"{'dcp/best':>10}")
+    cr = []
+    for r in range(1, R + 1):
+        t = {n: runs[(n, r)]["cpu_tps"] for n in names}
+        cr.append(t["dcp"] / max(t[n] for n in statics))
+        print(f"{r:<7}" + "".join(f"{t[n]:10.0f}" for n in names) + f"{cr[-1]:10.2f}")
+    mc = {n: st.median(runs[(n, r)]["cpu_tps"] for r in range(1, R + 1)) for n in names}
+    print(f"DCP / best static by CPU time (median of per-round ratios): {st.median(cr):.2f}x; best static "
+          f"{short(max(statics, key=lambda n: mc[n]))}")
+    print("per batch, busy ms (CPU time of the slowest rank's forward + backward; medians over rounds):")
+    print(f"{'step':<5}" + "".join(f"{short(n):>10}" for n in names) + "   dcp chose, its compute_scale")
+    for i, x in enumerate(runs[("dcp", 1)]["recs"]):
+        b = {n: st.median(runs[(n, r)]["recs"][i]["dcp"]["busy_ms"] for r in range(1, R + 1)) for n in names}
+        print(f"{x['step']:<5}" + "".join(f"{b[n]:10.1f}" for n in names) +
+              f"   cp {x['dcp']['cp']} x{x['dcp']['accum']}, {x['dcp'].get('compute_scale', 1):.3g}")
 print("final loss (round 1): " + ", ".join(f"{short(n)} {runs[(n, 1)]['loss']:.6f}" for n in names) +
       " (same batches, same order)")
 PY

@@ -84,10 +84,12 @@ class DataCentricStep {
   double compute(int64_t step, nn::Model& model, parallel::DataParallel& dp);
   int64_t step_tokens() const { return last_tokens_; }  // targets of the last batch (whole job)
   // The last step's choice for its metrics record: "dcp" {cp, dp, accum, micro_batch, recompute,
-  // seq, docs, longest, rows, predicted_ms, predicted_ms_by_cp, measured_ms, compute_scale,
+  // seq, docs, longest, rows, predicted_ms, predicted_link_ms (its ring part), predicted_ms_by_cp,
+  // measured_ms, compute_scale,
   // choose_ms}, and "tokens" (cumulative over this run). predicted_ms_by_cp: the fastest fitting
   // candidate of each cp degree, so that a run's choices can be checked against what it measured;
-  // measured_ms: the slowest rank's forward + backward of this batch (with calibration on);
+  // measured_ms / busy_ms: the slowest rank's forward + backward of this batch, wall-clock / its
+  // process's CPU time;
   // compute_scale: the kernels' scale the choice was priced at (plan::DcpCalibration).
   nlohmann::json record() const;
   std::string describe() const;
@@ -112,7 +114,7 @@ class DataCentricStep {
   plan::DcpCalibration calibration_;
   double scale_ = 1.0;   // the compute scale the job's cluster is priced at
   std::unique_ptr<comm::Communicator> calib_comm_;  // the measured times' max (apart from DDP's traffic)
-  double measured_s_ = 0, last_scale_ = 1.0;
+  double measured_s_ = 0, busy_s_ = 0, last_scale_ = 1.0;
   int64_t last_rows_ = 0;
   plan::DcpChoice last_;
   std::map<int64_t, double> last_by_cp_;  // the last choice's by_cp (see choose)
