@@ -114,7 +114,7 @@ DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   s.margin = cfg.get_float("parallel.dcp_margin", s.margin, 0.0, 10.0);
   s.link_gbps = cfg.get_float("parallel.dcp_link_gbps", 0.0, 0.0, 1e6);
   s.link_latency_us = cfg.get_float("parallel.dcp_link_latency_us", 0.0, 0.0, 1e7);
-  s.calibrate = cfg.get_bool("parallel.dcp_calibrate", s.link_gbps == 0 && s.link_latency_us == 0);
+  s.calibrate = cfg.get_bool("parallel.dcp_calibrate", true);
   return s;
 }
 

@@ -61,8 +61,9 @@ struct DcpSettings {
   double memory_gb = 0;            // the cost model's memory per rank (0: the device's)
   double margin = 0.1;             // a larger cp must be predicted this much faster
   double link_gbps = 0, link_latency_us = 0;  // the ranks' link for the cost model (0: the device's)
-  // Scale the cost model's kernels by the run's own measured steps (plan::DcpCalibration);
-  // default: on unless the link is given (a given link and peak make the choices deterministic).
+  // Scale the cost model's kernels by the run's own measured steps (plan::DcpCalibration); on by
+  // default: a given or timed link is in real seconds whatever the device's nominal figures say.
+  // Off: the choices are a function of the config alone (the tests' fixed figures).
   bool calibrate = true;
   static DcpSettings from_config(Config& cfg, const TrainOptions& o);
 };
