@@ -10,7 +10,10 @@
 # ratios dcp / best static of that round (best: the fastest static run of the round), so a change
 # of the machine's load between rounds cancels out. No PyTorch peer: torch has no per-batch
 # context-parallel switching; the peer is atoll's own static configuration, on the same machine.
-# usage: [STATICS="1x1 2x1"] [RATE=100mbit LINK_GBPS=0.1] bench/dcp_vs_static.sh [STEPS REPEATS SEQ
+# Also printed (session 9): tokens/s by CPU time (targets / the slowest rank's forward + backward
+# in process CPU seconds, dcp.busy_ms), which a loaded machine does not stretch, and per batch the
+# chooser's prediction for each cp against what each static layout measured on that batch.
+# usage: [STATICS="1x1 2x1"] [RATE=100mbit LINK_GBPS=0.1] [KEEP=1] [BUILD=dir] bench/dcp_vs_static.sh [STEPS REPEATS SEQ
 #        BATCH_TOKENS N_EMBD N_LAYER ALPHA]
 # (build first: cmake --build build --target atoll)
 set -euo pipefail
