@@ -104,7 +104,7 @@ DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, i
   Cluster group = job.cluster;
   group.devices_per_node = cp;
   for (int64_t g = 0; g < c.dp; ++g) {
-    double t = 0;
+    double t = 0, link = 0;
     for (const std::vector<int64_t>& mb : dcp_group_share(rows, cp, accum, job.world, g, quad)) {
       const int64_t T = dcp_micro_batch_len(rows, mb, cp);
       const ModelSpec m = dcp_micro_batch_spec(job.model, rows, mb, T);
@@ -114,15 +114,46 @@ DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, i
       l.recompute = recompute;
       l.precision = job.precision;
       const Prediction p = predict(m, group, l);
-      t += p.compute + p.memory_bound + p.recompute + p.grad_buffers + p.cp.total();
+      const double work = p.compute + p.memory_bound + p.recompute + p.grad_buffers;
+      t += work + p.cp.total();
+      link += p.cp.total();
       c.fits = c.fits && !p.memory.oom;
       c.memory_bytes = std::max(c.memory_bytes, p.memory.total);
       c.micro_batch = std::max<int64_t>(c.micro_batch, int64_t(mb.size()));
       c.seq = std::max(c.seq, T);
     }
-    c.step_s = std::max(c.step_s, t);
+    if (t > c.step_s || g == 0) c.step_s = t, c.compute_s = t - link, c.link_s = link;
   }
   return c;
+}
+
+Device dcp_scaled_device(const Device& d, double k) {
+  ATOLL_CHECK(k > 0 && std::isfinite(k), "data-centric parallel: compute scale {}", k);
+  Device s = d;
+  for (double* r : {&s.fp32, &s.tf32, &s.bf16, &s.fp8, &s.mem_bw, &s.elementwise_bw, &s.attention_flops,
+                    &s.optimizer_params_per_s})
+    *r /= k;
+  for (auto* curve : {&s.attention_curve, &s.ring_attention_curve})
+    for (auto& [f, r] : *curve) r /= k;  // the rate at each call size; the sizes stay
+  return s;
+}
+
+void DcpCalibration::observe(const DcpChoice& ran, double measured_s, double scale_then) {
+  if (!(ran.compute_s > 0) || !(measured_s > 0) || !(scale_then > 0)) return;
+  // What the kernels took: the measurement less the ring's exposed part as priced; at least a
+  // tenth of the measurement (a ring priced above the whole step says nothing about the kernels).
+  const double kernels = std::max(measured_s - ran.link_s, 0.1 * measured_s);
+  k_.push_back(scale_then * kernels / ran.compute_s);
+  ++observed_;
+  if (int64_t(k_.size()) > window_) k_.erase(k_.begin());
+}
+
+double DcpCalibration::scale() const {
+  if (k_.empty()) return 1.0;
+  std::vector<double> v = k_;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 DcpChoice predict_config(const DcpJob& job, const std::vector<int64_t>& lengths, int64_t cp, int64_t accum,

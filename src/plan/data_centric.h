@@ -42,6 +42,9 @@ struct DcpChoice {
   int64_t cp = 1, dp = 1, accum = 1, micro_batch = 1, seq = 0;
   std::string recompute = "none";
   double step_s = 0, memory_bytes = 0;
+  // The slowest dp group's step split: its kernels (compute, memory-bound, recompute, gradient
+  // buffers) and its ring exchanges not hidden behind them (step_s = compute_s + link_s).
+  double compute_s = 0, link_s = 0;
   bool fits = false;
   std::string describe() const;
   bool same_config(const DcpChoice& o) const {
@@ -77,6 +80,31 @@ ModelSpec dcp_micro_batch_spec(const ModelSpec& base, const std::vector<RowLengt
 // micro-batches; memory_bytes, micro_batch, seq: the largest micro-batch's).
 DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, int64_t cp, int64_t accum,
                        const std::string& recompute);
+
+// The compute scale of a run (DcpCalibration): a device whose kernels run k times slower than its
+// figures say — every FLOP/s and memory/element-wise bandwidth (and the attention and optimizer
+// rates) divided by k — with its links unchanged. A link timed in wall-clock seconds under the
+// machine's load (the trainer's start-up timing) is only comparable with kernels priced in the
+// same seconds; a nominal peak (hardware.peak_gflops, or a large GEMM's rate) prices a small,
+// loaded model's kernels tens of times too fast and so its ring tens of times too dear.
+Device dcp_scaled_device(const Device& d, double k);
+// The run's own measure of k: after each step, the slowest rank's measured forward + backward
+// against the price of the configuration it ran (priced at the scale then in force): k_step =
+// k · (measured − link_s) / compute_s, the link part taken as priced (it was timed, not
+// assumed). scale() is the median of the last `window` steps (1 before the first), so one
+// step's hiccup of the machine does not move the choices.
+class DcpCalibration {
+ public:
+  explicit DcpCalibration(int window = 5) : window_(window) {}
+  void observe(const DcpChoice& ran, double measured_s, double scale_then);
+  double scale() const;
+  int64_t steps() const { return observed_; }
+
+ private:
+  int window_;
+  int64_t observed_ = 0;
+  std::vector<double> k_;
+};
 
 // The functions below take a batch as its documents' lengths, packed by pack_lengths.
 // One configuration's prediction for a batch of these lengths.

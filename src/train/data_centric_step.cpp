@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 
@@ -21,6 +22,12 @@
 namespace atl {
 
 namespace {
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 Recompute recompute_of(const std::string& s) {
   return s == "full" ? Recompute::full : s == "selective" ? Recompute::selective : Recompute::none;
@@ -107,6 +114,7 @@ DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   s.margin = cfg.get_float("parallel.dcp_margin", s.margin, 0.0, 10.0);
   s.link_gbps = cfg.get_float("parallel.dcp_link_gbps", 0.0, 0.0, 1e6);
   s.link_latency_us = cfg.get_float("parallel.dcp_link_latency_us", 0.0, 0.0, 1e7);
+  s.calibrate = cfg.get_bool("parallel.dcp_calibrate", true);
   return s;
 }
 
@@ -116,7 +124,7 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
   if (s.data.batch_tokens == 0) {
     for (const char* k : {"parallel.dcp_cp", "parallel.dcp_accum", "parallel.dcp_recompute", "parallel.dcp_device",
                           "parallel.dcp_memory_gb", "parallel.dcp_margin", "parallel.dcp_link_gbps",
-                          "parallel.dcp_link_latency_us", "data.varlen_lengths", "data.varlen_alpha",
+                          "parallel.dcp_link_latency_us", "parallel.dcp_calibrate", "data.varlen_lengths", "data.varlen_alpha",
                           "data.varlen_min_len"})
       ATOLL_CHECK(!cfg.has(k), "{} ({}) applies to the variable-length corpus only: set data.varlen_tokens > 0", k,
                   cfg.where(k));
@@ -206,7 +214,9 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
   if (s_.link_gbps > 0) d.intra_bw = d.inter_bw = s_.link_gbps * 1e9 / 8, d.links_measured = true;
   if (s_.link_latency_us > 0) d.intra_latency = s_.link_latency_us * 1e-6;
   if (s_.memory_gb > 0) d.mem_bytes = s_.memory_gb * double(1ull << 30) * (d.shared_by_node ? double(world_) : 1.0);
+  device_ = d;
   job_.cluster = plan::make_cluster(d, world_, 1, 1);
+  if (comm && world_ > 1) calib_comm_ = comm->split(0, rank_);
   job_.world = world_;
   job_.zero = 0;
   if (s_.recompute != "auto") job_.recompute = {s_.recompute};
@@ -218,6 +228,10 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
             lens.size(), lens.empty() ? 0 : total / int64_t(lens.size()), longest, s_.data.lengths,
             s_.data.batch_tokens, d.name, d.fp32 / 1e9, d.intra_bw / 1e9, d.intra_latency * 1e6,
             describe().empty() ? "" : "; fixed: " + describe());
+  if (s_.calibrate)
+    log::info("data-centric parallel: the cost model's kernels are scaled by the run's measured steps (median of the "
+              "last 5), its link kept as {} (parallel.dcp_calibrate)", s_.link_gbps > 0 || s_.link_latency_us > 0
+              ? "given" : "timed");
 }
 
 std::string DataCentricStep::describe() const {
@@ -287,6 +301,7 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
   const std::vector<PackedRow> rows = pack_documents(docs);
   const auto t0 = std::chrono::steady_clock::now();
   const plan::DcpChoice c = choose(rows, &last_by_cp_);
+  const double c_scale = scale_;
   choose_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t N = 0, longest = 0;
   for (const VarlenDocument& d : docs) N += d.targets(), longest = std::max(longest, d.targets());
@@ -300,6 +315,8 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
   sharded.set_context_attention(ring);
   model.set_recompute(std::vector<Recompute>(size_t(model.transformer_shape()->layers), recompute_of(c.recompute)));
   double sum = 0;
+  const auto t_run = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   for (size_t m = 0; m < share.size(); ++m) {
     const DcpMicroBatch& mb = share[m];
     const PackedTensors t = rows_to_tensors(rows, mb.rows, mb.T);
@@ -317,11 +334,33 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
   masked.set_document_ids(Tensor());
   masked.set_position_ids(Tensor());
   sharded.set_context_attention(nullptr);
+  // The slowest rank's forward + backward, in wall-clock and in this process's CPU seconds (all
+  // its threads: the ring's too). Wall time is what the price's slowest group stands for; on a
+  // shared, loaded machine it also counts the time a rank waits for a core, which CPU time does
+  // not (busy_s: the step as dedicated cores would run it, what the benchmark compares). Every
+  // rank takes the same maxima, so all keep the same scale and make the same next choice.
+  measured_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+  busy_s_ = process_cpu_seconds() - cpu0;
+  if (calib_comm_) {
+    Tensor v = Tensor::empty({2});
+    v.f32()[0] = float(measured_s_), v.f32()[1] = float(busy_s_);
+    calib_comm_->all_reduce(v, comm::ReduceOp::max);
+    measured_s_ = double(v.f32()[0]), busy_s_ = double(v.f32()[1]);
+  }
+  if (s_.calibrate) {
+    calibration_.observe(c, measured_s_, scale_);
+    if (calibration_.scale() != scale_) {
+      scale_ = calibration_.scale();
+      job_.cluster = plan::make_cluster(plan::dcp_scaled_device(device_, scale_), world_, 1, 1);
+    }
+  }
   last_ = c;
+  last_scale_ = c_scale;
   last_tokens_ = N;
   total_tokens_ += N;
   last_docs_ = int64_t(docs.size());
   last_longest_ = longest;
+  last_rows_ = int64_t(rows.size());
   return sum;
 }
 
@@ -331,7 +370,9 @@ nlohmann::json DataCentricStep::record() const {
   return {{"dcp",
            {{"cp", last_.cp}, {"dp", last_.dp}, {"accum", last_.accum}, {"micro_batch", last_.micro_batch},
             {"recompute", last_.recompute}, {"seq", last_.seq}, {"docs", last_docs_}, {"longest", last_longest_},
-            {"predicted_ms", last_.step_s * 1e3}, {"predicted_ms_by_cp", by_cp}, {"choose_ms", choose_s_ * 1e3}}},
+            {"rows", last_rows_}, {"predicted_ms", last_.step_s * 1e3}, {"predicted_link_ms", last_.link_s * 1e3},
+            {"predicted_ms_by_cp", by_cp},
+            {"measured_ms", measured_s_ * 1e3}, {"busy_ms", busy_s_ * 1e3}, {"compute_scale", last_scale_}, {"choose_ms", choose_s_ * 1e3}}},
           {"tokens", total_tokens_}};
 }
 

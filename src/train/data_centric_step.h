@@ -61,6 +61,10 @@ struct DcpSettings {
   double memory_gb = 0;            // the cost model's memory per rank (0: the device's)
   double margin = 0.1;             // a larger cp must be predicted this much faster
   double link_gbps = 0, link_latency_us = 0;  // the ranks' link for the cost model (0: the device's)
+  // Scale the cost model's kernels by the run's own measured steps (plan::DcpCalibration); on by
+  // default: a given or timed link is in real seconds whatever the device's nominal figures say.
+  // Off: the choices are a function of the config alone (the tests' fixed figures).
+  bool calibrate = true;
   static DcpSettings from_config(Config& cfg, const TrainOptions& o);
 };
 
@@ -81,9 +85,13 @@ class DataCentricStep {
   double compute(int64_t step, nn::Model& model, parallel::DataParallel& dp);
   int64_t step_tokens() const { return last_tokens_; }  // targets of the last batch (whole job)
   // The last step's choice for its metrics record: "dcp" {cp, dp, accum, micro_batch, recompute,
-  // seq, docs, longest, predicted_ms, predicted_ms_by_cp, choose_ms}, and "tokens" (cumulative
-  // over this run). predicted_ms_by_cp: the fastest fitting candidate of each cp degree, so that a
-  // run's choices can be checked against what it measured.
+  // seq, docs, longest, rows, predicted_ms, predicted_link_ms (its ring part), predicted_ms_by_cp,
+  // measured_ms, compute_scale,
+  // choose_ms}, and "tokens" (cumulative over this run). predicted_ms_by_cp: the fastest fitting
+  // candidate of each cp degree, so that a run's choices can be checked against what it measured;
+  // measured_ms / busy_ms: the slowest rank's forward + backward of this batch, wall-clock / its
+  // process's CPU time;
+  // compute_scale: the kernels' scale the choice was priced at (plan::DcpCalibration).
   nlohmann::json record() const;
   std::string describe() const;
   // The choice for a batch's rows (the fixed keys held).
@@ -103,6 +111,12 @@ class DataCentricStep {
   std::vector<std::unique_ptr<comm::Communicator>> groups_;  // cp groups, one per degree > 1
   std::vector<std::unique_ptr<nn::ContextAttention>> rings_;
   std::vector<int64_t> ring_cp_;
+  plan::Device device_;  // the cost model's device at its own figures (scale 1)
+  plan::DcpCalibration calibration_;
+  double scale_ = 1.0;   // the compute scale the job's cluster is priced at
+  std::unique_ptr<comm::Communicator> calib_comm_;  // the measured times' max (apart from DDP's traffic)
+  double measured_s_ = 0, busy_s_ = 0, last_scale_ = 1.0;
+  int64_t last_rows_ = 0;
   plan::DcpChoice last_;
   std::map<int64_t, double> last_by_cp_;  // the last choice's by_cp (see choose)
   double choose_s_ = 0;  // the last choice's time (packing excluded)

@@ -8,6 +8,7 @@
 //    parallelism and long ones context parallelism, and the run trains to the loss of the static
 //    configuration (cp 1, one micro-batch, no recompute) on the same batches in the same order;
 //  - a resumed run takes up at the next batch; bad settings are refused naming the key.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -326,8 +327,9 @@ struct DcpFixture : LaunchFixture {
                       "[train]\nsteps = 10\nseq_len = 256\nwarmup_steps = 2\nthreads = 1\n"
                       "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 0\n"
                       "[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
-                      // The cost model's figures fixed (not timed at start), so the choices are too.
-                      "[parallel]\ndcp_link_gbps = 40.0\ndcp_link_latency_us = 5.0\n") {}
+                      // The cost model's figures fixed (not timed at start, not scaled by the run's
+                      // measured steps), so the choices are too.
+                      "[parallel]\ndcp_link_gbps = 40.0\ndcp_link_latency_us = 5.0\ndcp_calibrate = false\n") {}
 };
 
 }  // namespace
@@ -381,6 +383,48 @@ TEST(DataCentricTrain, ChoosesPerBatchAndTrainsToTheStaticConfigurationsLoss) {
   std::printf("data-centric vs static, 10 steps: largest relative loss difference %.3g\n", worst);
   EXPECT_LT(dcp.back()["loss"].get<double>(), dcp.front()["loss"].get<double>()) << "the loss must fall";
   EXPECT_NE(f.log("dcp").find("data-centric parallel:"), std::string::npos) << f.log("dcp");
+}
+
+// Session 9: with parallel.dcp_calibrate on (the default; the fixture turns it off for fixed
+// choices, this test back on), every rank scales the cost model's kernels by the slowest rank's
+// measured forward + backward (plan::DcpCalibration): step 1 is priced at scale 1, and each later
+// step at the median of the last five steps' k = scale_then * (measured - link) / (predicted -
+// link), recomputed here from the records (bound 1e-9: the same doubles, only printed in ms).
+// Both ranks must hold the same scale to choose alike (a ring needs its whole group), so the run
+// completing with cp 1 and cp 2 steps is part of the check; the loss is the static layout's.
+TEST(DataCentricTrain, CalibratedRunsPriceTheirKernelsByTheirOwnMeasuredSteps) {
+  DcpFixture f;
+  ASSERT_EQ(f.train("cal", 2, {"--parallel.dcp_calibrate=true", "--train.steps=6"}), 0);
+  ASSERT_EQ(f.train("static", 2, {"--train.steps=6", "--parallel.dcp_cp=1", "--parallel.dcp_accum=1",
+                                  "--parallel.dcp_recompute=none"}), 0);
+  const auto cal = records(f.root / "cal"), st = records(f.root / "static");
+  ASSERT_EQ(cal.size(), 6u);
+  ASSERT_EQ(st.size(), 6u);
+  std::vector<double> ks;
+  for (size_t s = 0; s < cal.size(); ++s) {
+    const auto& d = cal[s]["dcp"];
+    ASSERT_TRUE(d.contains("compute_scale") && d.contains("measured_ms") && d.contains("predicted_link_ms")) << d.dump();
+    double want = 1.0;
+    if (!ks.empty()) {
+      std::vector<double> w(ks.end() - std::min<ptrdiff_t>(5, ptrdiff_t(ks.size())), ks.end());
+      std::sort(w.begin(), w.end());
+      want = w.size() % 2 ? w[w.size() / 2] : 0.5 * (w[w.size() / 2 - 1] + w[w.size() / 2]);
+    }
+    const double scale = d["compute_scale"], m = d["measured_ms"], p = d["predicted_ms"], l = d["predicted_link_ms"];
+    EXPECT_NEAR(scale, want, 1e-9 * want) << "step " << s + 1 << ": " << d.dump();
+    EXPECT_GT(m, 0.0) << d.dump();
+    EXPECT_GT(d["busy_ms"].get<double>(), 0.0) << d.dump();
+    ASSERT_GT(p - l, 0.0) << d.dump();
+    ks.push_back(scale * std::max(m - l, 0.1 * m) / (p - l));
+    const double e = std::fabs(cal[s]["loss"].get<double>() - st[s]["loss"].get<double>()) / st[s]["loss"].get<double>();
+    EXPECT_LE(e, s == 0 ? 1e-6 : 1e-4) << "loss at step " << s + 1;
+  }
+  std::printf("calibrated scales: %s\n", [&] {
+    std::string o;
+    for (const auto& r : cal) o += fmt::format("{:.3g} (cp {}) ", r["dcp"]["compute_scale"].get<double>(), r["dcp"]["cp"].get<int>());
+    return o;
+  }().c_str());
+  EXPECT_NE(f.log("cal").find("scaled by the run's measured steps"), std::string::npos) << f.log("cal");
 }
 
 // Batch k is a function of (seed, k), so a run stopped after step 3 and resumed from its

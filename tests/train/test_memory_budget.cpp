@@ -123,3 +123,73 @@ TEST(MemoryBudget, TrainerOffloadsTheMomentsToFitAndTrainsAsResident) {
   fs::remove_all(a);
   fs::remove_all(b);
 }
+
+// Session 9: tensor parallelism in the budget. A dense model (8 M parameters, 7.6 M of them in the
+// tp-split matrices and tables) on 4 ranks: a rank under tp holds 1/tp of those and the rest whole,
+// ZeRO shards over ranks / tp, sequence parallelism splits the activations. tp is tried after every
+// resident layout without it and before offloading; a fixed parallel.tp is counted.
+TEST(MemoryBudget, TensorParallelismIsCountedAndChosenBeforeOffloading) {
+  BudgetModel m;
+  m.dense_params = 8e6, m.dense_split_params = 7.6e6;
+  m.ranks = 4;
+  m.activations = 4e6;
+  m.tp_options = {1, 2, 4};
+  // Without tp: zero3 is 16 * 8e6 / 4 + 4e6 = 36 MB. With tp 2: 0.4e6 + 7.6e6 / 2 = 4.2e6 parameters
+  // per tp rank, zero3 over dp = 2: 16 * 4.2e6 / 2 + 4e6 / 2 = 35.6 MB.
+  EXPECT_DOUBLE_EQ(layout_bytes(m, BudgetLayout{"zero3", 1, false, 0, 1}), 36e6);
+  EXPECT_DOUBLE_EQ(layout_bytes(m, BudgetLayout{"zero3", 1, false, 0, 2}), 35.6e6);
+  // tp 4, ddp over dp = 1: 16 * (0.4e6 + 1.9e6) + 1e6.
+  EXPECT_DOUBLE_EQ(layout_bytes(m, BudgetLayout{"ddp", 1, false, 0, 4}), 37.8e6);
+  BudgetLayout l = choose_layout(m, 35.8e6);
+  EXPECT_EQ(l.tp, 2) << l.describe();
+  EXPECT_EQ(l.strategy, "zero3");
+  EXPECT_FALSE(l.offload) << "tp before streaming the optimizer state";
+  EXPECT_NE(l.describe().find("tp = 2"), std::string::npos) << l.describe();
+  // A model the plan cannot split: the same budget offloads. Offloaded, ddp and zero1 keep 8 bytes
+  // per parameter (68 MB), zero2 4 + 4/4 (44 MB), zero3 8/4: 16e6 + 4e6 = 20 MB.
+  BudgetModel no_tp = m;
+  no_tp.tp_options = {1};
+  l = choose_layout(no_tp, 35.8e6);
+  EXPECT_EQ(l.tp, 1);
+  EXPECT_TRUE(l.offload) << l.describe();
+  EXPECT_EQ(l.strategy, "zero3");
+  EXPECT_DOUBLE_EQ(l.bytes, 20e6);
+  // A fixed tp is held and counted (the old budget refused parallel.tp > 1).
+  l = choose_layout(m, 1e12, "", 0, -1, 4);
+  EXPECT_EQ(l.tp, 4);
+  EXPECT_DOUBLE_EQ(l.bytes, 37.8e6);
+  for (const BudgetLayout& c : budget_candidates(m, "", 0, -1, 4)) EXPECT_EQ(c.tp, 4) << c.describe();
+  // Without sequence parallelism the activations are counted whole.
+  m.sequence_parallel = false;
+  EXPECT_DOUBLE_EQ(layout_bytes(m, BudgetLayout{"zero3", 1, false, 0, 2}), 33.6e6 + 4e6);
+}
+
+// Through the config: GPT-2 tiny on 2 ranks. The plan's split parameters are counted from the
+// model (c_attn, c_proj, c_fc, the MLP's c_proj and the vocabulary table), a fixed parallel.tp = 2
+// is accepted and lowers the estimate, and a budget between tp 2's estimate and no tp's writes
+// parallel.tp = 2 for the mesh.
+TEST(MemoryBudget, TheConfigsTensorParallelismIsCountedOrChosen) {
+  fs::path a = scratch("budget_tp");
+  std::string data = make_data(a);
+  auto config = [&](const std::string& train, const std::string& parallel) {
+    std::string t = tiny_config_text(a, data, 4);
+    t.replace(t.find("[train]"), 7, "[train]\n" + train);
+    if (!parallel.empty()) t += "\n[parallel]\n" + parallel;
+    return Config::parse(t, "budget.toml");
+  };
+  Config none = config("memory_budget_gb = 1000.0\n", "tp = 1\nstrategy = \"ddp\"\n");
+  const MemoryBudget b1 = apply_memory_budget(none, 4, 32, 2);
+  Config two = config("memory_budget_gb = 1000.0\n", "tp = 2\nstrategy = \"ddp\"\n");
+  const MemoryBudget b2 = apply_memory_budget(two, 4, 32, 2);
+  EXPECT_EQ(b2.chosen.tp, 2) << b2.report;
+  EXPECT_LT(b2.chosen.bytes, 0.75 * b1.chosen.bytes) << b1.report << "\n" << b2.report;
+  EXPECT_GT(b2.chosen.bytes, 0.5 * b1.chosen.bytes) << "the norms, biases of row-parallel layers and positions stay whole";
+  // Between the two: tp 2 is chosen (ddp's no-tp estimate over the budget; the strategy fixed).
+  const double budget = (b1.chosen.bytes + b2.chosen.bytes) / 2 / kGiB;
+  Config open = config("memory_budget_gb = " + std::to_string(budget) + "\n", "strategy = \"ddp\"\n");
+  const MemoryBudget bo = apply_memory_budget(open, 4, 32, 2);
+  EXPECT_EQ(bo.chosen.tp, 2) << bo.report;
+  EXPECT_FALSE(bo.chosen.offload) << bo.report;
+  EXPECT_EQ(open.get_int("parallel.tp", 1), 2) << "the choice reaches the mesh";
+  fs::remove_all(a);
+}
