@@ -235,7 +235,7 @@ const TensorParallel::ParamInfo* TensorParallel::info_of(const std::string& name
   return nullptr;
 }
 
-Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) {
+Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) const {
   Tensor full = Tensor::empty(pi.full, local.dtype());
   if (!comm_) {
     full.copy_from(local);
@@ -251,6 +251,21 @@ Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) {
     nn::put_shard(full, all.slice(0, most * q, most * q + shape_numel(s)).view(s), pi.rule, q, size_);
   }
   return full;
+}
+
+Tensor TensorParallel::gather_param(const nn::Parameter* p, const Tensor& local) const {
+  const ParamInfo* pi = info_of(p->name);
+  ATOLL_CHECK(pi && local.shape() == p->shape, "tensor parallel: gather_param of {} ({}) for a piece of shape {}",
+              p->name, pi ? "its shape" : "not a parameter of the shard", shape_str(local.shape()));
+  if (!pi->rule.sharded()) return local.contiguous();
+  return gather_full(*pi, local);
+}
+
+Tensor TensorParallel::piece_of(const nn::Parameter* p, const Tensor& whole) const {
+  const ParamInfo* pi = info_of(p->name);
+  ATOLL_CHECK(pi && whole.shape() == pi->full, "tensor parallel: piece_of {} for a tensor of shape {}", p->name,
+              shape_str(whole.shape()));
+  return nn::take_shard(whole, pi->rule, rank_, size_);
 }
 
 namespace {

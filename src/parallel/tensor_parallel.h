@@ -104,6 +104,11 @@ class TensorParallel final : public nn::TensorParallelContext {
   // Whether this parameter of the shard is split over the group (else replicated), and a double
   // summed over the group (the same bits on every rank): for norms taken elsewhere (pipeline.h).
   bool sharded(const nn::Parameter* p) const;
+  // For a whole-matrix computation on a split parameter (Iso-C across islands, lowcomm/isoloco.cpp):
+  // p's whole tensor from this rank's piece `local` (p's local shape; collective over the group,
+  // the same bits on every rank), and this rank's piece of a whole one.
+  Tensor gather_param(const nn::Parameter* p, const Tensor& local) const;
+  Tensor piece_of(const nn::Parameter* p, const Tensor& whole) const;
   double sum(double x);
   // True on every rank of the group when it is true on any (a stop request, say).
   bool any(bool mine);
@@ -131,7 +136,7 @@ class TensorParallel final : public nn::TensorParallelContext {
   };
   const ParamInfo* info_of(const std::string& name) const;
   void sum_partial(const std::vector<nn::Parameter*>& unit);
-  Tensor gather_full(const ParamInfo& pi, const Tensor& local);
+  Tensor gather_full(const ParamInfo& pi, const Tensor& local) const;
 
   comm::Communicator* comm_;
   int rank_ = 0, size_ = 1;
