@@ -424,3 +424,47 @@ TEST(IslandsContextParallel, DiLoCoWithCp2InsideTwoIslandsFollowsDiLoCoWithoutCp
   std::printf("DiLoCo over 2 islands of zero3 (dp 2) x cp2 vs of 2 ddp ranks: parameters %.2e relative apart\n", d);
   EXPECT_LT(d, 1e-4);
 }
+
+// Three islands, where an fp32 ring over the island axis sums each element in an order that
+// depends on its offset in the buffer: the parameters every tp rank holds whole sit at other
+// offsets in each tp rank's shard, so without agree_over_tp the tp ranks' copies of them would
+// part by an ulp per outer step and the islands' checkpoints would not agree bitwise. tp 2 inside
+// 3 islands (6 ranks) against 3 islands of one rank, and ZeRO-3 over 2 ranks inside 3 islands
+// against 2 DDP ranks: bounds as the two-island tests above (tp: 1e-5 losses, 1e-4 parameters;
+// ZeRO-3: exact 2-rank sums inside, a 3-island ring across in the same order for both layouts
+// only where the chunks fall alike, so tp's 1e-4 rather than 1e-6), islands equal after each outer
+// step.
+TEST(IslandsThree, TpOrZero3InsideThreeIslandsFollowTheSameWithout) {
+  IslandsTp f;
+  const std::vector<std::string> three = {"--parallel.islands=3", "--checkpoint.every=3"};
+  ASSERT_EQ(f.train("plain", 3, three), 0);
+  ASSERT_EQ(f.train("tp", 6, with(three, {"--parallel.tp=2"})), 0);
+  EXPECT_NE(f.log("tp").find("islands: diloco over 3 islands"), std::string::npos) << f.log("tp");
+  auto a = metric_values(f.root / "plain"), b = metric_values(f.root / "tp");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_LT(a.back(), a.front()) << "the loss must fall";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  double d = rel_diff(model_of(f.ckpt("tp", 6)), model_of(f.ckpt("plain", 6)));
+  std::printf("DiLoCo over 3 islands of tp2 vs of one rank: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  for (int step : {3, 6})
+    for (const char* isl : {"lowcomm.island1.model.", "lowcomm.island2.model."})
+      EXPECT_EQ(rel_diff(tensors_of(load_safetensors((f.ckpt("tp", step) / "optimizer.safetensors").string()), isl),
+                         model_of(f.ckpt("tp", step))), 0.0) << isl << " step " << step;
+
+  ASSERT_EQ(f.train("ddp", 6, with(three, {"--parallel.strategy=ddp"})), 0);
+  ASSERT_EQ(f.train("z3", 6, with(three, {"--parallel.strategy=zero3"})), 0);
+  a = metric_values(f.root / "ddp");
+  b = metric_values(f.root / "z3");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  d = rel_diff(model_of(f.ckpt("z3", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("DiLoCo over 3 islands of 2 ranks, zero3 vs ddp inside: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  for (int step : {3, 6})
+    for (const char* isl : {"lowcomm.island1.model.", "lowcomm.island2.model."})
+      EXPECT_EQ(rel_diff(tensors_of(load_safetensors((f.ckpt("z3", step) / "optimizer.safetensors").string()), isl),
+                         model_of(f.ckpt("z3", step))), 0.0) << isl << " step " << step;
+}
