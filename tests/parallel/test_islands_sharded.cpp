@@ -468,3 +468,44 @@ TEST(IslandsThree, TpOrZero3InsideThreeIslandsFollowTheSameWithout) {
       EXPECT_EQ(rel_diff(tensors_of(load_safetensors((f.ckpt("z3", step) / "optimizer.safetensors").string()), isl),
                          model_of(f.ckpt("z3", step))), 0.0) << isl << " step " << step;
 }
+
+// IsoLoCo with tp 2 x ZeRO-3 inside 2 islands (8 ranks) against IsoLoCo over 2 islands of 2 DDP
+// ranks: both gathers compose — the ZeRO-3 shard group makes each tp piece whole, the tp group
+// the whole matrix — and each rank keeps its chunks of its piece. Bound: the tp test's 1e-4 on
+// parameters and 1e-5 on losses (tp's rounding going in, Iso-C passing it on near 1x, ZeRO-3
+// over 2 ranks adding only the clip coefficient's ulps). block_size 160: the tp ranks' chunks
+// cut the positions table at different rows (IslandsTpZero3).
+TEST(IslandsIsoLoCo, IsoCWithTp2AndZero3InsideTheIslandsFollowsDdpInside) {
+  IslandsTp f;
+  const std::vector<std::string> iso = {"--lowcomm.method=isoloco", "--model.block_size=160"};
+  ASSERT_EQ(f.train("ddp", 4, with(iso, {"--parallel.strategy=ddp"})), 0);
+  ASSERT_EQ(f.train("tz", 8, with(iso, {"--parallel.strategy=zero3", "--parallel.tp=2"})), 0);
+  EXPECT_NE(f.log("tz").find("merge iso_c"), std::string::npos) << f.log("tz");
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "tz");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const double d = rel_diff(model_of(f.ckpt("tz", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("isoloco over 2 islands of tp2 x zero3 (dp 2) vs of 2 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("tz", 6)), model_of(f.ckpt("tz", 6))), 0.0) << "islands apart after the last outer step";
+}
+
+// HSDP x tp inside the islands: 2 islands of 2 replicas x 2 shards x tp 2 (16 ranks) against 2
+// islands of 4 DDP ranks (the same rows: dp 4 either way). Bound: the HSDP and tp tests' 1e-4 on
+// parameters, 1e-5 on losses. The code paths are those of tp x ZeRO-3 (the replicated parameters
+// made whole over the shard group) and HSDP (each replica sending half its chunks); a replica
+// sending another's half, or the shard group taken as the island's dp ranks, moves it far above.
+TEST(IslandsHsdp, HsdpAndTp2InsideTwoIslandsFollowDdpInside) {
+  IslandsTp f;
+  ASSERT_EQ(f.train("ddp", 8, {"--parallel.strategy=ddp"}), 0);
+  ASSERT_EQ(f.train("ht", 16, {"--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2", "--parallel.tp=2"}), 0);
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "ht");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const double d = rel_diff(model_of(f.ckpt("ht", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("DiLoCo over 2 islands of hsdp (2 x 2) x tp2 vs of 4 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("ht", 6)), model_of(f.ckpt("ht", 6))), 0.0) << "islands apart after the last outer step";
+}
