@@ -509,3 +509,25 @@ TEST(IslandsHsdp, HsdpAndTp2InsideTwoIslandsFollowDdpInside) {
   EXPECT_LT(d, 1e-4);
   EXPECT_EQ(rel_diff(island1_of(f.ckpt("ht", 6)), model_of(f.ckpt("ht", 6))), 0.0) << "islands apart after the last outer step";
 }
+
+// HSDP x cp inside the islands, where a shard group is dp_shard x cp (zero.cpp), not dp_shard:
+// IsoLoCo over 2 islands of 2 replicas x (1 dp shard x cp 2) (8 ranks; each replica's chunks cut
+// over its 2 cp ranks) against IsoLoCo over 2 islands of 2 DDP ranks (the same rows: dp 2). Iso-C
+// needs the matrices made whole over that group; taken over dp_shard alone (one rank) each rank
+// would merge its own chunks with zeros for the rest, far off. Bound: the cp test's (ring
+// attention's sums, AdamW), passed through Iso-C near 1x as under tp: 1e-4, losses 1e-5.
+TEST(IslandsContextParallel, IsoLoCoWithHsdpAndCp2InsideTwoIslandsFollowsDdpInside) {
+  IslandsTp f;
+  const std::vector<std::string> iso = {"--lowcomm.method=isoloco"};
+  ASSERT_EQ(f.train("ddp", 4, with(iso, {"--parallel.strategy=ddp"})), 0);
+  ASSERT_EQ(f.train("hc", 8, with(iso, {"--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=1", "--parallel.cp=2"})), 0);
+  EXPECT_NE(f.log("hc").find("cp=2"), std::string::npos) << f.log("hc");
+  const auto a = metric_values(f.root / "ddp"), b = metric_values(f.root / "hc");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const double d = rel_diff(model_of(f.ckpt("hc", 6)), model_of(f.ckpt("ddp", 6)));
+  std::printf("isoloco over 2 islands of hsdp (2 replicas) x cp2 vs of 2 ddp ranks: parameters %.2e relative apart\n", d);
+  EXPECT_LT(d, 1e-4);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("hc", 6)), model_of(f.ckpt("hc", 6))), 0.0) << "islands apart after the last outer step";
+}
