@@ -53,6 +53,36 @@ void gather_rank_tensors(comm::Communicator* world, const NamedTensors& mine, co
   }
 }
 
+namespace {
+
+// The job's data-parallel groups (one per island and tp coordinate, each reducing over its own
+// ranks with its own codec): for every world rank its group's index — groups ordered by their
+// lowest world rank, which is island-major then tp in the mesh's rank order, whatever the
+// number of data-parallel ranks — and its rank inside the group. Collective over world.
+void dp_groups(parallel::DataParallel& dp, comm::Communicator* world, std::vector<int>& group, std::vector<int>& rank) {
+  const int W = world ? world->size() : 1, me = world ? world->rank() : 0;
+  Tensor low = Tensor::full({1}, -float(me));
+  if (dp.comm() && dp.comm()->size() > 1) dp.comm()->all_reduce(low, comm::ReduceOp::max);
+  Tensor mine = Tensor::empty({2}), all = Tensor::empty({2 * int64_t(W)});
+  mine.f32()[0] = -low.f32()[0];
+  mine.f32()[1] = float(dp.rank());
+  if (W > 1) world->all_gather(mine, all);
+  else all.copy_from(mine);
+  std::vector<int> lows;
+  for (int r = 0; r < W; ++r) lows.push_back(int(all.f32()[2 * r]));
+  std::vector<int> sorted = lows;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  group.assign(size_t(W), 0);
+  rank.assign(size_t(W), 0);
+  for (int r = 0; r < W; ++r) {
+    group[size_t(r)] = int(std::lower_bound(sorted.begin(), sorted.end(), lows[size_t(r)]) - sorted.begin());
+    rank[size_t(r)] = int(all.f32()[2 * r + 1]);
+  }
+}
+
+}  // namespace
+
 void save_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, NamedTensors& opt_sd,
                          nlohmann::json& state) {
   comm::CompressedAllReducer* c = dp.gradient_codec();
@@ -60,8 +90,10 @@ void save_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, 
   NamedTensors mine = c->state_tensors();
   gather_rank_tensors(world, mine, kPrefix, opt_sd);
   const int W = world ? world->size() : 1;
+  std::vector<int> group, rank;
+  dp_groups(dp, world, group, rank);
   state["gradient_codec"] = {{"spec", c->spec().describe()}, {"ranks", W}, {"dp", dp.world()},
-                             {"dp_is_world", dp.world() == W}};
+                             {"dp_is_world", dp.world() == W}, {"group_of_rank", group}, {"dp_rank_of_rank", rank}};
 }
 
 namespace {
@@ -81,11 +113,15 @@ const Tensor* find(const NamedTensors& sd, const std::string& n) {
   return nullptr;
 }
 
-// The remap to another data-parallel size (codec_checkpoint.h): old ranks 0..W-1 -> this rank.
-NamedTensors remap(const NamedTensors& ours, int W, const std::vector<std::pair<std::string, int64_t>>& tensors,
-                   int me, int Wn, const std::string& what) {
+}  // namespace
+
+NamedTensors remap_codec_state(const NamedTensors& ours, const std::vector<int>& old_ranks,
+                               const std::vector<std::pair<std::string, int64_t>>& tensors, int me, int Wn,
+                               const std::string& what) {
+  const int W = int(old_ranks.size());
+  ATOLL_CHECK(W > 0, "{}: no saved rank of this data-parallel group", what);
   std::vector<NamedTensors> old;
-  for (int r = 0; r < W; ++r) old.push_back(of_rank(ours, r));
+  for (int r : old_ranks) old.push_back(of_rank(ours, r));
   std::vector<std::string> bad;
   for (const auto& [key, n] : tensors) {
     const Tensor* meta = find(old[0], key + ".meta");
@@ -97,7 +133,7 @@ NamedTensors remap(const NamedTensors& ours, int W, const std::vector<std::pair<
     if (ends(n, ".meta")) {
       const std::string key = n.substr(0, n.size() - 5);
       if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& e) { return e.first == key; }))
-        bad.push_back(fmt::format("{}rank0.{} (no such tensor here)", kPrefix, n));
+        bad.push_back(fmt::format("{}rank{}.{} (no such tensor here)", kPrefix, old_ranks[0], n));
     }
   ATOLL_CHECK(bad.empty(),
               "{}: the gradient codec's error feedback was saved by {} data-parallel ranks and does not fit this job's "
@@ -115,8 +151,8 @@ NamedTensors remap(const NamedTensors& ours, int W, const std::vector<std::pair<
       if (me == 0)
         for (int r = 0; r < W; ++r) {
           const Tensor* e = find(old[size_t(r)], key + ".residual");
-          ATOLL_CHECK(e && e->numel() == n, "{}: {}rank{}.{}.residual is missing or not {} elements", what, kPrefix, r,
-                      key, n);
+          ATOLL_CHECK(e && e->numel() == n, "{}: {}rank{}.{}.residual is missing or not {} elements", what, kPrefix,
+                      old_ranks[size_t(r)], key, n);
           Tensor ec = e->contiguous();
           for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += ec.f32()[i];
         }
@@ -127,7 +163,7 @@ NamedTensors remap(const NamedTensors& ours, int W, const std::vector<std::pair<
       std::vector<float> full;
       for (int r = 0; r < W; ++r) {
         const Tensor* e = find(old[size_t(r)], key + ".residual2");
-        ATOLL_CHECK(e, "{}: {}rank{}.{}.residual2 is missing", what, kPrefix, r, key);
+        ATOLL_CHECK(e, "{}: {}rank{}.{}.residual2 is missing", what, kPrefix, old_ranks[size_t(r)], key);
         std::vector<float> v = e->contiguous().to_vector();
         full.insert(full.end(), v.begin(), v.end());
       }
@@ -140,8 +176,6 @@ NamedTensors remap(const NamedTensors& ours, int W, const std::vector<std::pair<
   }
   return out;
 }
-
-}  // namespace
 
 void load_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, NamedTensors& opt_sd,
                          const nlohmann::json& state, const std::string& what) {
@@ -174,15 +208,39 @@ void load_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, 
     c->load_state_tensors(of_rank(ours, me), what);
     return;
   }
-  ATOLL_CHECK(st.at("dp_is_world").get<bool>() && dp.world() == W,
+  // Each data-parallel group's residuals go to the group in the same place of the new job (the
+  // same island and tp coordinate): they are of that group's model (its tp shard's buckets), and
+  // what one group left unsent belongs to no other's reduction. Checkpoints from before the
+  // group layout was saved remap between plain data-parallel jobs only.
+  std::vector<int> old_group, old_rank;
+  if (st.contains("group_of_rank")) {
+    old_group = st.at("group_of_rank").get<std::vector<int>>();
+    old_rank = st.at("dp_rank_of_rank").get<std::vector<int>>();
+  } else if (st.at("dp_is_world").get<bool>()) {
+    for (int r = 0; r < saved_world; ++r) old_group.push_back(0), old_rank.push_back(r);
+  }
+  std::vector<int> group, rank;
+  dp_groups(dp, world, group, rank);
+  const int old_groups = old_group.empty() ? -1 : *std::max_element(old_group.begin(), old_group.end()) + 1;
+  const int groups = *std::max_element(group.begin(), group.end()) + 1;
+  ATOLL_CHECK(old_groups == groups && int(old_group.size()) == saved_world,
               "{}: the gradient codec's error feedback (parallel.codec.rank<r>.*) was saved by {} ranks in data-parallel "
-              "groups of {}; this job has {} in groups of {}. Its residuals are remapped only between plain "
-              "data-parallel jobs (no islands, tp, cp or pp): resume with the saved layout, or with another "
-              "parallel.codec setting (its error feedback then starts from zero)", what, saved_world, saved_dp, W,
-              dp.world());
-  c->load_state_tensors(remap(ours, saved_world, dp.gradient_codec_tensors(), me, W, what), what);
-  log::warn("{}: the gradient codec's error feedback of {} ranks remapped to {} (totals kept; not bit-exact)", what,
-            saved_world, W);
+              "groups of {} ({} groups: islands x tp); this job has {} in groups of {} ({} groups). Its residuals are "
+              "remapped only between jobs with the same groups (the same islands and tp; any number of data-parallel "
+              "ranks in each): resume with the saved layout, or with another parallel.codec setting (its error "
+              "feedback then starts from zero)", what, saved_world, saved_dp, old_groups < 0 ? 0 : old_groups, W,
+              dp.world(), groups);
+  std::vector<std::pair<int, int>> mine;  // (old dp rank, old world rank) of this rank's group
+  for (int r = 0; r < saved_world; ++r)
+    if (old_group[size_t(r)] == group[size_t(me)]) mine.emplace_back(old_rank[size_t(r)], r);
+  std::sort(mine.begin(), mine.end());
+  std::vector<int> old_ranks;
+  for (const auto& m : mine) old_ranks.push_back(m.second);
+  c->load_state_tensors(remap_codec_state(ours, old_ranks, dp.gradient_codec_tensors(), dp.rank(), dp.world(), what),
+                        what);
+  log::warn("{}: the gradient codec's error feedback of {} ranks remapped to {} ({} data-parallel group{} of {} ranks "
+            "to {}; totals kept; not bit-exact)", what, saved_world, W, groups, groups == 1 ? "" : "s", saved_dp,
+            dp.world());
 }
 
 }  // namespace atl::lowcomm

@@ -7,11 +7,13 @@
 // rank's all-gathered for the writer) with `state.gradient_codec` saying by what.
 //
 // Resume with the same ranks: each rank takes its own, bit-exact. With another data-parallel
-// size (a plain data-parallel job, no islands or model parallelism, before and after): where
-// every bucket keeps its size (DDP's buckets do not depend on the ranks) the residuals are
-// remapped — the local residuals summed onto rank 0 (the exchange sums the ranks' encodes, so the
-// total unsent gradient is kept), the owners' re-encode residuals cut into the new owners'
-// chunks — which changes no gradient's total but is not bit-exact (nothing on other ranks is).
+// size (the same islands and tp before and after; each island's, and each tp coordinate's,
+// data-parallel ranks reduce with a codec of their own, so each such group's residuals go to the
+// group in its place, which holds the same buckets: its tp shard's): where every bucket keeps its
+// size (DDP's buckets do not depend on the ranks) the residuals are remapped — a group's local
+// residuals summed onto its rank 0 (the exchange sums the ranks' encodes, so the total unsent
+// gradient is kept), the owners' re-encode residuals cut into the new owners' chunks — which
+// changes no gradient's total but is not bit-exact (nothing on other ranks is).
 // Buckets whose size changes (ZeRO rounds each bucket to a multiple of the ranks) are refused by
 // name. A checkpoint with another codec setting, or none, starts the error feedback at zero (a
 // warning).
@@ -43,5 +45,12 @@ void save_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, 
 // rank's (or the remapped) state into dp's codec. what: the checkpoint, for messages.
 void load_gradient_codec(parallel::DataParallel& dp, comm::Communicator* world, NamedTensors& opt_sd,
                          const nlohmann::json& state, const std::string& what);
+
+// The remap itself (for the test): the saved state `ours` (parallel.codec.rank<r>.* entries) of
+// one data-parallel group, whose old world ranks `old_ranks` are listed in their group order,
+// for rank `me` of the new group of Wn ranks, whose codec keeps `tensors` (key, elements).
+NamedTensors remap_codec_state(const NamedTensors& ours, const std::vector<int>& old_ranks,
+                               const std::vector<std::pair<std::string, int64_t>>& tensors, int me, int Wn,
+                               const std::string& what);
 
 }  // namespace atl::lowcomm

@@ -81,7 +81,8 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
   std::string w = c_.codec.where.empty() ? "lowcomm.exchange" : "lowcomm.exchange (" + c_.codec.where + ")";
   setup_tensor_parallel(mesh);
   if (world_) {  // for HSDP inside the islands (sharded_islands.cpp); split here, on every rank alike
-    shard_axis_ = mesh.axis("dp_shard");
+    // cp x HSDP: a shard group is dp_shard x cp (the cp ranks of a replica cut its chunks too, zero.cpp).
+    shard_axis_ = mesh.shape().cp > 1 ? mesh.group({"dp_shard", "cp"}) : mesh.axis("dp_shard");
     replica_axis_ = mesh.axis("dp_replicate");
   }
   exchange_ = exchange_registry().get(c_.exchange, w)(c_.codec);
@@ -98,6 +99,7 @@ void LowComm::attach(nn::Model& model, const std::string& strategy, const parall
               "lowcomm.method = '{}' has no exchange for parallel.strategy = '{}' inside the islands: use ddp, zero1, "
               "zero2, zero3 or hsdp", c_.method, strategy);
   model_ = &model;
+  tp_ctx_ = tp;
   flat_ = model.flat_values();
   attach_shards(std::move(owned), strategy);
   // Islands initialise alike from the seed; island 0's parameters make sure of it.

@@ -13,7 +13,8 @@
 // its 1/k share of the pseudo-gradient across (k ranks per island) and the island all-gathers the
 // averaged shares over its fast links: the WAN carries one model's worth per island and sync.
 // Ranks that hold shards (tp inside the islands, ZeRO-3) exchange their own shard's instead
-// (tensor_parallel_islands.cpp, sharded_islands.cpp).
+// (tensor_parallel_islands.cpp, sharded_islands.cpp). cp ranks hold the whole model (they split
+// the sequence), so they share the exchange as data-parallel ones do.
 //
 // Checkpoints (save_state/load_state): the outer state (global parameters, momentum, exchanges
 // in flight), every island's own parameters and inner optimizer state, and every rank's
@@ -177,6 +178,7 @@ class LowComm {
   // ranks without tp; under tp the island's ranks with this tp coordinate.
   comm::Communicator* share_ = nullptr;
   comm::Communicator* tp_comm_ = nullptr;  // the island's tp group (tp > 1)
+  const parallel::TensorParallel* tp_ctx_ = nullptr;  // tp > 1: its split rules (IsoLoCo's whole matrices)
   comm::Communicator* dp_comm_ = nullptr;  // tp > 1: the island's dp ranks of this tp coordinate
   // ZeRO-3 / HSDP: the ranks one shard of the model is cut over (their owned ranges partition it).
   comm::Communicator* zero_shard_ = nullptr;

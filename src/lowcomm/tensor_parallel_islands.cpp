@@ -19,7 +19,9 @@
 //    are broadcast;
 //  * Streaming DiLoCo's fragments are the shard's blocks (the same on every tp rank): each rank
 //    exchanges its shard of a fragment, and the exchanges in flight are saved per tp rank;
-//  * not IsoLoCo: Iso-C takes the SVD of whole matrices, which tp splits.
+//  * IsoLoCo's Iso-C takes the SVD of whole matrices, which tp splits: the tp group gathers each
+//    split matrix of the averaged pseudo-gradient whole (the same bits on every tp rank), every
+//    tp rank merges it alike, and each keeps its own piece (isoloco.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,8 +36,6 @@ void LowComm::setup_tensor_parallel(parallel::Mesh& mesh) {
   tp_ = int(mesh.shape().tp);
   share_ = island_comm_.get();
   if (tp_ == 1) return;
-  ATOLL_CHECK(c_.method != "isoloco", "parallel.tp = {} inside islands runs lowcomm.method = 'diloco' or "
-              "'streaming', not '{}': isoloco merges whole matrices (Iso-C's SVD), which tp splits", tp_, c_.method);
   if (!world_) return;
   tp_comm_ = mesh.axis("tp");
   share_ = parallel::data_parallel_comm(mesh);  // the island's dp ranks of this tp coordinate

@@ -78,12 +78,11 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
   }
   // parallel.pp > 1 runs as a pipeline (parallel/pipeline.h), which checks its own layout.
   // pp x cp (x tp): every stage's blocks run ring attention over the stage's cp group (pipeline.h).
-  // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data
-  // and tensor parallelism inside each island (lowcomm/tensor_parallel_islands.cpp); cp and pp
-  // inside an island are not composed yet.
-  ATOLL_CHECK(m.island == 1 || (m.cp == 1 && m.pp == 1), "parallel.islands = {} with parallel.cp = {} and "
-              "parallel.pp = {}: islands run data and tensor parallelism inside each island only (cp and pp must be "
-              "1)", m.island, m.cp, m.pp);
+  // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data,
+  // context and tensor parallelism inside each island (lowcomm/tensor_parallel_islands.cpp,
+  // sharded_islands.cpp); pp inside an island is not composed yet.
+  ATOLL_CHECK(m.island == 1 || m.pp == 1, "parallel.islands = {} with parallel.pp = {}: islands run data, context "
+              "and tensor parallelism inside each island only (pp must be 1)", m.island, m.pp);
 }
 
 DataParallel::~DataParallel() = default;

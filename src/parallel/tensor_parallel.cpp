@@ -247,7 +247,7 @@ const TensorParallel::ParamInfo* TensorParallel::info_of(const std::string& name
   return nullptr;
 }
 
-Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) {
+Tensor TensorParallel::gather_full(const ParamInfo& pi, const Tensor& local) const {
   Tensor full = Tensor::empty(pi.full, local.dtype());
   if (!comm_) {
     full.copy_from(local);
@@ -276,7 +276,7 @@ Shape TensorParallel::full_shape(const std::string& param) const {
   return pi->full;
 }
 
-Tensor TensorParallel::gather(const std::string& param, const Tensor& local) {
+Tensor TensorParallel::gather(const std::string& param, const Tensor& local) const {
   const ParamInfo* pi = info_of(param);
   ATOLL_CHECK(pi && pi->rule.sharded() && local.shape() == pi->p->shape, "tensor parallel: {} is not split over "
               "the tp group, or {} is not its local shape", param, shape_str(local.shape()));

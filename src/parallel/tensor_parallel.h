@@ -110,7 +110,7 @@ class TensorParallel final : public nn::TensorParallelContext {
   // (Parameters by name, as ParamRef names them.)
   bool sharded(const std::string& param) const;
   Shape full_shape(const std::string& param) const;  // the whole model's shape of it
-  Tensor gather(const std::string& param, const Tensor& local);
+  Tensor gather(const std::string& param, const Tensor& local) const;
   // This rank's piece of a whole tensor of a sharded parameter's full shape.
   Tensor take(const std::string& param, const Tensor& whole) const;
   // The whole-matrix optimizers' tp form (parallel/optim/tp_whole_matrix.h) keeps the state of
@@ -147,7 +147,7 @@ class TensorParallel final : public nn::TensorParallelContext {
   // is kept whole.
   const ParamInfo* sharded_owner(const std::string& entry) const;
   void sum_partial(const std::vector<nn::Parameter*>& unit);
-  Tensor gather_full(const ParamInfo& pi, const Tensor& local);
+  Tensor gather_full(const ParamInfo& pi, const Tensor& local) const;
 
   comm::Communicator* comm_;
   int rank_ = 0, size_ = 1;

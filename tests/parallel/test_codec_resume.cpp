@@ -11,6 +11,7 @@
 
 #include "harness.h"
 #include "launch_fixture.h"
+#include "lowcomm/codec_checkpoint.h"
 #include "tensor/safetensors.h"
 
 using namespace atl;
@@ -113,4 +114,85 @@ TEST(CodecResume, AnotherNumberOfRanksRemapsDdpAndRefusesZeroBucketsThatChangeSi
   log = f.log("z2");
   EXPECT_NE(log.find("parallel.codec.rank0.bucket0.meta"), std::string::npos) << log;
   EXPECT_NE(log.find("saved by 2 data-parallel ranks and does not fit this job's 3"), std::string::npos) << log;
+}
+
+// The remap of one data-parallel group (lowcomm/codec_checkpoint.h): old world ranks 2 and 3
+// (island 1 of 2 islands of 2 ranks) to the 3 ranks of island 1 in the new job. The residuals
+// (unsent gradient) are summed onto the group's new rank 0 and only theirs (ranks 0 and 1 of the
+// old job belong to island 0's reduction), the owners' re-encode residuals (rank j's covers
+// elements [j c, (j + 1) c) of the reduced bucket) are cut into the new owners' chunks, and the
+// meta (size, call counter) is the group's first rank's.
+TEST(CodecResume, RemapTakesOnlyItsOwnGroupsResiduals) {
+  const int64_t n = 5;
+  lowcomm::NamedTensors ours;
+  for (int r = 0; r < 4; ++r) {
+    const std::string p = "parallel.codec.rank" + std::to_string(r) + ".bucket0.";
+    Tensor meta = Tensor::empty({2}, DType::i64);
+    meta.data<int64_t>()[0] = n;
+    meta.data<int64_t>()[1] = 7 + r;
+    ours.emplace_back(p + "meta", meta);
+    std::vector<float> res, res2;
+    for (int64_t i = 0; i < n; ++i) res.push_back(float(100 * r + i));
+    for (int64_t i = 0; i < 3; ++i) res2.push_back(float(1000 * r + i));  // chunk of 3 (5 over 2 owners)
+    ours.emplace_back(p + "residual", Tensor::from_vector(res, {n}));
+    ours.emplace_back(p + "residual2", Tensor::from_vector(res2, {3}));
+  }
+  const std::vector<std::pair<std::string, int64_t>> tensors = {{"bucket0", n}};
+  std::vector<std::vector<float>> res(3), res2(3);
+  for (int me = 0; me < 3; ++me) {
+    lowcomm::NamedTensors got = lowcomm::remap_codec_state(ours, {2, 3}, tensors, me, 3, "test");
+    ASSERT_EQ(got.size(), 3u) << me;
+    for (auto& [k, t] : got) {
+      if (k == "bucket0.meta") EXPECT_EQ(t.contiguous().data<int64_t>()[1], 9) << "old rank 2's call counter";
+      if (k == "bucket0.residual") res[size_t(me)] = t.contiguous().to_vector();
+      if (k == "bucket0.residual2") res2[size_t(me)] = t.contiguous().to_vector();
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(res[0][size_t(i)], float(200 + i) + float(300 + i)) << "ranks 2 and 3 summed, element " << i;
+    EXPECT_EQ(res[1][size_t(i)], 0.f);
+    EXPECT_EQ(res[2][size_t(i)], 0.f);
+  }
+  // Old owners' chunks (2000, 2001, 2002 | 3000, 3001) of the 5 elements; new chunks of 2.
+  const std::vector<float> whole = {2000, 2001, 2002, 3000, 3001};
+  for (int me = 0; me < 3; ++me) {
+    ASSERT_EQ(res2[size_t(me)].size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      const size_t at = size_t(2 * me + i);
+      EXPECT_EQ(res2[size_t(me)][size_t(i)], at < whole.size() ? whole[at] : 0.f) << me << " " << i;
+    }
+  }
+}
+
+// Islands (DiLoCo, 2 islands) with DDP's int8 codec inside, stopped on 2 ranks per island and
+// resumed on 3: each island's residuals go to the same island's ranks (the remap above, groups
+// found from the ranks' data-parallel communicators), the run finishes, and the new last island's
+// first rank (world rank 3) carries error feedback; before session 9 this was refused.
+TEST(CodecResume, IslandsResumedWithMoreRanksPerIslandRemapEachIslandsResiduals) {
+  CodecResume f;
+  const std::vector<std::string> isl = {"--parallel.strategy=ddp", "--parallel.codec=int8", "--parallel.error_feedback=true",
+                                        "--parallel.islands=2", "--lowcomm.inner_steps=2"};
+  ASSERT_EQ(f.train("isl", 4, with(isl, {"--train.stop_after=3"})), 0);
+  ASSERT_EQ(f.train("isl", 6, with(isl, {"--resume"})), 0);
+  const std::string log = f.log("isl");
+  EXPECT_NE(log.find("error feedback of 4 ranks remapped to 6 (2 data-parallel groups of 2 ranks to 3"),
+            std::string::npos) << log;
+  const auto l = metric_values(f.root / "isl");
+  ASSERT_EQ(l.size(), 6u);
+  EXPECT_GT(residual_mass(f.ckpt("isl", 6), 3), 0.0) << "island 1's first rank saved no error feedback";
+  // Another number of islands (3 of 2 ranks: the groups do not correspond) is refused, naming the
+  // layouts, before lowcomm's own check of the island count.
+  EXPECT_NE(f.train("isl", 6, with({"--parallel.strategy=ddp", "--parallel.codec=int8", "--parallel.error_feedback=true",
+                                     "--parallel.islands=3", "--lowcomm.inner_steps=2", "--train.steps=8"}, {"--resume"}),
+                    true), 0);
+  EXPECT_NE(f.log("isl").find("remapped only between jobs with the same groups"), std::string::npos) << f.log("isl");
+  // tp 2 without islands: each tp coordinate's dp ranks reduce their shard's buckets with a codec
+  // of their own; 2 dp ranks to 3, each tp coordinate's residuals to the same coordinate's ranks.
+  const std::vector<std::string> tp = {"--parallel.strategy=ddp", "--parallel.codec=int8", "--parallel.error_feedback=true",
+                                       "--parallel.tp=2"};
+  ASSERT_EQ(f.train("tp", 4, with(tp, {"--train.stop_after=3"})), 0);
+  ASSERT_EQ(f.train("tp", 6, with(tp, {"--resume"})), 0);
+  EXPECT_NE(f.log("tp").find("error feedback of 4 ranks remapped to 6 (2 data-parallel groups of 2 ranks to 3"),
+            std::string::npos) << f.log("tp");
+  ASSERT_EQ(metric_values(f.root / "tp").size(), 6u);
 }
