@@ -38,6 +38,14 @@ struct Prediction {
   // calibration's wall-clock fit of the same all-reduces, less the step priced by CPU time).
   // Included in step; like the bubble, CPU time does not see it.
   double sync_wait = 0;
+  // Of sync_wait: the wait the compute between the model-parallel collectives adds (tp, cp, ep:
+  // Device::gap_wait_*), above the back-to-back waits the wall-clock fit holds.
+  double gap_wait = 0;
+  double gap_wait_points = 0;   // blocking collectives per step it is charged on
+  double gap_wait_compute = 0;  // CPU seconds of compute between two of them
+  // Share of the measured kernels' operand bytes found in the L3 (Device::l3_bytes over the
+  // step's working set); 0 where the device has no cache-resident grid.
+  double operands_in_l3 = 0;
   double step = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0, tokens_per_s_device = 0, tokens_per_s_island = 0;
