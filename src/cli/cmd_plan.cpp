@@ -8,6 +8,7 @@
 #include <map>
 #include <omp.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -566,6 +567,27 @@ double measure_ring_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int c
   return 3.0 * B * H * 2.0 * Tq * T * (2.0 * hd) / best;
 }
 
+// Bytes per second at which pages given back with MADV_DONTNEED (as parallel/page_release.cpp
+// does with a ZeRO-3 rank's non-owned values and gradients) fault back in on the next write,
+// zero-filled by the kernel: the release, then one write per page, by CPU time of the process.
+double measure_page_faults(int64_t bytes, int reps) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* mem = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ATOLL_CHECK(mem != MAP_FAILED, "page-fault probe: mmap of {} bytes failed", bytes);
+  char* p = static_cast<char*>(mem);
+  std::memset(p, 1, size_t(bytes));
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < reps; ++r) {
+    clock.reset();
+    madvise(p, size_t(bytes), MADV_DONTNEED);
+    for (int64_t i = 0; i < bytes; i += page) p[i] = 1;
+    best = std::min(best, clock.seconds());
+  }
+  munmap(mem, size_t(bytes));
+  return double(bytes) / best;
+}
+
 // Parameters per second of the engine's AdamW update plus the global gradient norm that clipping
 // takes first, on n parameters (a few times the last-level cache, as a model's states are). On a
 // CPU the per-parameter division and square root can cost more than streaming its 28 bytes.
@@ -779,6 +801,8 @@ int run_calibrate(int argc, char** argv) {
     for (auto& g : expert_grid_l3) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
     std::printf("  grouped expert kernel, operands in the L3: %.2f-%.2f GFLOP/s\n", lo / 1e9, hi / 1e9);
   }
+  double fault_bw = measure_page_faults(int64_t(64) << 20, 2 * reps);
+  std::printf("  released pages faulted back in %.2f GB/s (MADV_DONTNEED, then one write per page)\n", fault_bw / 1e9);
   double opt_rate = measure_optimizer(int64_t(1) << 22, 2 * reps);
   std::printf("  AdamW update + gradient norm %.1f M params/s\n", opt_rate / 1e6);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -866,6 +890,7 @@ int run_calibrate(int argc, char** argv) {
   for (auto& g : linear_grid_l3) j["linear_curve_l3"].push_back({g[0], g[1], g[2], g[3] / peak});
   j["expert_curve_l3"] = nlohmann::json::array();
   for (auto& g : expert_grid_l3) j["expert_curve_l3"].push_back({g[0], g[1], g[2], g[3] / peak});
+  j["page_fault_bandwidth"] = fault_bw;
   j["l3_bytes"] = double(std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE)));
   j["gemm_curve"] = nlohmann::json::array();
   for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});

@@ -316,6 +316,9 @@ Device device_from_calibration(const std::string& path) {
               "calibration file '{}': linear_curve_l3 without linear_curve (rerun `atoll plan calibrate`)", path);
   ATOLL_CHECK(d.expert_curve_l3.empty() || !d.expert_curve.empty(),
               "calibration file '{}': expert_curve_l3 without expert_curve (rerun `atoll plan calibrate`)", path);
+  d.page_fault_bw = j.value("page_fault_bandwidth", 0.0);
+  ATOLL_CHECK(std::isfinite(d.page_fault_bw) && d.page_fault_bw >= 0,
+              "calibration file '{}': page_fault_bandwidth must be ≥ 0", path);
   d.l3_bytes = j.value("l3_bytes", 0.0);
   ATOLL_CHECK(d.l3_bytes >= 0, "calibration file '{}': l3_bytes must be ≥ 0", path);
   if (j.value("collective_timing", std::string()) == "process CPU time of rank 0" && j.contains("intra_node_wall_bandwidth")) {

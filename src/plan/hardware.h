@@ -89,6 +89,9 @@ struct Device {
   // between collectives (`atoll bench comm --gap-us`, plan/comm_fit.h GapWaitFit): seconds per
   // collective, plus seconds per second of compute before it. 0, 0: not measured (GPUs, old files).
   double gap_wait_intercept = 0, gap_wait_slope = 0;
+  // Bytes per second of CPU time at which released pages fault back in, zero-filled (`atoll plan
+  // calibrate`: MADV_DONTNEED on a buffer, then one write per page; 0: not measured).
+  double page_fault_bw = 0;
   double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
   // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
   // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.

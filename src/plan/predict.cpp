@@ -507,11 +507,17 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
   const bool grad_copy = l.fsdp_grad_copy < 0 ? d.name != "cpu-local" : l.fsdp_grad_copy > 0;
   const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce, grad_copy) / d.mem_bw : 0.0;
+  // The pages of what a ZeRO-3 rank does not own, faulted back in (Prediction::page_faults).
+  const double z3_shards = double(l.hsdp ? l.hsdp : l.dp_inner(c.islands) * l.cp);
+  const double mb_fault_bytes = l.zero >= 3 && z3_shards > 1 && d.page_fault_bw > 0
+                                    ? (2.0 * sb.weight + sb.grad) * params_local * (1.0 - 1.0 / z3_shards)
+                                    : 0.0;
+  const double mb_faults = mb_fault_bytes > 0 ? mb_fault_bytes / d.page_fault_bw : 0.0;
   // Expert parallelism's pack/unpack copies (ep_copy_bytes), plain memory streams.
   const double mb_ep_copies =
       l.ep > 1 && moe_in_stage > 0 ? n_moe * ep_copy_bytes(b * s_local, double(m.top_k), h, act_e, l.ep) / d.mem_bw : 0.0;
   const StepProtocol proto = step_protocol_collectives(m, c, l);
-  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_ep_copies + tp_mb.total() + cp_mb.total() + ep_mb.total() +
+  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_faults + mb_ep_copies + tp_mb.total() + cp_mb.total() + ep_mb.total() +
                          proto.per_micro_batch.total();
 
   // ---- pipeline ----
@@ -547,6 +553,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double grad_accum = accum_bytes / d.mem_bw;
   p.grad_buffers = n_micro * mb_grad + param_zero + grad_accum;
   p.fsdp_copies = n_micro * mb_fsdp;
+  p.page_faults = n_micro * mb_faults;
   p.ep_copies = n_micro * mb_ep_copies;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
@@ -700,7 +707,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       if (l.cp > 1 && group_level(c, {l.tp, l.cp}) == Level::intra_node) points += ring_attention_passes(l.cp) * per_stage;
       if (l.ep > 1 && moe_in_stage > 0 && group_level(c, {l.tp * l.cp, l.ep}) == Level::intra_node) points += 4.0 * n_moe;
       if (points > 0) {
-        const double work = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_ep_copies;
+        const double work = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_faults + mb_ep_copies;
         p.gap_wait_points = points * double(n_micro);
         p.gap_wait_compute = work / points;
         p.gap_wait = p.gap_wait_points * (d.gap_wait_intercept + d.gap_wait_slope * p.gap_wait_compute);
@@ -740,7 +747,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost comm = p.comm_total();
     std::vector<std::pair<double, std::string>> parts = {
         {p.compute, "compute-bound (GEMMs)"},
-        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.ep_copies + p.optimizer + p.offload,
+        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.page_faults + p.ep_copies + p.optimizer + p.offload,
          "memory-bound (element-wise kernels, gradient buffers, optimizer)"},
         {p.bubble, "pipeline-bubble-bound"},
     };
@@ -808,10 +815,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
       }
       if (!d.expert_curve.empty() && m.is_moe()) {
         const double rows = b * s_local * m.top_k * l.ep / m.experts, f = double(m.expert_ffn) / (l.ep > 1 ? 1.0 : t);
+        const double up = (m.ffn_type == "swiglu" ? 2.0 : 1.0) * f;
         linears += fmt::format("; experts on the grouped kernel's measured curve ({} shapes): {} local experts × "
                                "{:.4g} rows, {}→{} at eff {:.3f}, {}→{} at {:.3f}", d.expert_curve.size(),
-                               double(m.experts) / l.ep, rows, h, f, d.expert_efficiency(rows, h, f, p.operands_in_l3), f,
-                               h, d.expert_efficiency(rows, f, h, p.operands_in_l3));
+                               double(m.experts) / l.ep, rows, h, up, d.expert_efficiency(rows, h, up, p.operands_in_l3),
+                               f, h, d.expert_efficiency(rows, f, h, p.operands_in_l3));
       }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head){}; each "
                          "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}{}",
@@ -838,6 +846,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          "accumulation) / memory bandwidth {:.4g} GB/s",
                          n_micro, mb_grad_bytes_act / 1e6, mb_grad_bytes_bias / 1e6, head_grad_bytes / 1e6,
                          p.memory.grads / 1e6, p.memory.grads / 1e6, d.mem_bw / 1e9);
+    });
+    rec.add("time.page_faults", p.page_faults, "s", [&] {
+      if (p.page_faults <= 0) return std::string("none: no ZeRO-3 over several ranks, or no measured page-fault rate");
+      return fmt::format("m={} × {:.4g} MB of non-owned pages (values twice, gradients once: (2×{} + {}) B × {:.4g} "
+                         "params × (1 − 1/{})) faulted back in, zero-filled, at the calibrated {:.4g} GB/s",
+                         n_micro, mb_fault_bytes / 1e6, sb.weight, sb.grad, params_local, z3_shards,
+                         d.page_fault_bw / 1e9);
     });
     rec.add("time.fsdp_copies", p.fsdp_copies, "s", [&] {
       if (l.zero < 3) return std::string("no ZeRO-3/FSDP: gradients are reduced from the buffers they accumulate in");

@@ -24,6 +24,11 @@ struct Prediction {
   // ZeRO-3/FSDP framework memory traffic per micro-batch: the unsharded gradients copied into the
   // reduce-scatter's flat input, and cast to fp32 first where the reduction runs in fp32.
   double fsdp_copies = 0;
+  // ZeRO-3 on a CPU (cpu-local, Device::page_fault_bw): atoll gives the pages of the values and
+  // gradients a rank does not own back to the kernel after each use (parallel/page_release.cpp,
+  // MADV_DONTNEED), so every gather and every gradient accumulation faults them in again, zero
+  // filled: per micro-batch the non-owned values twice (forward, backward) and gradients once.
+  double page_faults = 0;
   // Expert parallelism's copies outside the all-to-alls (ep_copy_bytes): every routed row packed
   // into the send buffer and unpacked from the receive buffer, in each of the micro-batch's four
   // exchanges (dispatch and combine, forward and backward).

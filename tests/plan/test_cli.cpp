@@ -150,6 +150,7 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
     }
   }
   EXPECT_GE(j["l3_bytes"].get<double>(), 0.0);
+  EXPECT_GT(j["page_fault_bandwidth"].get<double>(), 1e7);  // released pages faulted back in
   EXPECT_FALSE(atl::plan::device_from_calibration(cal.string()).expert_curve_l3.empty());
   EXPECT_GT(j["optimizer_params_per_s"].get<double>(), 1e6);
   EXPECT_LT(j["optimizer_params_per_s"].get<double>(), 1e11);

@@ -248,3 +248,28 @@ TEST(PlanCacheResidentGrid, AStepThatFitsInTheL3TakesTheCacheResidentGrid) {
     EXPECT_NE(std::string(e.what()).find("linear_curve_l3"), std::string::npos) << e.what();
   }
 }
+
+TEST(PlanZeroPageFaults, NonOwnedPagesFaultBackInAtTheMeasuredRate) {
+  const ModelSpec m = small_gpt();
+  Device d = calibrated_like(), none = calibrated_like();
+  d.page_fault_bw = 2e9;
+  Layout z3 = fp32_batch8();
+  z3.dp = 2, z3.zero = 3, z3.global_batch = 32;  // 2 micro-batches per rank
+  const Prediction p = predict(m, make_cluster(d, 2, 1, 1), z3), p0 = predict(m, make_cluster(none, 2, 1, 1), z3);
+  // fp32 values (4 B) gathered twice and fp32 gradients (4 B) once per micro-batch, the half of
+  // them this rank does not own.
+  const double per_mb = (2 * 4.0 + 4.0) * p.memory.params_per_device * 0.5;
+  EXPECT_NEAR(p.page_faults, 2 * per_mb / 2e9, 1e-12);
+  EXPECT_GT(p.page_faults, 0.0);
+  EXPECT_NEAR(p.step - p0.step, p.page_faults, 1e-12);
+  // Not sharded, or sharded only in optimizer state: nothing is given back.
+  Layout z1 = z3;
+  z1.zero = 1;
+  EXPECT_EQ(predict(m, make_cluster(d, 2, 1, 1), z1).page_faults, 0.0);
+  Layout one = fp32_batch8();
+  one.zero = 3;
+  EXPECT_EQ(predict(m, make_cluster(d, 1, 1, 1), one).page_faults, 0.0);
+  EXPECT_EQ(p0.page_faults, 0.0);
+  EXPECT_DOUBLE_EQ(device_from_calibration(write_calibration(R"(,"page_fault_bandwidth":3e9)")).page_fault_bw, 3e9);
+  EXPECT_THROW(device_from_calibration(write_calibration(R"(,"page_fault_bandwidth":-1)")), atl::Error);
+}
