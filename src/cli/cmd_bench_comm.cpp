@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 
 namespace atl::cli {
@@ -70,6 +71,10 @@ void print_table(const Results& res, int n);
 // rank and its CPU time is counted per rank.
 void run_gapped(const Opts& o, comm::Communicator& c) {
   const int n = c.size();
+  // One thread per rank, as `atoll plan calibrate` and the self-check run them: the GEMM count is
+  // decided from one GEMM's CPU time, which a team of threads spinning at its barriers inflates
+  // (on a loaded host, past the whole gap: no compute at all).
+  set_num_threads(1);
   constexpr int64_t kDim = 128;  // 4.2 MFLOP per GEMM: tens of µs, fine steps of compute
   std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), y(kDim * kDim, 0.f);
   auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, 1.f, a.data(), kDim, b.data(), kDim, 0.f, y.data(), kDim); };
