@@ -145,12 +145,12 @@ fi
 echo "(work dir: $WORK)"
 # The prediction per phase (ms per step; time.* of `atoll plan --json`), to set beside a perf profile
 # of the same run (docs/plan.md, "Per phase").
-echo "| layout | compute | memory-bound | grad buffers | ep copies | optimizer | bubble | tp | cp | ep | pp p2p | dp | control (step collectives) | waits in collectives |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| layout | compute | memory-bound | grad buffers | ep copies | optimizer | bubble | tp | cp | ep | pp p2p | dp | control (step collectives) | waits in collectives | of which compute between (gap_wait) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${layouts[@]}"; do
   IFS='|' read -r name _ <<<"$spec"
   $PY -c 'import json,sys; t=json.load(open(sys.argv[2]))["time"]
 f=lambda k: "%.1f" % (1e3*(t[k]["total_s"] if isinstance(t[k], dict) else t.get(k, 0)))
-print("| %s | %s |" % (sys.argv[1], " | ".join(f(k) for k in ("compute_s","memory_bound_s","grad_buffers_s","ep_copies_s","optimizer_s","bubble_s","tp","cp","ep","pp_p2p","dp","control","sync_wait_s"))))' \
+print("| %s | %s |" % (sys.argv[1], " | ".join(f(k) for k in ("compute_s","memory_bound_s","grad_buffers_s","ep_copies_s","optimizer_s","bubble_s","tp","cp","ep","pp_p2p","dp","control","sync_wait_s","gap_wait_s"))))' \
     "$name" "$WORK/run_${name//[^a-z0-9]/_}_$STEPS.plan.json"
 done

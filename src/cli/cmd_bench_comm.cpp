@@ -22,6 +22,8 @@
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "core/error.h"
+#include "core/threads.h"
+#include "kernels/cpu/gemm.h"
 
 namespace atl::cli {
 
@@ -50,11 +52,71 @@ struct Opts {
   int samples = 0;
   std::string backends = "gloo,mpi";
   bool in_job = false;
+  // --gap-us: all-reduces with about this much compute on every rank before each one (see
+  // run_gapped); empty: none.
+  std::vector<double> gaps_us;
 };
 
 // backend -> op -> bytes -> seconds
 using Results = std::map<std::string, std::map<std::string, std::map<int64_t, double>>>;
 void print_table(const Results& res, int n);
+
+// All-reduces as training issues them: each rank computes (GEMMs, the same count on every rank)
+// for about `gap` µs of CPU time, then enters the collective. Back to back, both ranks arrive
+// together and neither sleeps long; with compute between, the rank that finishes first sleeps
+// until its peer has finished its own compute (their times differ: caches, the memory the two
+// share, interrupts), and a rank that slept has to be woken. Each iteration prints a GAP line
+// (rank 0): the compute's CPU seconds and the collective's wait (wall − process CPU seconds of
+// the collective), both the mean over the ranks, since the step's wall clock is the same on every
+// rank and its CPU time is counted per rank.
+void run_gapped(const Opts& o, comm::Communicator& c) {
+  const int n = c.size();
+  // One thread per rank, as `atoll plan calibrate` and the self-check run them: the GEMM count is
+  // decided from one GEMM's CPU time, which a team of threads spinning at its barriers inflates
+  // (on a loaded host, past the whole gap: no compute at all).
+  set_num_threads(1);
+  constexpr int64_t kDim = 128;  // 4.2 MFLOP per GEMM: tens of µs, fine steps of compute
+  std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), y(kDim * kDim, 0.f);
+  auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, 1.f, a.data(), kDim, b.data(), kDim, 0.f, y.data(), kDim); };
+  // Rank 0 times one GEMM; every rank then runs the same count per gap.
+  Tensor per = Tensor::full({1}, 0.0f);
+  for (int i = 0; i < 3; ++i) gemm();
+  {
+    const double c0 = process_cpu_seconds();
+    for (int i = 0; i < 20; ++i) gemm();
+    per.data<float>()[0] = float((process_cpu_seconds() - c0) / 20);
+  }
+  c.broadcast(per, 0);
+  const double gemm_s = std::max(1e-7, double(per.data<float>()[0]));
+  const int64_t k = std::max(3, o.samples);
+  for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+    int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);
+    Tensor big = Tensor::full({elems}, 1.0f);
+    c.all_reduce(big);  // warm-up
+    for (double gap_us : o.gaps_us) {
+      const int64_t reps = int64_t(std::llround(1e-6 * gap_us / gemm_s));
+      Tensor comp = Tensor::zeros({k}), wait = Tensor::zeros({k});
+      c.barrier();
+      for (int64_t i = 0; i < k; ++i) {
+        const double c0 = process_cpu_seconds();
+        for (int64_t r = 0; r < reps; ++r) gemm();
+        const double c1 = process_cpu_seconds();
+        const auto t1 = clock_type::now();
+        c.all_reduce(big);
+        const double wall = std::chrono::duration<double>(clock_type::now() - t1).count();
+        comp.data<float>()[i] = float(c1 - c0);
+        wait.data<float>()[i] = float(wall - (process_cpu_seconds() - c1));
+      }
+      c.all_reduce(comp);
+      c.all_reduce(wait);
+      if (c.rank() == 0)
+        for (int64_t i = 0; i < k; ++i)
+          std::printf("GAP %s all_reduce %d %lld %.9f %.9f\n", c.backend().c_str(), n, (long long)(elems * 4),
+                      double(comp.data<float>()[i]) / n, double(wait.data<float>()[i]) / n);
+      std::fflush(stdout);
+    }
+  }
+}
 
 // One measurement per (op, size): the slowest rank's mean time per iteration. With --in-job
 // rank 0 prints machine-readable RESULT lines for the driver, otherwise the table.
@@ -62,6 +124,7 @@ void run_in_job(const Opts& o) {
   Results res;
   auto c = comm::make_communicator("auto");
   const int n = c->size();
+  if (!o.gaps_us.empty()) return run_gapped(o, *c);
   for (const char* op : kOps) {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
       int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);  // f32, divisible by n
@@ -199,6 +262,10 @@ int run_bench_comm(int argc, char** argv) {
   app.add_option("--samples", o.samples, "with --in-job: at least this many iterations per size, each printed as a "
                                          "SAMPLE line")
       ->check(CLI::Range(0, 100000));
+  app.add_option("--gap-us", o.gaps_us, "with --in-job: instead of the tables, all-reduces with this many µs of "
+                                       "compute on every rank before each one (a list), --samples of each, printed as "
+                                       "GAP lines: compute CPU seconds, then the collective's wall − CPU seconds")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--backends", o.backends, "comma-separated, when this command starts the jobs: gloo,mpi");
   app.add_flag("--in-job", o.in_job, "measure the current job's backend (implied under a launcher)");
   try {
@@ -207,6 +274,9 @@ int run_bench_comm(int argc, char** argv) {
     return app.exit(e);
   }
   auto env = comm::DistEnv::from_environment();
+  ATOLL_CHECK(o.gaps_us.empty() || o.in_job || env.world_size > 1,
+              "--gap-us measures inside a job: run `atoll launch --nproc-per-node N -- atoll bench comm --in-job "
+              "--gap-us ...`");
   if (o.in_job || env.world_size > 1) {
     run_in_job(o);
     return 0;

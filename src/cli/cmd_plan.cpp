@@ -8,6 +8,7 @@
 #include <map>
 #include <omp.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/moe_kernels.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_config.h"
 #include "models/moe/moe_config.h"
@@ -406,6 +408,18 @@ void evict_caches() {
   for (size_t i = 0; i < junk.size(); i += 16) junk[i] += 1.f;  // one touch per 64-byte line
 }
 
+// Evicts only the core's own caches (a buffer of twice the L2, at least 4 MB): the next kernel
+// finds its inputs in the L3, as a training step whose working set fits there does (session 9's
+// perf of the self-check's one-rank step: its GEMMs 16 ms against 22 ms on the DRAM-cold grid).
+void evict_l2() {
+  static std::vector<float> junk;
+  if (junk.empty()) {
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    junk.assign(size_t(std::max<long>(4L << 20, 2 * std::max(l2, 0L)) / 4), 1.f);
+  }
+  for (size_t i = 0; i < junk.size(); i += 16) junk[i] += 1.f;
+}
+
 // FLOP/s of the engine's fused causal attention (forward + backward), counted as the planner
 // counts an attention core: 2·s²·(d_q + d_v) per head forward, backward twice that (so rate =
 // 3 × forward FLOPs / (forward + backward time)). Each sample is one call with cold caches
@@ -440,7 +454,8 @@ double measure_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int sample
 // token-major GEMM with a thin side (tp shards: C or OC of 64–256) spends more of its time in
 // packing than a cube of the same FLOPs, and the backward's xᵀ·dout reduces over the tokens.
 // Cold caches before the forward and before the backward (evict_caches), as inside a step.
-double measure_linear(int64_t N, int64_t C, int64_t OC, int samples) {
+double measure_linear(int64_t N, int64_t C, int64_t OC, int samples, bool cold = true) {
+  auto evict = cold ? evict_caches : evict_l2;
   std::vector<float> x(N * C), w(C * OC), y(N * OC), dy(N * OC, 0.01f), dx(N * C, 0.f), dw(C * OC, 0.f);
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(int(i % 13) - 6);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * float(int(i % 7) - 3);
@@ -449,16 +464,48 @@ double measure_linear(int64_t N, int64_t C, int64_t OC, int samples) {
   double best = 1e30;
   KernelClock clock;
   for (int r = 0; r < samples; ++r) {
-    evict_caches();
+    evict();
     clock.reset();
     cpu::linear_forward(y.data(), x.data(), w.data(), nullptr, N, C, OC);
     double fwd = clock.seconds();
-    evict_caches();
+    evict();
     clock.reset();
     cpu::linear_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, C, OC);
     best = std::min(best, fwd + clock.seconds());
   }
   return 3.0 * 2.0 * double(N) * double(C) * double(OC) / best;
+}
+
+// FLOP/s of the engine's grouped expert kernel (cpu::grouped_gemm_forward, then
+// grouped_gemm_backward's dx and dw, as the MoE layer calls them) over G experts of `rows` rows
+// each, `inputs` → `outputs`: counted as the planner counts the experts' GEMMs, 2·G·rows·in·out
+// forward and twice that backward. Its own register tiles (4 rows × 64 columns) and the
+// transpose of every expert's weight in dx are not an OpenBLAS GEMM: the square curve put
+// session 7's MoE at 24% below its perf-measured expert time. Cold caches before each pass.
+double measure_grouped_experts(int64_t G, int64_t rows, int64_t inputs, int64_t outputs, int samples, bool cold = true) {
+  auto evict = cold ? evict_caches : evict_l2;
+  const int64_t M = G * rows;
+  std::vector<float> x(size_t(M * inputs)), w(size_t(G * inputs * outputs)), y(size_t(M * outputs));
+  std::vector<float> dy(y.size(), 0.01f), dx(x.size(), 0.f), dw(w.size(), 0.f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(int(i % 13) - 6);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * float(int(i % 7) - 3);
+  std::vector<int64_t> off(size_t(G + 1));
+  for (int64_t g = 0; g <= G; ++g) off[size_t(g)] = g * rows;
+  cpu::grouped_gemm_forward(y.data(), x.data(), w.data(), off.data(), G, inputs, outputs);  // warm-up
+  cpu::grouped_gemm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), off.data(), G, inputs, outputs);
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < samples; ++r) {
+    evict();
+    clock.reset();
+    cpu::grouped_gemm_forward(y.data(), x.data(), w.data(), off.data(), G, inputs, outputs);
+    double fwd = clock.seconds();
+    evict();
+    clock.reset();
+    cpu::grouped_gemm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), off.data(), G, inputs, outputs);
+    best = std::min(best, fwd + clock.seconds());
+  }
+  return 3.0 * 2.0 * double(M) * double(inputs) * double(outputs) / best;
 }
 
 // FLOP/s of one context-parallel rank's ring attention at `cp` ranks (balanced head-and-tail
@@ -518,6 +565,27 @@ double measure_ring_attention(int64_t B, int64_t T, int64_t H, int64_t hd, int c
     best = std::min(best, fwd + clock.seconds());
   }
   return 3.0 * B * H * 2.0 * Tq * T * (2.0 * hd) / best;
+}
+
+// Bytes per second at which pages given back with MADV_DONTNEED (as parallel/page_release.cpp
+// does with a ZeRO-3 rank's non-owned values and gradients) fault back in on the next write,
+// zero-filled by the kernel: the release, then one write per page, by CPU time of the process.
+double measure_page_faults(int64_t bytes, int reps) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* mem = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ATOLL_CHECK(mem != MAP_FAILED, "page-fault probe: mmap of {} bytes failed", bytes);
+  char* p = static_cast<char*>(mem);
+  std::memset(p, 1, size_t(bytes));
+  double best = 1e30;
+  KernelClock clock;
+  for (int r = 0; r < reps; ++r) {
+    clock.reset();
+    madvise(p, size_t(bytes), MADV_DONTNEED);
+    for (int64_t i = 0; i < bytes; i += page) p[i] = 1;
+    best = std::min(best, clock.seconds());
+  }
+  munmap(mem, size_t(bytes));
+  return double(bytes) / best;
 }
 
 // Parameters per second of the engine's AdamW update plus the global gradient norm that clipping
@@ -585,6 +653,47 @@ std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_
   return pts;
 }
 
+// All-reduces of `bytes` between `nproc` local ranks with compute between them (`atoll bench comm
+// --gap-us`): gap level (µs asked) → (compute CPU seconds, wait seconds) per iteration.
+std::map<double, std::vector<std::pair<double, double>>> measure_gap_wait(int nproc, int64_t bytes,
+                                                                          const std::vector<double>& gaps_us,
+                                                                          int samples) {
+  char buf[4096] = {};
+  ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
+  std::string self(buf, size_t(len)), list;
+  for (double g : gaps_us) list += (list.empty() ? "" : " ") + fmt::format("{:g}", g);
+  std::string cmd = fmt::format("'{}' launch --nproc-per-node {} -- '{}' bench comm --in-job --min-bytes {} "
+                                "--max-bytes {} --samples {} --gap-us {} 2>&1",
+                                self, nproc, self, bytes, bytes, samples, list);
+  FILE* p = popen(cmd.c_str(), "r");
+  ATOLL_CHECK(p, "cannot run `{}`", cmd);
+  // The lines come in the order of the levels, `samples` each.
+  std::map<double, std::vector<std::pair<double, double>>> out;
+  std::string other;
+  char line[512];
+  size_t i = 0;
+  while (std::fgets(line, sizeof line, p)) {
+    char backend[32], op[32];
+    int n = 0;
+    long long b = 0;
+    double comp = 0, wait = 0;
+    const char* q = std::strstr(line, "GAP ");
+    if (q && std::sscanf(q, "GAP %31s %31s %d %lld %lf %lf", backend, op, &n, &b, &comp, &wait) == 6) {
+      out[gaps_us[std::min(gaps_us.size() - 1, i / size_t(samples))]].push_back({comp, wait});
+      ++i;
+    } else {
+      other += line;
+    }
+  }
+  int rc = pclose(p);
+  ATOLL_CHECK(rc == 0 && i == gaps_us.size() * size_t(samples),
+              "timing collectives with compute between failed (`{}` exited with status {}, {} of {} samples):\n{}\n"
+              "rerun with --no-collectives to keep the default link figures", cmd, rc, i,
+              gaps_us.size() * size_t(samples), other);
+  return out;
+}
+
 int run_calibrate(int argc, char** argv) {
   CLI::App app{"Measure this machine's GEMM curve, kernels, memory bandwidth and collectives for the cpu-local device"};
   std::string out = calibration_path();
@@ -649,7 +758,7 @@ int run_calibrate(int argc, char** argv) {
   }
   // The linear layers' GEMMs on token-major shapes (a grid: tokens × inputs × outputs), as a
   // layer's projections and MLP see them, whole or as tp shards.
-  std::vector<std::array<double, 4>> linear_grid;  // (tokens, inputs, outputs, FLOP/s)
+  std::vector<std::array<double, 4>> linear_grid, linear_grid_l3;  // (tokens, inputs, outputs, FLOP/s)
   {
     // Tokens per micro-batch as a rank sees them: b·s, halved per cp rank.
     const std::vector<int64_t> toks = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
@@ -660,13 +769,40 @@ int run_calibrate(int argc, char** argv) {
     const int grid_samples = quick ? reps : 2 * reps;
     for (int64_t n : toks)
       for (int64_t c : widths)
-        for (int64_t oc : widths)
+        for (int64_t oc : widths) {
           linear_grid.push_back({double(n), double(c), double(oc), measure_linear(n, c, oc, grid_samples)});
+          linear_grid_l3.push_back({double(n), double(c), double(oc), measure_linear(n, c, oc, grid_samples, false)});
+        }
     double lo = 1e30, hi = 0;
     for (auto& g : linear_grid) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
     std::printf("  linear layers %.2f-%.2f GFLOP/s (fwd+bwd, %zu token-major shapes, widths %lld-%lld)\n", lo / 1e9,
                 hi / 1e9, linear_grid.size(), (long long)widths.front(), (long long)widths.back());
+    lo = 1e30, hi = 0;
+    for (auto& g : linear_grid_l3) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
+    std::printf("  linear layers, operands in the L3: %.2f-%.2f GFLOP/s\n", lo / 1e9, hi / 1e9);
   }
+  // The grouped expert kernel on a grid of rows per expert × inputs × outputs (8 experts per call,
+  // as a MoE layer's local experts on one or two ranks).
+  std::vector<std::array<double, 4>> expert_grid, expert_grid_l3;  // (rows per expert, inputs, outputs, FLOP/s)
+  {
+    const std::vector<int64_t> rows = quick ? std::vector<int64_t>{32, 256} : std::vector<int64_t>{32, 128, 512};
+    const std::vector<int64_t> widths = quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{64, 128, 256, 512};
+    for (int64_t r : rows)
+      for (int64_t c : widths)
+        for (int64_t oc : widths) {
+          expert_grid.push_back({double(r), double(c), double(oc), measure_grouped_experts(8, r, c, oc, reps)});
+          expert_grid_l3.push_back({double(r), double(c), double(oc), measure_grouped_experts(8, r, c, oc, reps, false)});
+        }
+    double lo = 1e30, hi = 0;
+    for (auto& g : expert_grid) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
+    std::printf("  grouped expert kernel %.2f-%.2f GFLOP/s (fwd+bwd, 8 experts, %zu shapes)\n", lo / 1e9, hi / 1e9,
+                expert_grid.size());
+    lo = 1e30, hi = 0;
+    for (auto& g : expert_grid_l3) lo = std::min(lo, g[3]), hi = std::max(hi, g[3]);
+    std::printf("  grouped expert kernel, operands in the L3: %.2f-%.2f GFLOP/s\n", lo / 1e9, hi / 1e9);
+  }
+  double fault_bw = measure_page_faults(int64_t(64) << 20, 2 * reps);
+  std::printf("  released pages faulted back in %.2f GB/s (MADV_DONTNEED, then one write per page)\n", fault_bw / 1e9);
   double opt_rate = measure_optimizer(int64_t(1) << 22, 2 * reps);
   std::printf("  AdamW update + gradient norm %.1f M params/s\n", opt_rate / 1e6);
   double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -729,10 +865,33 @@ int run_calibrate(int argc, char** argv) {
     j["intra_node_wall_latency"] = wall.latency;
     j["all_reduce_2_ranks"] = nlohmann::json::array();
     for (auto [bytes, t] : fit.medians) j["all_reduce_2_ranks"].push_back({bytes, t});
+    // The same all-reduce with compute between (256 KB, a tp layer's activation at the sizes the
+    // self-check trains): how much longer a rank sleeps in it than back to back, against the
+    // compute before it (plan/comm_fit.h GapWaitFit; the planner's Prediction::gap_wait).
+    if (by_cpu) {
+      const std::vector<double> gaps{0, 250, 1000, 4000};
+      plan::GapWaitFit gw = plan::fit_gap_wait(measure_gap_wait(2, 256 << 10, gaps, quick ? 21 : 41));
+      for (auto [comp, w] : gw.medians)
+        std::printf("  all_reduce 262144 B after %7.1f us of compute: waits %7.1f us more than back to back (%.1f)\n",
+                    1e6 * comp, 1e6 * w, 1e6 * gw.base);
+      std::printf("  wait from the compute between collectives: %.1f us + %.4f × the compute before each\n",
+                  1e6 * gw.intercept, gw.slope);
+      j["gap_wait"] = {{"intercept_s", gw.intercept}, {"slope", gw.slope}, {"base_s", gw.base}, {"bytes", 256 << 10},
+                       {"points", nlohmann::json::array()}};
+      for (auto [comp, w] : gw.medians) j["gap_wait"]["points"].push_back({comp, w});
+    }
   }
   // Relative to the peak, like gemm_curve, so that a device that scales the peak scales these.
   j["linear_curve"] = nlohmann::json::array();
   for (auto& g : linear_grid) j["linear_curve"].push_back({g[0], g[1], g[2], g[3] / peak});
+  j["expert_curve"] = nlohmann::json::array();
+  for (auto& g : expert_grid) j["expert_curve"].push_back({g[0], g[1], g[2], g[3] / peak});
+  j["linear_curve_l3"] = nlohmann::json::array();
+  for (auto& g : linear_grid_l3) j["linear_curve_l3"].push_back({g[0], g[1], g[2], g[3] / peak});
+  j["expert_curve_l3"] = nlohmann::json::array();
+  for (auto& g : expert_grid_l3) j["expert_curve_l3"].push_back({g[0], g[1], g[2], g[3] / peak});
+  j["page_fault_bandwidth"] = fault_bw;
+  j["l3_bytes"] = double(std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE)));
   j["gemm_curve"] = nlohmann::json::array();
   for (auto [f, r] : rate) j["gemm_curve"].push_back({f, r / peak});
   auto dir = std::filesystem::path(out).parent_path();

@@ -39,4 +39,31 @@ AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples
   return f;
 }
 
+GapWaitFit fit_gap_wait(const std::map<double, std::vector<std::pair<double, double>>>& samples) {
+  GapWaitFit f;
+  auto zero = samples.find(0.0);
+  ATOLL_CHECK(zero != samples.end() && !zero->second.empty(),
+              "a gap-wait fit needs the back-to-back level (gap 0) to measure the wait above");
+  auto med = [](const std::vector<std::pair<double, double>>& v, bool second) {
+    std::vector<double> x;
+    for (auto& p : v) x.push_back(second ? p.second : p.first);
+    return median_of(x);
+  };
+  f.base = med(zero->second, true);
+  for (auto& [gap, v] : samples)
+    if (gap > 0 && !v.empty()) f.medians.push_back({med(v, false), med(v, true) - f.base});
+  ATOLL_CHECK(f.medians.size() >= 2, "a gap-wait fit needs at least two levels of compute between collectives, got {}",
+              f.medians.size());
+  std::vector<double> slopes;
+  for (size_t i = 0; i < f.medians.size(); ++i)
+    for (size_t j = i + 1; j < f.medians.size(); ++j)
+      if (f.medians[j].first != f.medians[i].first)
+        slopes.push_back((f.medians[j].second - f.medians[i].second) / (f.medians[j].first - f.medians[i].first));
+  f.slope = slopes.empty() ? 0.0 : std::max(0.0, median_of(slopes));
+  std::vector<double> rest;
+  for (auto [x, y] : f.medians) rest.push_back(y - f.slope * x);
+  f.intercept = std::max(0.0, median_of(rest));
+  return f;
+}
+
 }  // namespace atl::plan

@@ -24,4 +24,22 @@ double median_of(std::vector<double> v);
 // grow with the size (a machine too loaded to measure).
 AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples, int n);
 
+// The wait a blocking collective adds when the ranks compute between collectives (`atoll bench
+// comm --gap-us`): per gap level, (compute CPU seconds, the collective's wall − CPU seconds) of
+// each iteration, the mean over the ranks. Back to back (gap 0) the ranks arrive together; the
+// wait above that level is what training's compute between collectives adds: the peer's lateness
+// (the spread of two ranks' compute, growing with its length) and the wake-up of a rank that
+// slept. Fitted as extra(c) = intercept + slope·c through the gap levels' medians (compute,
+// wait − the gap-0 median) by Theil–Sen; both clamped at 0 (a noisy level may dip below the
+// back-to-back wait, which is no negative cost).
+struct GapWaitFit {
+  double intercept = 0;  // seconds per collective once any compute separates them (wake-up)
+  double slope = 0;      // seconds of wait per second of compute before the collective (spread)
+  double base = 0;       // median wait back to back (already in the wall-clock alpha-beta fit)
+  std::vector<std::pair<double, double>> medians;  // (compute s, wait s above base) per level > 0
+};
+// samples: gap level (µs asked) → (compute s, wait s) per iteration. Needs the 0 level and at
+// least two others.
+GapWaitFit fit_gap_wait(const std::map<double, std::vector<std::pair<double, double>>>& samples);
+
 }  // namespace atl::plan

@@ -100,14 +100,14 @@ static std::pair<size_t, double> bracket(const std::vector<double>& axis, double
   return {i, (std::log(x) - std::log(axis[i])) / (std::log(axis[i + 1]) - std::log(axis[i]))};
 }
 
-double Device::linear_efficiency(double tokens, double inputs, double outputs) const {
-  if (linear_curve.empty()) return gemm_efficiency(2 * tokens * inputs * outputs);
+// Trilinear in the logs of the three sizes on a complete grid, clamped at its edges.
+static double on_grid(const std::vector<std::array<double, 4>>& grid, double tokens, double inputs, double outputs) {
   std::vector<double> ax[3];
-  for (auto& p : linear_curve)
+  for (auto& p : grid)
     for (int a = 0; a < 3; ++a) ax[a].push_back(p[a]);
   for (auto& v : ax) std::sort(v.begin(), v.end()), v.erase(std::unique(v.begin(), v.end()), v.end());
   auto at = [&](size_t i, size_t j, size_t k) {
-    for (auto& p : linear_curve)
+    for (auto& p : grid)
       if (p[0] == ax[0][i] && p[1] == ax[1][j] && p[2] == ax[2][k]) return p[3];
     return 0.0;  // not reached: device_from_calibration checks the grid is complete
   };
@@ -127,6 +127,25 @@ double Device::linear_efficiency(double tokens, double inputs, double outputs) c
     if (w > 0) e += w * at(idx[0], idx[1], idx[2]);
   }
   return e;
+}
+
+// A fraction `in_l3` of the work at the cache-resident grid's efficiency, the rest at the cold one's.
+static double mixed(const std::vector<std::array<double, 4>>& cold, const std::vector<std::array<double, 4>>& warm,
+                    double in_l3, double a, double b, double c) {
+  const double e = on_grid(cold, a, b, c);
+  if (warm.empty() || in_l3 <= 0) return e;
+  const double f = std::min(1.0, in_l3);
+  return 1.0 / (f / on_grid(warm, a, b, c) + (1.0 - f) / e);
+}
+
+double Device::linear_efficiency(double tokens, double inputs, double outputs, double in_l3) const {
+  if (linear_curve.empty()) return gemm_efficiency(2 * tokens * inputs * outputs);
+  return mixed(linear_curve, linear_curve_l3, in_l3, tokens, inputs, outputs);
+}
+
+double Device::expert_efficiency(double rows, double inputs, double outputs, double in_l3) const {
+  if (expert_curve.empty()) return gemm_efficiency(2 * rows * inputs * outputs);
+  return mixed(expert_curve, expert_curve_l3, in_l3, rows, inputs, outputs);
 }
 
 double Device::attention_rate(double f) const {
@@ -267,30 +286,59 @@ Device device_from_calibration(const std::string& path) {
   d.reserved_bytes = 0;
   d.shared_by_node = true;
   d.gemm_overlaps_memory = false;  // OpenBLAS packs operands in passes of their own
-  if (j.contains("linear_curve")) {
-    for (auto& p : j["linear_curve"]) {
+  // A complete (size, size, size, efficiency) grid of a measured kernel, checked as it is read.
+  auto read_grid = [&](const char* key, const char* first, std::vector<std::array<double, 4>>& out) {
+    if (!j.contains(key)) return;
+    for (auto& p : j[key]) {
       std::array<double, 4> g{p.at(0).get<double>(), p.at(1).get<double>(), p.at(2).get<double>(), p.at(3).get<double>()};
       ATOLL_CHECK(g[0] >= 1 && g[1] >= 1 && g[2] >= 1 && g[3] > 0 && g[3] <= 4,
-                  "calibration file '{}': linear_curve points are [tokens, inputs, outputs, efficiency] with sizes ≥ 1 "
-                  "and 0 < efficiency ≤ 4 (rerun `atoll plan calibrate`)", path);
-      d.linear_curve.push_back(g);
+                  "calibration file '{}': {} points are [{}, inputs, outputs, efficiency] with sizes ≥ 1 "
+                  "and 0 < efficiency ≤ 4 (rerun `atoll plan calibrate`)", path, key, first);
+      out.push_back(g);
     }
     std::set<double> ax[3];
     std::set<std::array<double, 3>> seen;
-    for (auto& g : d.linear_curve) {
+    for (auto& g : out) {
       for (int a = 0; a < 3; ++a) ax[a].insert(g[a]);
-      ATOLL_CHECK(seen.insert({g[0], g[1], g[2]}).second, "calibration file '{}': linear_curve has the shape {}×{}→{} "
-                  "twice (rerun `atoll plan calibrate`)", path, g[0], g[1], g[2]);
+      ATOLL_CHECK(seen.insert({g[0], g[1], g[2]}).second, "calibration file '{}': {} has the shape {}×{}→{} "
+                  "twice (rerun `atoll plan calibrate`)", path, key, g[0], g[1], g[2]);
     }
     ATOLL_CHECK(seen.size() == ax[0].size() * ax[1].size() * ax[2].size(),
-                "calibration file '{}': linear_curve must hold every combination of its tokens, inputs and outputs "
-                "({} of {}; rerun `atoll plan calibrate`)", path, seen.size(), ax[0].size() * ax[1].size() * ax[2].size());
-  }
+                "calibration file '{}': {} must hold every combination of its {}, inputs and outputs "
+                "({} of {}; rerun `atoll plan calibrate`)", path, key, first, seen.size(),
+                ax[0].size() * ax[1].size() * ax[2].size());
+  };
+  read_grid("linear_curve", "tokens", d.linear_curve);
+  read_grid("expert_curve", "rows per expert", d.expert_curve);
+  read_grid("linear_curve_l3", "tokens", d.linear_curve_l3);
+  read_grid("expert_curve_l3", "rows per expert", d.expert_curve_l3);
+  ATOLL_CHECK(d.linear_curve_l3.empty() || !d.linear_curve.empty(),
+              "calibration file '{}': linear_curve_l3 without linear_curve (rerun `atoll plan calibrate`)", path);
+  ATOLL_CHECK(d.expert_curve_l3.empty() || !d.expert_curve.empty(),
+              "calibration file '{}': expert_curve_l3 without expert_curve (rerun `atoll plan calibrate`)", path);
+  d.page_fault_bw = j.value("page_fault_bandwidth", 0.0);
+  ATOLL_CHECK(std::isfinite(d.page_fault_bw) && d.page_fault_bw >= 0,
+              "calibration file '{}': page_fault_bandwidth must be ≥ 0", path);
+  d.l3_bytes = j.value("l3_bytes", 0.0);
+  ATOLL_CHECK(d.l3_bytes >= 0, "calibration file '{}': l3_bytes must be ≥ 0", path);
   if (j.value("collective_timing", std::string()) == "process CPU time of rank 0" && j.contains("intra_node_wall_bandwidth")) {
     d.intra_wall_bw = j["intra_node_wall_bandwidth"].get<double>();
     d.intra_wall_latency = j.value("intra_node_wall_latency", 0.0);
     ATOLL_CHECK(d.intra_wall_bw > 0 && d.intra_wall_latency >= 0, "calibration file '{}': intra_node_wall_bandwidth "
                 "must be positive and intra_node_wall_latency non-negative (rerun `atoll plan calibrate`)", path);
+    if (j.contains("gap_wait")) {
+      const nlohmann::json& g = j["gap_wait"];
+      ATOLL_CHECK(g.is_object() && g.contains("intercept_s") && g.contains("slope"),
+                  "calibration file '{}': gap_wait needs intercept_s and slope (rerun `atoll plan calibrate`)", path);
+      d.gap_wait_intercept = g["intercept_s"].get<double>();
+      d.gap_wait_slope = g["slope"].get<double>();
+      // Quiet, the slope is the spread of two ranks' compute (a few %); under load it also counts
+      // the peer's compute stretched by the scheduler, which may exceed the compute itself.
+      ATOLL_CHECK(std::isfinite(d.gap_wait_intercept) && std::isfinite(d.gap_wait_slope) && d.gap_wait_intercept >= 0 &&
+                      d.gap_wait_slope >= 0,
+                  "calibration file '{}': gap_wait.intercept_s and gap_wait.slope must be finite and ≥ 0 (got {}, {}; "
+                  "rerun `atoll plan calibrate`)", path, d.gap_wait_intercept, d.gap_wait_slope);
+    }
   }
   for (auto& p : need("gemm_curve")) d.gemm_curve.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
   ATOLL_CHECK(!d.gemm_curve.empty(), "calibration file '{}' has an empty gemm_curve", path);

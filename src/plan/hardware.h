@@ -66,12 +66,32 @@ struct Device {
   // instead of from gemm_curve, and their operand passes are inside the measurement. Empty: the
   // square curve (GPUs).
   std::vector<std::array<double, 4>> linear_curve;
+  // The same grid timed with the operands in the last-level cache instead of memory (only the
+  // L2 evicted before each pass): a step whose whole working set fits in the L3 finds its
+  // operands there, not in DRAM (`l3_bytes`). Empty: every GEMM as cold as linear_curve.
+  std::vector<std::array<double, 4>> linear_curve_l3;
+  double l3_bytes = 0;  // last-level cache of a node (cpu-local: sysconf; 0: unknown)
   // Efficiency of a linear layer's GEMMs on `tokens` rows, `inputs` → `outputs` (linear_curve).
-  double linear_efficiency(double tokens, double inputs, double outputs) const;
+  // in_l3: the fraction of the operands' bytes found in the L3 (Prediction::operands_in_l3); the
+  // time is the two grids' times mixed in that proportion (harmonic in the efficiencies).
+  double linear_efficiency(double tokens, double inputs, double outputs, double in_l3 = 0) const;
+  // The engine's grouped expert kernel (cpu::grouped_gemm_forward/backward, one call over a
+  // layer's local experts) on the same kind of grid: (rows per expert, inputs, outputs,
+  // forward+backward efficiency against the peak), complete. Empty: the experts' GEMMs take the
+  // square curve (GPUs: grouped GEMMs run as cuBLAS/CUTLASS GEMMs do).
+  std::vector<std::array<double, 4>> expert_curve, expert_curve_l3;
+  double expert_efficiency(double rows, double inputs, double outputs, double in_l3 = 0) const;
   // Wall-clock fit of the calibration's all-reduces where the link figures above are CPU time
   // (cpu-local; 0: none). A blocking collective's rank sleeps while its peer wakes and sends:
   // time the wall clock counts and CPU time does not (predict.h, Prediction::sync_wait).
   double intra_wall_bw = 0, intra_wall_latency = 0;
+  // The wait a blocking intra-node collective adds on top of intra_wall_* when the ranks compute
+  // between collectives (`atoll bench comm --gap-us`, plan/comm_fit.h GapWaitFit): seconds per
+  // collective, plus seconds per second of compute before it. 0, 0: not measured (GPUs, old files).
+  double gap_wait_intercept = 0, gap_wait_slope = 0;
+  // Bytes per second of CPU time at which released pages fault back in, zero-filled (`atoll plan
+  // calibrate`: MADV_DONTNEED on a buffer, then one write per page; 0: not measured).
+  double page_fault_bw = 0;
   double gemm_eff_max = 0;  // the curve's ceiling (a measured best matmul efficiency; 0: calibrated curve)
   // Measured ceiling of FP8 GEMMs where it differs (0: as BF16). Hopper: DeepGEMM's "up to 1350+
   // FP8 TFLOPS" with fine-grained scaling (deepseek-ai/open-infra-index README) = 0.682 of 1979.

@@ -75,6 +75,7 @@ struct Timer {
   std::string prec;
   double eb;
   double compute = 0, memory = 0;  // split of the roofline time
+  double in_l3 = 0;                // share of the measured kernels' operands in the L3 (operands_in_l3)
   // fused: the [m, n] result never reaches memory (flash attention keeps scores on chip).
   void gemm(double m, double n, double k, double times = 1, bool fused = false) {
     if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
@@ -92,7 +93,15 @@ struct Timer {
   void linear(double m, double n, double k, double times = 1) {
     if (d.linear_curve.empty()) return gemm(m, n, k, times);
     if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
-    compute += times * 2 * m * n * k / (d.peak(prec) * d.linear_efficiency(m, k, n));
+    compute += times * 2 * m * n * k / (d.peak(prec) * d.linear_efficiency(m, k, n, in_l3));
+  }
+  // One expert's GEMM of a grouped call over `times` local experts, m rows each: on a device with
+  // a measured expert_curve (the engine's grouped kernel, operand traffic inside the measurement)
+  // at its efficiency; else an ordinary GEMM on the square curve.
+  void expert(double m, double n, double k, double times) {
+    if (d.expert_curve.empty()) return gemm(m, n, k, times);
+    if (m <= 0 || n <= 0 || k <= 0 || times <= 0) return;
+    compute += times * 2 * m * n * k / (d.peak(prec) * d.expert_efficiency(m, k, n, in_l3));
   }
   // Element-wise kernels: at the bandwidth the engine's own kernels were measured to reach where
   // known (on a CPU GELU's tanh and LayerNorm's reductions keep them below STREAM bandwidth).
@@ -201,12 +210,13 @@ double bias_grad_bytes(const ModelSpec& m, const Layout& l, double tokens, doubl
   return act_e * tokens * widths / l.tp;
 }
 
-LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bool moe, double act_e) {
+LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bool moe, double act_e, double in_l3) {
   const std::string prec = l.precision;
   const double t = double(l.tp), b = double(l.micro_batch), s = double(m.seq) / l.cp, h = double(m.hidden);
   const double T = b * s;
   LayerTime lt{Timer{d, prec, act_e}, Timer{d, prec, act_e}, Timer{d, prec, act_e}};
   Timer& g = lt.full;
+  g.in_l3 = in_l3;
   // Projections.
   if (m.is_mla()) {
     g.linear(T, double(m.attn_params()) / h / t, h);
@@ -230,8 +240,8 @@ LayerTime layer_forward(const ModelSpec& m, const Layout& l, const Device& d, bo
     const double local_experts = double(m.experts) / l.ep;
     const double tokens_per_expert = T * m.top_k * l.ep / m.experts;
     const double split = l.ep > 1 ? 1.0 : t;
-    g.gemm(tokens_per_expert, mult * f / split, h, local_experts);
-    g.gemm(tokens_per_expert, h, f / split, local_experts);
+    g.expert(tokens_per_expert, mult * f / split, h, local_experts);
+    g.expert(tokens_per_expert, h, f / split, local_experts);
   } else {
     g.linear(T, mult * m.ffn / t, h);
     g.linear(T, h, m.ffn / t);
@@ -408,12 +418,22 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   p.memory = predict_memory(m, l, c, rec);
 
   // ---- compute per micro-batch on the slowest stage (the last: it also has the head) ----
-  LayerTime dense = layer_forward(m, l, d, false, act_e);
-  LayerTime moe = m.is_moe() ? layer_forward(m, l, d, true, act_e) : dense;
+  // Where the measured kernels' operands come from: a step whose working set (the device's
+  // parameters, gradients, optimizer states and stored activations, times the ranks sharing the
+  // node's last-level cache) fits in the L3 finds them there; a larger one, that share of them.
+  if (d.l3_bytes > 0 && (!d.linear_curve_l3.empty() || !d.expert_curve_l3.empty())) {
+    const auto& mm = p.memory;
+    const double ws = (mm.params + mm.grads + mm.optimizer + mm.activations) *
+                      double(d.shared_by_node ? std::min<int64_t>(c.devices_per_node, c.world()) : 1);
+    p.operands_in_l3 = ws > 0 ? std::min(1.0, d.l3_bytes / ws) : 1.0;
+  }
+  LayerTime dense = layer_forward(m, l, d, false, act_e, p.operands_in_l3);
+  LayerTime moe = m.is_moe() ? layer_forward(m, l, d, true, act_e, p.operands_in_l3) : dense;
   // The heaviest stage holds as many MoE layers as a stage can.
   const int64_t moe_in_stage = std::min<int64_t>(per_stage, m.moe_layers());
   const double n_dense = double(per_stage - moe_in_stage), n_moe = double(moe_in_stage);
   Timer head{d, nonlinear_precision(l.precision), act_e};
+  head.in_l3 = p.operands_in_l3;
   head.linear(b * s_local, double(m.vocab) / t, h);
   head.stream(3 * 4.0 * b * s_local * m.vocab / t);  // fp32 softmax / cross-entropy passes
   const double fwd_c = n_dense * dense.full.compute + n_moe * moe.full.compute + head.compute;
@@ -487,11 +507,17 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const bool fp32_reduce = l.reduce_dtype == "fp32" && sb.grad < 4;
   const bool grad_copy = l.fsdp_grad_copy < 0 ? d.name != "cpu-local" : l.fsdp_grad_copy > 0;
   const double mb_fsdp = l.zero >= 3 ? fsdp_copy_bytes(params_local, sb.grad, fp32_reduce, grad_copy) / d.mem_bw : 0.0;
+  // The pages of what a ZeRO-3 rank does not own, faulted back in (Prediction::page_faults).
+  const double z3_shards = double(l.hsdp ? l.hsdp : l.dp_inner(c.islands) * l.cp);
+  const double mb_fault_bytes = l.zero >= 3 && z3_shards > 1 && d.page_fault_bw > 0
+                                    ? (2.0 * sb.weight + sb.grad) * params_local * (1.0 - 1.0 / z3_shards)
+                                    : 0.0;
+  const double mb_faults = mb_fault_bytes > 0 ? mb_fault_bytes / d.page_fault_bw : 0.0;
   // Expert parallelism's pack/unpack copies (ep_copy_bytes), plain memory streams.
   const double mb_ep_copies =
       l.ep > 1 && moe_in_stage > 0 ? n_moe * ep_copy_bytes(b * s_local, double(m.top_k), h, act_e, l.ep) / d.mem_bw : 0.0;
   const StepProtocol proto = step_protocol_collectives(m, c, l);
-  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_ep_copies + tp_mb.total() + cp_mb.total() + ep_mb.total() +
+  const double mb_time = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_faults + mb_ep_copies + tp_mb.total() + cp_mb.total() + ep_mb.total() +
                          proto.per_micro_batch.total();
 
   // ---- pipeline ----
@@ -527,6 +553,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double grad_accum = accum_bytes / d.mem_bw;
   p.grad_buffers = n_micro * mb_grad + param_zero + grad_accum;
   p.fsdp_copies = n_micro * mb_fsdp;
+  p.page_faults = n_micro * mb_faults;
   p.ep_copies = n_micro * mb_ep_copies;
   p.tp = tp_mb.scaled(double(n_micro));
   p.cp = cp_mb.scaled(double(n_micro));
@@ -666,6 +693,27 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     PredictOptions quiet = opt;
     quiet.explain = false;
     p.sync_wait = std::max(0.0, predict(m, cw, l, quiet).step - p.step);
+    // Back to back, the calibration's ranks arrive at each all-reduce together; in a step every
+    // model-parallel collective follows a stretch of compute, and the rank done first sleeps out
+    // its peer's lateness and is woken (`atoll bench comm --gap-us`, plan/comm_fit.h): per such
+    // collective intercept + slope × the compute before it. Counted on the blocking points inside
+    // a micro-batch, as the engine issues them: tp's per layer (4, or 8 with sp: each all-reduce an
+    // all-gather and a reduce-scatter) and the ends' and loss's (step_protocol_collectives), cp's
+    // ring hops, ep's four exchanges per MoE layer; on an intra-node group only.
+    if (d.gap_wait_intercept > 0 || d.gap_wait_slope > 0) {
+      double points = 0;
+      if (l.tp > 1 && group_level(c, {1, l.tp}) == Level::intra_node)
+        points += n_tp_colls * (l.sp ? 2.0 : 1.0) + (l.pp > 1 ? 1.0 : 2.0) + 2.0;
+      if (l.cp > 1 && group_level(c, {l.tp, l.cp}) == Level::intra_node) points += ring_attention_passes(l.cp) * per_stage;
+      if (l.ep > 1 && moe_in_stage > 0 && group_level(c, {l.tp * l.cp, l.ep}) == Level::intra_node) points += 4.0 * n_moe;
+      if (points > 0) {
+        const double work = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_faults + mb_ep_copies;
+        p.gap_wait_points = points * double(n_micro);
+        p.gap_wait_compute = work / points;
+        p.gap_wait = p.gap_wait_points * (d.gap_wait_intercept + d.gap_wait_slope * p.gap_wait_compute);
+        p.sync_wait += p.gap_wait;
+      }
+    }
     p.step += p.sync_wait;
   }
 
@@ -699,7 +747,7 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     CommCost comm = p.comm_total();
     std::vector<std::pair<double, std::string>> parts = {
         {p.compute, "compute-bound (GEMMs)"},
-        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.ep_copies + p.optimizer + p.offload,
+        {p.memory_bound + p.grad_buffers + p.fsdp_copies + p.page_faults + p.ep_copies + p.optimizer + p.offload,
          "memory-bound (element-wise kernels, gradient buffers, optimizer)"},
         {p.bubble, "pipeline-bubble-bound"},
     };
@@ -759,8 +807,19 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
         linears = fmt::format("; linear layers on the measured token-major curve ({} shapes): e.g. QKV {}×{}→{} at eff "
                               "{:.3f}, MLP down {}×{}→{} at {:.3f} (operand passes included)",
                               d.linear_curve.size(), T, h, (m.q_dim() + 2.0 * m.kv_dim()) / t,
-                              d.linear_efficiency(T, h, (m.q_dim() + 2.0 * m.kv_dim()) / t), T, double(m.ffn) / t, h,
-                              d.linear_efficiency(T, double(m.ffn) / t, h));
+                              d.linear_efficiency(T, h, (m.q_dim() + 2.0 * m.kv_dim()) / t, p.operands_in_l3), T,
+                              double(m.ffn) / t, h, d.linear_efficiency(T, double(m.ffn) / t, h, p.operands_in_l3));
+        if (!d.linear_curve_l3.empty())
+          linears += fmt::format(", {:.0f}% of the operands in the L3 ({:.4g} MB; the L3-resident grid's share)",
+                                 100 * p.operands_in_l3, d.l3_bytes / 1e6);
+      }
+      if (!d.expert_curve.empty() && m.is_moe()) {
+        const double rows = b * s_local * m.top_k * l.ep / m.experts, f = double(m.expert_ffn) / (l.ep > 1 ? 1.0 : t);
+        const double up = (m.ffn_type == "swiglu" ? 2.0 : 1.0) * f;
+        linears += fmt::format("; experts on the grouped kernel's measured curve ({} shapes): {} local experts × "
+                               "{:.4g} rows, {}→{} at eff {:.3f}, {}→{} at {:.3f}", d.expert_curve.size(),
+                               double(m.experts) / l.ep, rows, h, up, d.expert_efficiency(rows, h, up, p.operands_in_l3),
+                               f, h, d.expert_efficiency(rows, f, h, p.operands_in_l3));
       }
       return fmt::format("m={} micro-batches × (3×forward + recompute) GEMM time of {} layers/stage (+head){}; each "
                          "GEMM 2mnk / (peak {:.4g} TFLOP/s × eff(2mnk)), e.g. eff(1e11)={:.3f}{}{}{}",
@@ -787,6 +846,13 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          "accumulation) / memory bandwidth {:.4g} GB/s",
                          n_micro, mb_grad_bytes_act / 1e6, mb_grad_bytes_bias / 1e6, head_grad_bytes / 1e6,
                          p.memory.grads / 1e6, p.memory.grads / 1e6, d.mem_bw / 1e9);
+    });
+    rec.add("time.page_faults", p.page_faults, "s", [&] {
+      if (p.page_faults <= 0) return std::string("none: no ZeRO-3 over several ranks, or no measured page-fault rate");
+      return fmt::format("m={} × {:.4g} MB of non-owned pages (values twice, gradients once: (2×{} + {}) B × {:.4g} "
+                         "params × (1 − 1/{})) faulted back in, zero-filled, at the calibrated {:.4g} GB/s",
+                         n_micro, mb_fault_bytes / 1e6, sb.weight, sb.grad, params_local, z3_shards,
+                         d.page_fault_bw / 1e9);
     });
     rec.add("time.fsdp_copies", p.fsdp_copies, "s", [&] {
       if (l.zero < 3) return std::string("no ZeRO-3/FSDP: gradients are reduced from the buffers they accumulate in");
@@ -889,7 +955,12 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
                          "calibration's wall-clock fit ({:.4g} GB/s + {:.4g} us per step) less the step at its "
                          "CPU-time fit ({:.4g} GB/s + {:.4g} us){}", d.intra_wall_bw / 1e9, 1e6 * d.intra_wall_latency,
                          d.intra_bw / 1e9, 1e6 * d.intra_latency,
-                         p.sync_wait > 0 ? "" : " (no intra-node collective, or the link overridden)");
+                         p.sync_wait > 0 ? "" : " (no intra-node collective, or the link overridden)") +
+             (p.gap_wait > 0 ? fmt::format("; of it {:.4g} s the compute between collectives adds: {:g} blocking tp/cp/ep "
+                                           "collectives × ({:.4g} us + {:.4g} × {:.4g} ms of compute before each), "
+                                           "`atoll bench comm --gap-us`", p.gap_wait, p.gap_wait_points,
+                                           1e6 * d.gap_wait_intercept, d.gap_wait_slope, 1e3 * p.gap_wait_compute)
+                             : std::string());
     });
     rec.add("time.step", p.step, "s", [&] {
       return "(m + (p−1)/v) × micro-batch time (FSDP copies included) + parameter-gradient zeroing + p2p + dp + "

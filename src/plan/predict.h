@@ -24,6 +24,11 @@ struct Prediction {
   // ZeRO-3/FSDP framework memory traffic per micro-batch: the unsharded gradients copied into the
   // reduce-scatter's flat input, and cast to fp32 first where the reduction runs in fp32.
   double fsdp_copies = 0;
+  // ZeRO-3 on a CPU (cpu-local, Device::page_fault_bw): atoll gives the pages of the values and
+  // gradients a rank does not own back to the kernel after each use (parallel/page_release.cpp,
+  // MADV_DONTNEED), so every gather and every gradient accumulation faults them in again, zero
+  // filled: per micro-batch the non-owned values twice (forward, backward) and gradients once.
+  double page_faults = 0;
   // Expert parallelism's copies outside the all-to-alls (ep_copy_bytes): every routed row packed
   // into the send buffer and unpacked from the receive buffer, in each of the micro-batch's four
   // exchanges (dispatch and combine, forward and backward).
@@ -38,6 +43,14 @@ struct Prediction {
   // calibration's wall-clock fit of the same all-reduces, less the step priced by CPU time).
   // Included in step; like the bubble, CPU time does not see it.
   double sync_wait = 0;
+  // Of sync_wait: the wait the compute between the model-parallel collectives adds (tp, cp, ep:
+  // Device::gap_wait_*), above the back-to-back waits the wall-clock fit holds.
+  double gap_wait = 0;
+  double gap_wait_points = 0;   // blocking collectives per step it is charged on
+  double gap_wait_compute = 0;  // CPU seconds of compute between two of them
+  // Share of the measured kernels' operand bytes found in the L3 (Device::l3_bytes over the
+  // step's working set); 0 where the device has no cache-resident grid.
+  double operands_in_l3 = 0;
   double step = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0, tokens_per_s_device = 0, tokens_per_s_island = 0;

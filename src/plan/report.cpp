@@ -57,6 +57,7 @@ std::string format_prediction(const ModelSpec& m, const Cluster& c, const Layout
   row("memory-bound kernels", p.memory_bound);
   row("gradient buffers", p.grad_buffers);
   if (p.fsdp_copies > 0) row("FSDP copies/casts", p.fsdp_copies);
+  if (p.page_faults > 0) row("ZeRO-3 page faults", p.page_faults);
   if (p.ep_copies > 0) row("EP pack/unpack copies", p.ep_copies);
   row("tensor-parallel comm", p.tp.total(), levels(p.tp));
   row("context-parallel comm", p.cp.total(), levels(p.cp));
@@ -116,7 +117,7 @@ nlohmann::json prediction_json(const ModelSpec& m, const Cluster& c, const Layou
                  {"activations_B", mm.activations}, {"buffers_B", mm.buffers}, {"total_B", mm.total},
                  {"capacity_B", mm.capacity}, {"margin_B", mm.margin}, {"oom", mm.oom}};
   j["time"] = {{"step_s", p.step}, {"compute_s", p.compute}, {"memory_bound_s", p.memory_bound},
-               {"grad_buffers_s", p.grad_buffers}, {"fsdp_copies_s", p.fsdp_copies}, {"sync_wait_s", p.sync_wait}, {"ep_copies_s", p.ep_copies},
+               {"grad_buffers_s", p.grad_buffers}, {"fsdp_copies_s", p.fsdp_copies}, {"page_faults_s", p.page_faults}, {"sync_wait_s", p.sync_wait}, {"gap_wait_s", p.gap_wait}, {"ep_copies_s", p.ep_copies},
                {"recompute_s", p.recompute}, {"bubble_s", p.bubble}, {"optimizer_s", p.optimizer},
                {"offload_s", p.offload}, {"tp", comm_json(p.tp)}, {"cp", comm_json(p.cp)}, {"ep", comm_json(p.ep)},
                {"pp_p2p", comm_json(p.pp_p2p)}, {"dp", comm_json(p.dp)}, {"outer_sync", comm_json(p.outer)},

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <vector>
 
 #include "comm_test_util.h"
 
@@ -69,4 +70,43 @@ TEST(BenchComm, SamplesPrintEveryIterationOfEverySize) {
       EXPECT_EQ(cpu, 7) << op << size << "\n" << p.out;
       EXPECT_EQ(results, 1) << op << size << "\n" << p.out;
     }
+}
+
+// `--gap-us` (what `atoll plan calibrate` reads for the wait that compute between collectives
+// adds): every level prints --samples GAP lines, in the order given, each with the compute's CPU
+// seconds before the all-reduce (about the level asked: GEMMs counted to fill it) and the
+// collective's wall − CPU seconds. Outside a job it is refused with the command to run.
+TEST(BenchComm, GapLevelsPrintTheComputeBeforeEachAllReduceAndItsWait) {
+  Proc p = run({atoll_exe(), "bench", "comm", "--in-job", "--min-bytes", "4096", "--max-bytes", "4096", "--samples",
+                "5", "--gap-us", "0", "2000"},
+               60);
+  ASSERT_FALSE(p.timed_out) << p.out;
+  ASSERT_EQ(p.exit_code(), 0) << p.out;
+  std::istringstream in(p.out);
+  std::string line;
+  std::vector<double> comp;
+  while (std::getline(in, line)) {
+    if (line.rfind("GAP ", 0) != 0) continue;
+    std::istringstream f(line.substr(4));
+    std::string backend, op;
+    int n = 0;
+    long long bytes = 0;
+    double c = -1, w = -1;
+    f >> backend >> op >> n >> bytes >> c >> w;
+    ASSERT_FALSE(f.fail()) << line;
+    EXPECT_EQ(op, "all_reduce") << line;
+    EXPECT_EQ(bytes, 4096) << line;
+    comp.push_back(c);
+  }
+  ASSERT_EQ(comp.size(), 10u) << p.out;
+  // Level 0: no compute; level 2000 µs: GEMMs counted from one GEMM's CPU time, so the CPU time
+  // is near 2 ms on any load (bounds 4× either way for a clock that counts per tick).
+  for (int i = 0; i < 5; ++i) EXPECT_LT(comp[size_t(i)], 1e-4) << p.out;
+  for (int i = 5; i < 10; ++i) {
+    EXPECT_GT(comp[size_t(i)], 0.5e-3) << p.out;
+    EXPECT_LT(comp[size_t(i)], 8e-3) << p.out;
+  }
+  Proc bad = run({atoll_exe(), "bench", "comm", "--gap-us", "100"}, 60);
+  EXPECT_NE(bad.exit_code(), 0);
+  EXPECT_NE(bad.out.find("--in-job"), std::string::npos) << bad.out;
 }

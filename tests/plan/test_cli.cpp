@@ -140,6 +140,18 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
     EXPECT_LE(p[3].get<double>(), 4.0);
   }
   EXPECT_FALSE(atl::plan::device_from_calibration(cal.string()).linear_curve.empty());
+  // Session 9: the same grid with its operands in the L3, the grouped expert kernel's grids (2 × 2
+  // × 2 with --quick, cold and L3-resident), and the L3's size that chooses between them.
+  for (const char* k : {"linear_curve_l3", "expert_curve", "expert_curve_l3"}) {
+    ASSERT_EQ(j[k].size(), k[0] == 'l' ? 2u * 4u * 4u : 2u * 2u * 2u) << k;
+    for (auto& p : j[k]) {
+      EXPECT_GT(p[3].get<double>(), 0.0) << k;
+      EXPECT_LE(p[3].get<double>(), 4.0) << k;
+    }
+  }
+  EXPECT_GE(j["l3_bytes"].get<double>(), 0.0);
+  EXPECT_GT(j["page_fault_bandwidth"].get<double>(), 1e7);  // released pages faulted back in
+  EXPECT_FALSE(atl::plan::device_from_calibration(cal.string()).expert_curve_l3.empty());
   EXPECT_GT(j["optimizer_params_per_s"].get<double>(), 1e6);
   EXPECT_LT(j["optimizer_params_per_s"].get<double>(), 1e11);
   CliRun p = run_atoll("plan --device cpu-local --devices-per-node 1 --model gpt2-124m --set plan.precision=\"fp32\" --json",
@@ -163,6 +175,12 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
   EXPECT_LT(lat, 1e-2);
   ASSERT_GE(j["all_reduce_2_ranks"].size(), 2u);
   EXPECT_NE(c.out.find("intra-node all-reduce"), std::string::npos) << c.out;
+  // The all-reduce with compute between (bench comm --gap-us): its fit, read back into the device.
+  ASSERT_TRUE(j.contains("gap_wait")) << c.out;
+  EXPECT_GE(j["gap_wait"]["intercept_s"].get<double>(), 0.0);
+  EXPECT_GE(j["gap_wait"]["slope"].get<double>(), 0.0);
+  EXPECT_EQ(j["gap_wait"]["points"].size(), 3u);
+  EXPECT_EQ(atl::plan::device_from_calibration(cal.string()).gap_wait_slope, j["gap_wait"]["slope"].get<double>());
   // A 2-rank data-parallel cpu-local layout costs its gradient all-reduce with exactly those
   // figures: 2(n-1)/n·B/bw + 2⌈log2 n⌉·latency = B/bw + 2·latency for n = 2, B = 4 bytes/param.
   CliRun two = run_atoll("plan --device cpu-local --devices-per-node 2 --model gpt2-124m --set plan.precision=\"fp32\" "
