@@ -12,6 +12,8 @@
 
 #include "core/threads.h"
 #include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/gelu_paths.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/op_set.h"
 
@@ -114,6 +116,19 @@ int main(int argc, char** argv) {
     const double fwd = median_ms([&] { cpu::gelu_forward(y.data(), x.data(), n); });
     const double bwd = median_ms([&] { cpu::gelu_backward(dx.data(), dy.data(), x.data(), n); });
     std::printf("gelu n=%lld                          fwd %8.3f ms  bwd %8.3f ms\n", (long long)n, fwd, bwd);
+    // Both compiled variants (gelu_paths.h), alternating so that load changes hit them alike.
+    if (cpu::isa_supported(cpu::Isa::avx512)) {
+      std::vector<double> f2, f5, b2, b5;
+      for (int r = 0; r < 5; ++r) {
+        f2.push_back(median_ms([&] { cpu::gelu_avx2::forward(y.data(), x.data(), n); }, 3));
+        f5.push_back(median_ms([&] { cpu::gelu_avx512::forward(y.data(), x.data(), n); }, 3));
+        b2.push_back(median_ms([&] { cpu::gelu_avx2::backward(dx.data(), dy.data(), x.data(), n); }, 3));
+        b5.push_back(median_ms([&] { cpu::gelu_avx512::backward(dx.data(), dy.data(), x.data(), n); }, 3));
+      }
+      for (auto* v : {&f2, &f5, &b2, &b5}) std::sort(v->begin(), v->end());
+      std::printf("gelu variants n=%lld  avx2 fwd %8.3f bwd %8.3f ms | avx512 fwd %8.3f bwd %8.3f ms (medians)\n",
+                  (long long)n, f2[2], b2[2], f5[2], b5[2]);
+    }
   }
   {
     const int64_t N = 4 * 12 * 256, C = 256;
