@@ -46,13 +46,18 @@ TEST(Portability, Avx512AndAmxOnlyInsideDispatchedKernels) {
   const std::regex attention_variant(R"(atl::cpu::attn_avx512::.*)");
   // AdamW's AVX-512 loop (adamw_avx512.cpp), taken only when active_isa() >= avx512.
   const std::regex adamw_avx512(R"(atl::cpu::adamw_step_avx512\(.*)");
-  bool saw_kernel = false, saw_adamw = false;
+  // GELU's AVX-512 variant (gelu_avx512.cpp: `#pragma GCC target` over the namespace gelu_avx512,
+  // entered only when active_isa() >= avx512; gelu_paths.h).
+  const std::regex gelu_variant(R"(atl::cpu::gelu_avx512::.*)");
+  bool saw_kernel = false, saw_adamw = false, saw_gelu = false;
   std::set<std::string> attention_seen;
   for (const std::string& u : users) {
     if (std::regex_match(u, allowed)) {
       saw_kernel = true;
     } else if (std::regex_match(u, adamw_avx512)) {
       saw_adamw = true;
+    } else if (std::regex_match(u, gelu_variant)) {
+      saw_gelu = true;
     } else if (std::regex_match(u, attention_variant)) {
       for (const char* k : {"causal_forward", "backward_dq", "backward_dkv", "ranged_forward", "ranged_backward",
                             "block_forward", "block_backward", "cached_forward"})
@@ -63,6 +68,7 @@ TEST(Portability, Avx512AndAmxOnlyInsideDispatchedKernels) {
   }
   EXPECT_TRUE(saw_kernel) << "the scan did not even find the AVX-512 BF16 kernel";
   EXPECT_TRUE(saw_adamw) << "AdamW's AVX-512 loop holds no AVX-512 code (did its target region take effect?)";
+  EXPECT_TRUE(saw_gelu) << "GELU's AVX-512 variant holds no AVX-512 code (did its target region take effect?)";
   // Each attention kernel's AVX-512 variant really is AVX-512 code (the pragma took effect); its
   // AVX2 variant (attn_avx2) is generic code and so is covered by the check above.
   EXPECT_EQ(attention_seen.size(), 8u) << "attention kernels with AVX-512 code: " << attention_seen.size();
