@@ -85,6 +85,11 @@ class RolloutChannel {
   int dead_trainer();
   // Trainers: how many batches this trainer took from the shadow.
   int64_t from_shadow() const { return from_shadow_; }
+  // Trainers: when its rollout rank and the shadow are both dead, the trainer generates its own
+  // batch of RL step rl_step with f (RlEngine::self_generate: the journal's continuation, the batch
+  // the dead ranks would have sent). Without f the job stops naming both ranks.
+  void set_self_generate(std::function<std::vector<int32_t>(int64_t)> f) { self_generate_ = std::move(f); }
+  int64_t self_generated() const { return self_generated_; }
 
  private:
   void split_pairs(std::vector<Tensor> params, double bucket_mb);
@@ -108,6 +113,8 @@ class RolloutChannel {
   bool shadow_dead_ = false;               // trainers: the shadow rank was found dead
   int64_t pushes_ = 0, from_shadow_ = 0, seen_events_ = -1;
   std::set<std::pair<int, int64_t>> answered_;  // shadow: questions returned
+  std::function<std::vector<int32_t>(int64_t)> self_generate_;
+  int64_t self_generated_ = 0;
 };
 
 // The push's header (and a resumed run's pools) from g's rank 0, `root` there.

@@ -105,9 +105,11 @@ void RlEngine::setup(nn::Model& model, comm::Communicator* comm, int rank, int w
                 "(atoll launch --nproc-per-node N)", c_.rollout_ranks);
     channel_ = std::make_unique<RolloutChannel>(std::move(job_), int(c_.rollout_ranks), param_values(model),
                                                 c_.sync_bucket_mb, int(c_.shadow_ranks));  // collective over the job
-    if (channel_->is_shadow()) journal_die_after = 0;  // the fault injection kills a rollout rank, not its shadow
+    // The fault injection kills a rollout rank, not its shadow nor a trainer generating for itself.
+    if (channel_->is_shadow() || !rollout_rank_) journal_die_after = 0;
     else if (rollout_rank_ && journal_die_after > 0) journal_die_after += channel_->served().front() * c_.kill_stagger;
     if (rollout_rank_) return;  // generates only: no reference, no value head
+    if (c_.shadow_ranks > 0) channel_->set_self_generate([this](int64_t step) { return self_generate(step); });
   }
   ref_ = nn::model_from_metadata(model.config_metadata());
   if (c_.placement == "async") {
@@ -332,8 +334,11 @@ void RlEngine::disaggregated_batch(int64_t updates) {
                                                         "to the version {} they were saved as", behind_version_);
     }
     channel_->push(a);
+    // The ahead push stands for the saving run's push of the step before (only trainer 0 holds its weights).
+    if (c_.shadow_ranks > 0 && rank_ == 0) keep_pushed(behind_version_, rl_steps_ - 1, *policy_);
     if (rank_ == 0) pv.copy_from(now);
   }
+  if (c_.shadow_ranks > 0) keep_pushed(updates, rl_steps_, *policy_);
   pushed_hash_[updates] = weights_hash(params);
   while (pushed_hash_.size() > size_t(c_.max_staleness) + 1) pushed_hash_.erase(pushed_hash_.begin());
   PushHeader h{updates, rl_steps_, false, std::move(pools)};
@@ -356,7 +361,10 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   cur_ = decode_rollouts(channel_->exchange({}, rl_steps_), &hash);
   if (c_.partial_tokens > 0) carried_ = cur_.carried;
   m_["exchange_ms"] = (now_s() - t0) * 1e3;
-  if (c_.shadow_ranks > 0) m_["from_shadow"] = channel_->from_shadow();  // batches the shadow rank sent so far
+  if (c_.shadow_ranks > 0) {
+    m_["from_shadow"] = channel_->from_shadow();        // batches the shadow rank sent so far
+    m_["self_generated"] = channel_->self_generated();  // batches this trainer generated itself (both dead)
+  }
   const int64_t gen_version = cur_.gen_version >= 0 ? cur_.gen_version : cur_.policy_version;
   auto it = pushed_hash_.find(gen_version);
   ATOLL_CHECK(it != pushed_hash_.end() && it->second == hash,
@@ -367,6 +375,48 @@ void RlEngine::disaggregated_batch(int64_t updates) {
   const double t1 = now_s();
   cur_.ref_logp = score_logprobs(*ref_, cur_);
   cur_.score_s += now_s() - t1;
+}
+
+void RlEngine::keep_pushed(int64_t version, int64_t rl_step, const nn::Model& weights) {
+  std::unique_ptr<nn::Model> m;
+  while (pushed_.size() > size_t(c_.max_staleness)) {  // the batches to come need the last max_staleness + 1
+    if (!m) m = std::move(pushed_.begin()->second.second);
+    pushed_.erase(pushed_.begin());
+  }
+  if (!m) m = nn::model_from_metadata(policy_->config_metadata());
+  copy_weights(*m, weights);
+  pushed_[version] = {rl_step, std::move(m)};
+}
+
+// The version is serve()'s choice (and the shadow's, version_for in rl/shadow_rank.cpp): one step
+// off, the previous push's when it was the step before, else the newest push's. The journal's file
+// is named by stream, step, version and weights, so this continues the one the dead rollout rank or
+// the shadow was writing, and the batch is theirs token for token.
+std::vector<int32_t> RlEngine::self_generate(int64_t step) {
+  ATOLL_CHECK(!pushed_.empty(), "rl: trainer {} has pushed no weights to generate RL step {} with", rank_, step);
+  auto cur = pushed_.rbegin();
+  int64_t version = cur->first;
+  if (c_.max_staleness >= 1 && std::next(cur) != pushed_.rend() && std::next(cur)->second.first + 1 == step &&
+      cur->second.first == step)
+    version = std::next(cur)->first;
+  auto it = pushed_.find(version);
+  ATOLL_CHECK(it != pushed_.end() && it->second.second,
+              "rl: trainer {} cannot generate RL step {} itself (its rollout rank and the shadow rank are dead): it "
+              "does not hold the weights of version {} (a resumed run's first step one step off: only trainer 0 "
+              "kept them); resume the job from its last checkpoint",
+              rank_, step, version);
+  const nn::Model& m = *it->second.second;
+  if (c_.partial_tokens > 0 && !self_pooled_) {  // as the shadow's first batch of a stream
+    self_pooled_ = true;
+    adopt_pool(rank_, step);
+  }
+  const double t0 = now_s();
+  RolloutBatch b = rollouts(m, step, rank_, false, version);
+  log::info("rl: trainer {} generated its own batch of RL step {} (version {}): {} rollouts already done, {} continued "
+            "from their prefix, {} started; {:.1f} ms",
+            rank_, step, version, journal_stats_.skipped, journal_stats_.resumed, journal_stats_.fresh,
+            (now_s() - t0) * 1e3);
+  return encode_rollouts(b, weights_hash(param_values(const_cast<nn::Model&>(m))));
 }
 
 void RlEngine::serve() {

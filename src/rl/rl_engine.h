@@ -98,6 +98,10 @@ class RlEngine {
   void sync_rollout_model();
   void disaggregated_batch(int64_t updates);
   void serve_shadow();  // rl.shadow_ranks: the shadow rank's run (rl/shadow_rank.cpp)
+  // rl.shadow_ranks, a trainer whose rollout rank and shadow are both dead: its own batch of RL
+  // step `step`, continued from the slot's journal with the weights serve() would have used.
+  std::vector<int32_t> self_generate(int64_t step);
+  void keep_pushed(int64_t version, int64_t rl_step, const nn::Model& weights);
   void step_value_head();
   RolloutBatch sft_batch();
   std::vector<nn::PolicyModel::Completion> journaled_generate(const nn::Model& gen,
@@ -150,6 +154,9 @@ class RlEngine {
   bool rollout_rank_ = false;
   std::unique_ptr<RolloutChannel> channel_;
   std::map<int64_t, uint64_t> pushed_hash_;  // version -> hash of the weights pushed at it
+  // rl.shadow_ranks, trainers: the last pushes' weights and RL steps by version (self_generate).
+  std::map<int64_t, std::pair<int64_t, std::unique_ptr<nn::Model>>> pushed_;
+  bool self_pooled_ = false;  // partial rollouts: this stream's pool taken from the journal directory
   bool stopped_ = false;
   std::map<int, std::unique_ptr<PartialRollouts>> partial_;  // by seed rank (a rollout rank serves several)
   std::vector<int32_t> carried_;       // disaggregated trainer: its stream's pool after the last batch

@@ -171,23 +171,32 @@ std::vector<int32_t> RolloutChannel::exchange_pairs(const std::map<int, std::vec
     }
   }
   const int shadow = T_ + R_;
-  auto no_spare = [&](const std::string& why) {
+  auto no_spare = [&](const std::string& why) -> std::vector<int32_t> {
+    if (self_generate_) {  // the trainer continues the slot's journal itself (same batch, slower)
+      if (self_generated_++ == 0)
+        log::warn("rl: trainer {} generates its own batches from RL step {} on: its rollout rank {} and the shadow "
+                  "rank {} are both gone ({}); it continues their journal",
+                  me, rl_step, server, shadow, why);
+      return self_generate_(rl_step);
+    }
     fail("rl: trainer {} cannot go on: its rollout rank {} died and the shadow rank {} is gone too ({}); resume the "
          "job from its last checkpoint",
          me, server, shadow, why);
+    return {};
   };
-  if (shadow_dead_ || rank_died_now(shadow)) no_spare("its connection to the rendezvous store closed");
+  if (self_generated_ > 0 || shadow_dead_ || rank_died_now(shadow))
+    return no_spare("its connection to the rendezvous store closed");
   store_->set(fmt::format("rl/shadow/ask/{}/{}", me, rl_step), "1");
   store_->add(kEvents, 1);
-  ++from_shadow_;
   try {
-    return recv_words(*shadow_pair_.at(me));
+    std::vector<int32_t> w = recv_words(*shadow_pair_.at(me));
+    ++from_shadow_;
+    return w;
   } catch (const std::exception& e) {
     if (!rank_died(shadow)) throw;
     shadow_dead_ = true;
-    no_spare(e.what());
+    return no_spare(e.what());
   }
-  return {};
 }
 
 RolloutChannel::ShadowEvent RolloutChannel::shadow_wait(int64_t last_step, const std::function<bool()>& idle) {

@@ -151,9 +151,10 @@ TEST(RlShadowRank, OutlivesASecondRolloutRanksDeath) {
 
 // The shadow's own death (fault.rl_kill_shadow_step: it SIGKILLs itself after RL step 1's push):
 // trainer 0 finds it gone at the next push, leaves it out, and the rollout rank serves to the end
-// (the run equals the no-fault one). A rollout rank dying after that has no spare: the job stops
-// naming both ranks, to be resumed from its checkpoint.
-TEST(RlShadowRank, OutlivesTheShadowsDeathAndThenStopsNamingBoth) {
+// (the run equals the no-fault one). A rollout rank dying after that has no spare left: its
+// trainers generate their own batches (RlEngine::self_generate), continuing the dead rank's
+// journal, so that run equals the no-fault one too.
+TEST(RlShadowRank, OutlivesTheShadowsDeathAndThenTheRolloutRanks) {
   const auto root = fresh_root("shadowdeath");
   const JobRun a = launch(root, "a", 0, 0);
   ASSERT_EQ(a.rc, 0) << a.out;
@@ -162,12 +163,45 @@ TEST(RlShadowRank, OutlivesTheShadowsDeathAndThenStopsNamingBoth) {
   EXPECT_NE(b.out.find("rank 3 (pid"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("the shadow rank 3 is gone"), std::string::npos) << b.out;
   EXPECT_EQ(b.out.find("takes over"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("generates its own batches"), std::string::npos) << b.out;
   expect_equal_runs(a, b);
   // The rollout rank dies in RL step 3, after the shadow (launch --outlive 2 for both).
   const JobRun c = launch(root, "c", 0, 200, 1, {"--fault.rl_kill_shadow_step=1"});
-  EXPECT_NE(c.rc, 0) << c.out;
-  EXPECT_NE(c.out.find("and the shadow rank 3 is gone too"), std::string::npos) << c.out;
+  ASSERT_EQ(c.rc, 0) << "the job did not outlive its shadow and then its rollout rank: " << c.out;
+  EXPECT_NE(c.out.find("rank 2 (pid"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("trainer 0 generates its own batches from RL step "), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("trainer 1 generates its own batches from RL step "), std::string::npos) << c.out;
+  expect_equal_runs(a, c);
+  EXPECT_GE(c.rl.rbegin()->second.at("self_generated").get<int64_t>(), 1);
+  EXPECT_EQ(a.rl.rbegin()->second.at("self_generated").get<int64_t>(), 0);
   std::filesystem::remove_all(root);
+}
+
+// The shadow dies after it took over: the rollout rank dies mid-rollout (as in the takeover tests
+// above), the shadow serves its trainers, then SIGKILLs itself after RL step 3's push, before it
+// sends that step's batch. The trainers ask it, find it dead and generate their own batches from
+// step 3 on, continuing the shadow's journal (one step off: step 3's batch is the one the shadow
+// had pre-generated with version 5's weights, which each trainer kept). Equal to the no-fault run.
+void shadow_dies_after_takeover(int staleness, int64_t kill_after, const std::string& first_own) {
+  const auto root = fresh_root("afterover" + std::to_string(staleness));
+  const JobRun a = launch(root, "a", staleness, 0);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  const JobRun b = launch(root, "b", staleness, kill_after, 1, {"--fault.rl_kill_shadow_step=3"});
+  ASSERT_EQ(b.rc, 0) << "the job did not outlive its rollout rank and then its shadow: " << b.out;
+  EXPECT_NE(b.out.find("rank 2 (pid"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("rank 3 (pid"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("shadow rank 3 takes over rollout rank 2 for trainer 0"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("trainer 0 generates its own batches from RL step 3"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("trainer 0 generated its own batch of RL step 3 (version " + first_own), std::string::npos)
+      << b.out;
+  expect_equal_runs(a, b);
+  EXPECT_EQ(b.rl.rbegin()->second.at("self_generated").get<int64_t>(), 2);  // RL steps 3 and 4
+  std::filesystem::remove_all(root);
+}
+
+TEST(RlShadowRank, TrainersGoOnWhenTheShadowDiesAfterTakingOverOnPolicy) { shadow_dies_after_takeover(0, 20, "6)"); }
+TEST(RlShadowRank, TrainersGoOnWhenTheShadowDiesAfterTakingOverOneStepOff) {
+  shadow_dies_after_takeover(1, 138, "5)");
 }
 
 }  // namespace
