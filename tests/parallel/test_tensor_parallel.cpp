@@ -35,6 +35,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
+#include "tp_batch.h"
 #include "parallel/zero.h"
 #include "tensor/rng.h"
 #include "tensor/safetensors.h"
@@ -102,18 +103,7 @@ nn::GPTConfig model_config(const std::string& kind) {
 
 // Rows [row0, row0 + rows) of step s's global batch.
 void batch_rows(int s, int row0, int rows, int64_t V, Tensor& x, Tensor& y) {
-  x = Tensor::empty({rows, kT}, DType::i32);
-  y = Tensor::empty({rows, kT}, DType::i32);
-  for (int r = 0; r < rows; ++r) {
-    int32_t prev = int32_t(mix(uint64_t(s) * 7919 + uint64_t(row0 + r)) % uint64_t(V));
-    for (int64_t t = 0; t <= kT; ++t) {
-      uint64_t h = mix((uint64_t(s) << 40) ^ (uint64_t(row0 + r) << 12) ^ uint64_t(t));
-      int32_t tok = h % 4 == 0 ? int32_t(h % uint64_t(V)) : int32_t((prev * 5 + 3) % V);
-      if (t < kT) x.i32()[r * kT + t] = tok;
-      if (t > 0) y.i32()[r * kT + t - 1] = tok;
-      prev = tok;
-    }
-  }
+  tp_batch::rows(s, row0, rows, V, kT, x, y);
 }
 
 using Named = std::vector<std::pair<std::string, Tensor>>;

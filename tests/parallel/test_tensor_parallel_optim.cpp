@@ -32,6 +32,7 @@
 #include "parallel/mesh.h"
 #include "parallel/optim/placement.h"
 #include "parallel/tensor_parallel.h"
+#include "tp_batch.h"
 
 namespace atl::parallel {
 namespace {
@@ -86,20 +87,9 @@ std::string optimizer_toml(const std::string& route) {
   return t;
 }
 
-// Rows [row0, row0 + rows) of step s's global batch (test_tensor_parallel.cpp's data).
+// Rows [row0, row0 + rows) of step s's global batch (tp_batch.h, shared with test_tensor_parallel.cpp).
 void batch_rows(int s, int row0, int rows, int64_t V, Tensor& x, Tensor& y) {
-  x = Tensor::empty({rows, kT}, DType::i32);
-  y = Tensor::empty({rows, kT}, DType::i32);
-  for (int r = 0; r < rows; ++r) {
-    int32_t prev = int32_t(mix(uint64_t(s) * 7919 + uint64_t(row0 + r)) % uint64_t(V));
-    for (int64_t t = 0; t <= kT; ++t) {
-      uint64_t h = mix((uint64_t(s) << 40) ^ (uint64_t(row0 + r) << 12) ^ uint64_t(t));
-      int32_t tok = h % 4 == 0 ? int32_t(h % uint64_t(V)) : int32_t((prev * 5 + 3) % V);
-      if (t < kT) x.i32()[r * kT + t] = tok;
-      if (t > 0) y.i32()[r * kT + t - 1] = tok;
-      prev = tok;
-    }
-  }
+  tp_batch::rows(s, row0, rows, V, kT, x, y);
 }
 
 using Named = std::vector<std::pair<std::string, Tensor>>;
@@ -134,7 +124,9 @@ Result run(comm::Communicator* comm, const Job& job) {
   comm::Communicator* dpc = comm ? data_parallel_comm(mesh) : nullptr;
   OptimizerPlacement placement = place_optimizer(cfg, *model, dpc, false, "ddp", tp.get());
   EXPECT_TRUE(placement.full) << job.route;
-  if (comm) EXPECT_NE(placement.note.find("gathered over tp"), std::string::npos) << placement.note;
+  if (comm) {
+    EXPECT_NE(placement.note.find("gathered over tp"), std::string::npos) << placement.note;
+  }
   // The shadow: the one-rank optimizer of the same route over whole copies (no override).
   Config shadow_cfg = Config::parse(optimizer_toml(job.route), "tp optimizer test (shadow)");
   Named sv = whole_params(*model, tp.get(), false), sg = whole_params(*model, tp.get(), false);
