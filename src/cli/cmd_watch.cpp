@@ -27,7 +27,7 @@ volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
 int run_watch(int argc, char** argv) {
-  std::string dir;
+  std::string dir, verdict_file;
   resilience::WatchOptions o;
   int64_t interval_ms = 200, ranks = 0;
   double report_every_s = 10, startup_s = 120;
@@ -50,6 +50,7 @@ int run_watch(int argc, char** argv) {
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_flag("--quiet", quiet, "print a rank's state only in the periodic reports, not on every change");
   app.add_flag("--stop", stop, "on a hang, kill the ranks (SIGKILL) after naming it");
+  app.add_option("--verdict-file", verdict_file, "on a hang, write the ranks named as its cause to this file (one line)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,6 +105,14 @@ int run_watch(int argc, char** argv) {
                                       {"step", v.step}, {"status", v.describe()}}.dump() + "\n";
           if (FILE* f = std::fopen(ff, "a")) {
             std::fputs(lines.c_str(), f);
+            std::fclose(f);
+          }
+        }
+        if (!verdict_file.empty()) {  // for `atoll launch --watch`: the ranks it names (comm/launcher.cpp)
+          std::string line;
+          for (int r : verdict.culprits) line += (line.empty() ? "" : " ") + std::to_string(r);
+          if (FILE* f = std::fopen(verdict_file.c_str(), "w")) {
+            std::fprintf(f, "%s\n", line.c_str());
             std::fclose(f);
           }
         }

@@ -175,7 +175,7 @@ namespace {
 struct Attempt {
   std::string failure;  // the failure, as reported; empty: every rank exited 0
   bool interrupted = false;  // the launcher itself was signalled: never restarted
-  int failed_rank = -1;      // the rank the job failed because of (-1: the watcher, a signal, another node)
+  int failed_rank = -1;      // the rank the job failed because of (-1: a signal, another node, a hang the watcher could not pin on one rank)
   std::vector<Child> kids;
   std::map<int, std::string> reports;  // this node's ranks' failure reports: rank -> "blamed ranks;why"
 };
@@ -202,6 +202,18 @@ void read_reports(Attempt& a, TcpStore& store) {
     } catch (const Error&) {
       return;  // the store is gone (a node-0 launcher that exited)
     }
+}
+
+// The ranks `atoll watch --verdict-file` named as a hang's cause: one line of ranks (empty when
+// the file is missing: an older watcher, or one killed before it wrote).
+std::vector<int> read_verdict(const std::string& path) {
+  std::vector<int> out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    int r = 0;
+    while (std::fscanf(f, "%d", &r) == 1) out.push_back(r);
+    std::fclose(f);
+  }
+  return out;
 }
 
 // The rank a start failed because of, which is not always the first to exit: when a rank stops
@@ -282,11 +294,19 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
 
   // issue 14: the watcher, a plain child (its output goes straight to ours).
   pid_t watcher = 0;
+  const std::string verdict_file =
+      (std::filesystem::temp_directory_path() / fmt::format("atoll-watch-verdict-{}-{}", ::getpid(), attempt)).string();
+  std::filesystem::remove(verdict_file);
+  bool watcher_named = false;  // the watcher named the failed rank: the exit order does not rename it
   if (!o.watch_cmd.empty()) {
     std::vector<std::string> wc = o.watch_cmd;
     // The records of an earlier start are in the same directory until the new ranks replace them.
     wc.push_back("--ignore-before-ns");
     wc.push_back(std::to_string(start_ns));
+    // The ranks the watcher names come back in a file, so that the teardown and the restart line
+    // name them as they name a rank that died (its exit status alone says only "a hang").
+    wc.push_back("--verdict-file");
+    wc.push_back(verdict_file);
     std::vector<char*> wargv;
     for (auto& s : wc) wargv.push_back(s.data());
     wargv.push_back(nullptr);
@@ -408,7 +428,19 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
       int st = 0;
       if (::waitpid(watcher, &st, WNOHANG) == watcher) {
         watcher = 0;
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 3) begin_teardown("the watcher named a hang (its message is above)", true);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 3) {
+          const std::vector<int> named = read_verdict(verdict_file);
+          std::string ranks;
+          for (int r : named) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+          if (named.size() == 1) {
+            a.failed_rank = named[0];
+            watcher_named = true;
+          }
+          begin_teardown(named.empty() ? std::string("the watcher named a hang (its message is above)")
+                                       : fmt::format("the watcher named a hang in rank{} {} (its message is above)",
+                                                     named.size() == 1 ? "" : "s", ranks),
+                         true);
+        }
       }
     }
     if (pfds.empty()) std::this_thread::sleep_for(Millis(50));
@@ -458,7 +490,8 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
     ::waitpid(watcher, &st, 0);
   }
   if (!failure.empty()) read_reports(a, store);
-  if (a.failed_rank >= 0) name_culprit(a);
+  std::filesystem::remove(verdict_file);
+  if (a.failed_rank >= 0 && !watcher_named) name_culprit(a);
   return a;
 }
 

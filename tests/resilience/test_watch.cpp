@@ -263,8 +263,31 @@ TEST(Watcher, AtollLaunchWatchStopsAHungJobAndSaysWhy) {
   const std::string log = read_file(tag + ".log");
   EXPECT_EQ(rc, 1) << log;
   EXPECT_NE(log.find("rank 1 waits in recv from 0 #5"), std::string::npos) << log;
-  EXPECT_NE(log.find("the watcher named a hang"), std::string::npos) << log;
+  // Rank 0 waits in the all-reduce, rank 1 in its receive: two ranks, two collectives, neither
+  // can be singled out, so the launcher's line names both (and no failed rank).
+  EXPECT_NE(log.find("the watcher named a hang in ranks 0, 1 (its message is above)"), std::string::npos) << log;
   EXPECT_LT(s, 60.0) << log;  // the job's 300 s collective timeout would be the alternative
+  fs::remove(tag + ".log");
+  fs::remove_all(dir);
+}
+
+// The rank the watcher names is the failed rank of the launcher's teardown and restart lines, as
+// a rank that died is: 3 ranks, rank 1 blocked in a receive while 0 and 2 wait in the all-reduce.
+// It hangs again after the restart, so the job ends failed, naming rank 1 both times.
+TEST(Watcher, AtollLaunchWatchNamesTheHungRankInItsRestartLine) {
+  const std::string tag = tag_for("launch_restart");
+  const std::string dir = tag + ".progress";
+  fs::remove_all(dir);
+  pid_t p = spawn({std::string(ATOLL_BINARY_DIR) + "/atoll", "launch", "--nproc-per-node", "3", "--watch",
+                   "--watch-hang-s", "2", "--watch-dir", dir, "--max-restarts", "1", "--", self_exe(),
+                   "--rank-program", "watch"},
+                  {"WATCH_STEPS=100000", "WATCH_BLOCK_RANK=1", "WATCH_BLOCK_STEP=5", "OMP_NUM_THREADS=1"}, tag + ".log");
+  int rc = wait_for(p, 150);
+  const std::string log = read_file(tag + ".log");
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_NE(log.find("restart 1 of 1, TORCHELASTIC_RESTART_COUNT=1): failed rank 1: the watcher named a hang in "
+                     "rank 1 (its message is above)"), std::string::npos) << log;
+  EXPECT_NE(log.find("job failed: the watcher named a hang in rank 1"), std::string::npos) << log;
   fs::remove(tag + ".log");
   fs::remove_all(dir);
 }
