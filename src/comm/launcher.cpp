@@ -432,7 +432,7 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
           const std::vector<int> named = read_verdict(verdict_file);
           std::string ranks;
           for (int r : named) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
-          if (named.size() == 1) {
+          if (named.size() == 1 && failure.empty()) {  // a failure already under way keeps its rank
             a.failed_rank = named[0];
             watcher_named = true;
           }
