@@ -606,6 +606,12 @@ double measure_optimizer(int64_t n, int reps) {
   return double(n) / best;
 }
 
+// The same bench's reduce-scatters and all-gathers: op → bytes → iterations, by the wall clock and
+// by CPU time.
+struct PhaseTimings {
+  std::map<std::string, std::map<double, std::vector<double>>> wall, cpu;
+};
+
 // All-reduce timings between `nproc` local ranks, measured by `atoll bench comm` inside a job
 // started by `atoll launch` (the same launcher and backend training uses): bytes → every timed
 // iteration (`--samples`: at least `samples` per size, each timed alone), so that the fit can take
@@ -613,7 +619,8 @@ double measure_optimizer(int64_t n, int reps) {
 // cpu (when given): the same iterations in the rank's process CPU seconds (CPUTIME lines).
 std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_bytes, int64_t max_bytes,
                                                          double seconds, int samples,
-                                                         std::map<double, std::vector<double>>* cpu = nullptr) {
+                                                         std::map<double, std::vector<double>>* cpu = nullptr,
+                                                         PhaseTimings* phases = nullptr) {
   char buf[4096] = {};
   ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
   ATOLL_CHECK(len > 0, "cannot find the atoll binary (/proc/self/exe) to time collectives");
@@ -636,8 +643,10 @@ std::map<double, std::vector<double>> measure_all_reduce(int nproc, int64_t min_
     const char* u = std::strstr(line, "CPUTIME ");
     if (u && std::sscanf(u, "CPUTIME %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
       if (cpu && !std::strcmp(op, "all_reduce") && secs > 0) (*cpu)[double(bytes)].push_back(secs);
+      else if (phases && secs > 0) phases->cpu[op][double(bytes)].push_back(secs);
     } else if (q && std::sscanf(q, "SAMPLE %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
       if (!std::strcmp(op, "all_reduce") && secs > 0) each[double(bytes)].push_back(secs);
+      else if (phases && secs > 0) phases->wall[op][double(bytes)].push_back(secs);
     } else if (r && std::sscanf(r, "RESULT %31s %31s %d %lld %lf", backend, op, &n, &bytes, &secs) == 5) {
       if (!std::strcmp(op, "all_reduce") && secs > 0) means[double(bytes)].push_back(secs);
     } else {
@@ -837,7 +846,8 @@ int run_calibrate(int argc, char** argv) {
     // line through 0.02 s means had fitted 5.3 ms per step where training sees ~2 ms).
     const int samples = quick ? 15 : 41;
     std::map<double, std::vector<double>> cpu_timings;
-    auto timings = measure_all_reduce(2, 4096, int64_t(16) << 20, quick ? 0.02 : 0.1, samples, &cpu_timings);
+    PhaseTimings phases;
+    auto timings = measure_all_reduce(2, 4096, int64_t(16) << 20, quick ? 0.02 : 0.1, samples, &cpu_timings, &phases);
     plan::AlphaBetaFit wall = plan::fit_all_reduce(timings, 2);
     // With kernels timed by CPU time (one thread), the collectives are too, for the same reason:
     // on a loaded host the wall clock counts the peer's wait for a core (3 ms per step at load 15,
@@ -865,6 +875,23 @@ int run_calibrate(int argc, char** argv) {
     j["intra_node_wall_latency"] = wall.latency;
     j["all_reduce_2_ranks"] = nlohmann::json::array();
     for (auto [bytes, t] : fit.medians) j["all_reduce_2_ranks"].push_back({bytes, t});
+    // Sequence parallelism's all-gathers and reduce-scatters, from the same bench: each its own call
+    // with its own per-call cost (plan/comm_fit.h fit_ring_phase), by the same clock as the links.
+    for (const char* op : {"all_gather", "reduce_scatter"}) {
+      auto& pc = by_cpu ? phases.cpu[op] : phases.wall[op];
+      if (pc.size() < 2 || phases.wall[op].size() < 2) continue;
+      try {
+        plan::AlphaBetaFit f = plan::fit_ring_phase(pc, 2), fw = plan::fit_ring_phase(phases.wall[op], 2);
+        std::printf("  intra-node %s, 2 ranks: bandwidth %.2f GB/s, latency %.1f us (wall clock %.2f GB/s + %.1f us)\n",
+                    op, f.bandwidth / 1e9, f.latency * 1e6, fw.bandwidth / 1e9, fw.latency * 1e6);
+        j[std::string("intra_node_") + op] = {{"bandwidth", f.bandwidth}, {"latency", f.latency},
+                                              {"wall_bandwidth", by_cpu ? fw.bandwidth : 0.0},
+                                              {"wall_latency", by_cpu ? fw.latency : 0.0}};
+      } catch (const std::exception& e) {
+        std::printf("  intra-node %s: not fitted (%s); sequence parallelism's pairs are priced as all-reduces\n", op,
+                    e.what());
+      }
+    }
     // The same all-reduce with compute between (256 KB, a tp layer's activation at the sizes the
     // self-check trains): how much longer a rank sleeps in it than back to back, against the
     // compute before it (plan/comm_fit.h GapWaitFit; the planner's Prediction::gap_wait).

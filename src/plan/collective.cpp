@@ -91,6 +91,36 @@ CommCost all_to_all(const Cluster& c, Group g, double bytes) {
   return r;
 }
 
+namespace {
+bool phase_fits_apply(const Cluster& c, Group g) {
+  const Device& d = c.device;
+  return d.ag_bw > 0 && d.rs_bw > 0 && c.intra.bw == d.intra_bw && c.intra.latency == d.intra_latency &&
+         group_level(c, g) == Level::intra_node;
+}
+}  // namespace
+
+CommCost ring_phase(const Cluster& c, Group g, double bytes, bool gather, bool* measured) {
+  const bool fit = g.size > 1 && bytes > 0 && phase_fits_apply(c, g);
+  if (measured) *measured = fit;
+  if (!fit) return gather ? all_gather(c, g, bytes) : reduce_scatter(c, g, bytes);
+  // (n−1) steps of the ring inside the node, each one call's latency, (n−1)/n of the buffer moved.
+  const Device& d = c.device;
+  const double n = double(g.size), bw = gather ? d.ag_bw : d.rs_bw, lat = gather ? d.ag_latency : d.rs_latency;
+  CommCost r;
+  r.t[0] = (n - 1) / n * bytes / bw + (n - 1) * lat;
+  return r;
+}
+
+CommCost sp_pair(const Cluster& c, Group g, double bytes, bool* measured) {
+  if (!(g.size > 1 && bytes > 0 && phase_fits_apply(c, g))) {
+    if (measured) *measured = false;
+    return all_reduce(c, g, bytes);
+  }
+  CommCost r = ring_phase(c, g, bytes, true, measured);
+  r += ring_phase(c, g, bytes, false);
+  return r;
+}
+
 CommCost send_recv(const Cluster& c, Group g, double bytes) {
   CommCost r;
   if (bytes <= 0 || g.size <= 1) return r;

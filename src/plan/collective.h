@@ -41,5 +41,14 @@ CommCost all_to_all(const Cluster& c, Group g, double bytes);      // bytes: sen
 // stage, size = pp), timed on the slowest link any neighbour pair crosses.
 CommCost send_recv(const Cluster& c, Group g, double bytes);
 Level group_level(const Cluster& c, Group g);
+// An all-gather (gather = true) or reduce-scatter of the engine's own tensors inside one node, at
+// the calibration's fit of that collective (Device::ag_* / rs_*) where the intra-node link is the
+// calibrated one; otherwise all_gather / reduce_scatter above. measured (when given): whether the
+// fit was taken.
+CommCost ring_phase(const Cluster& c, Group g, double bytes, bool gather, bool* measured = nullptr);
+// Sequence parallelism's replacement of one tensor-parallel all-reduce: an all-gather and a
+// reduce-scatter of the same activation. With measured fits each is one call at its own cost
+// (ring_phase); without, the all-reduce it replaces (the same bytes and latencies on a ring).
+CommCost sp_pair(const Cluster& c, Group g, double bytes, bool* measured = nullptr);
 
 }  // namespace atl::plan

@@ -15,7 +15,9 @@ double median_of(std::vector<double> v) {
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
-AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples, int n) {
+namespace {
+// Theil–Sen line through the per-size medians: slope and intercept set, latency and bandwidth not.
+AlphaBetaFit theil_sen(const std::map<double, std::vector<double>>& samples, const char* what) {
   AlphaBetaFit f;
   for (auto& [bytes, ts] : samples)
     if (!ts.empty()) f.medians.push_back({bytes, median_of(ts)});
@@ -26,16 +28,30 @@ AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples
     for (size_t j = i + 1; j < f.medians.size(); ++j)
       slopes.push_back((f.medians[j].second - f.medians[i].second) / (f.medians[j].first - f.medians[i].first));
   f.slope = median_of(slopes);
-  ATOLL_CHECK(f.slope > 0, "all-reduce time did not grow with message size (median slope {:.3g} s/B); the machine "
-              "is probably too loaded to calibrate collectives, retry or use --no-collectives", f.slope);
+  ATOLL_CHECK(f.slope > 0, "{} time did not grow with message size (median slope {:.3g} s/B); the machine "
+              "is probably too loaded to calibrate collectives, retry or use --no-collectives", what, f.slope);
   std::vector<double> rest;
   for (auto [x, y] : f.medians) rest.push_back(y - f.slope * x);
   f.intercept = median_of(rest);
+  return f;
+}
+}  // namespace
+
+AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples, int n) {
+  AlphaBetaFit f = theil_sen(samples, "all-reduce");
   const double steps = 2.0 * std::ceil(std::log2(double(std::max(2, n))));
   // A non-positive intercept is noise around a latency too small to see: half the smallest
   // message's median bounds it instead.
   f.latency = f.intercept > 0 ? f.intercept / steps : f.medians.front().second / steps * 0.5;
   f.bandwidth = 2.0 * (n - 1) / n / f.slope;
+  return f;
+}
+
+AlphaBetaFit fit_ring_phase(const std::map<double, std::vector<double>>& samples, int n) {
+  AlphaBetaFit f = theil_sen(samples, "all-gather / reduce-scatter");
+  const double steps = double(std::max(1, n - 1));
+  f.latency = f.intercept > 0 ? f.intercept / steps : f.medians.front().second / steps * 0.5;
+  f.bandwidth = double(std::max(1, n - 1)) / std::max(2, n) / f.slope;
   return f;
 }
 

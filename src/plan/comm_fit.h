@@ -23,6 +23,13 @@ double median_of(std::vector<double> v);
 // samples: bytes → repeated timings of an all-reduce over n ranks. Throws when the times do not
 // grow with the size (a machine too loaded to measure).
 AlphaBetaFit fit_all_reduce(const std::map<double, std::vector<double>>& samples, int n);
+// The same line for one ring phase alone, an all-gather or a reduce-scatter over n ranks, bytes
+// being the full buffer (all-gather's output, reduce-scatter's input): t = (n−1)·latency +
+// (n−1)/n · bytes / bandwidth. Sequence parallelism issues these, not all-reduces: on a CPU
+// backend each is its own call with its own per-call cost (thread hand-off, syscalls, Gloo's
+// rendezvous; atoll's reduce-scatter ring moves its last step in pieces), which half an
+// all-reduce's fit does not give.
+AlphaBetaFit fit_ring_phase(const std::map<double, std::vector<double>>& samples, int n);
 
 // The wait a blocking collective adds when the ranks compute between collectives (`atoll bench
 // comm --gap-us`): per gap level, (compute CPU seconds, the collective's wall − CPU seconds) of

@@ -321,6 +321,21 @@ Device device_from_calibration(const std::string& path) {
               "calibration file '{}': page_fault_bandwidth must be ≥ 0", path);
   d.l3_bytes = j.value("l3_bytes", 0.0);
   ATOLL_CHECK(d.l3_bytes >= 0, "calibration file '{}': l3_bytes must be ≥ 0", path);
+  // A ring phase's fit: {bandwidth, latency[, wall_bandwidth, wall_latency]} (plan/comm_fit.h).
+  auto read_phase = [&](const char* key, double& bw, double& lat, double& wbw, double& wlat) {
+    if (!j.contains(key)) return;
+    const nlohmann::json& g = j[key];
+    ATOLL_CHECK(g.is_object() && g.contains("bandwidth") && g.contains("latency"),
+                "calibration file '{}': {} needs bandwidth and latency (rerun `atoll plan calibrate`)", path, key);
+    bw = g["bandwidth"].get<double>(), lat = g["latency"].get<double>();
+    wbw = g.value("wall_bandwidth", 0.0), wlat = g.value("wall_latency", 0.0);
+    ATOLL_CHECK(std::isfinite(bw) && bw > 0 && std::isfinite(lat) && lat >= 0 && std::isfinite(wbw) && wbw >= 0 &&
+                    std::isfinite(wlat) && wlat >= 0,
+                "calibration file '{}': {}.bandwidth must be positive, its latency and wall_* figures ≥ 0 (got {}, {}, "
+                "{}, {}; rerun `atoll plan calibrate`)", path, key, bw, lat, wbw, wlat);
+  };
+  read_phase("intra_node_all_gather", d.ag_bw, d.ag_latency, d.ag_wall_bw, d.ag_wall_latency);
+  read_phase("intra_node_reduce_scatter", d.rs_bw, d.rs_latency, d.rs_wall_bw, d.rs_wall_latency);
   if (j.value("collective_timing", std::string()) == "process CPU time of rank 0" && j.contains("intra_node_wall_bandwidth")) {
     d.intra_wall_bw = j["intra_node_wall_bandwidth"].get<double>();
     d.intra_wall_latency = j.value("intra_node_wall_latency", 0.0);

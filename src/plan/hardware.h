@@ -85,6 +85,11 @@ struct Device {
   // (cpu-local; 0: none). A blocking collective's rank sleeps while its peer wakes and sends:
   // time the wall clock counts and CPU time does not (predict.h, Prediction::sync_wait).
   double intra_wall_bw = 0, intra_wall_latency = 0;
+  // The calibration's own all-gather and reduce-scatter fits (cpu-local; 0: not measured, and
+  // sequence parallelism's pairs are priced as the all-reduce they replace). CPU time, and the
+  // wall clock beside it as for the all-reduce (t = (n−1)·latency + (n−1)/n·bytes/bw).
+  double ag_bw = 0, ag_latency = 0, rs_bw = 0, rs_latency = 0;
+  double ag_wall_bw = 0, ag_wall_latency = 0, rs_wall_bw = 0, rs_wall_latency = 0;
   // The wait a blocking intra-node collective adds on top of intra_wall_* when the ranks compute
   // between collectives (`atoll bench comm --gap-us`, plan/comm_fit.h GapWaitFit): seconds per
   // collective, plus seconds per second of compute before it. 0, 0: not measured (GPUs, old files).

@@ -334,7 +334,10 @@ StepProtocol step_protocol_collectives(const ModelSpec& m, const Cluster& c, con
     const Group tg{1, l.tp};
     // The slowest (last) stage holds the head; the embedding too when there is one stage.
     const double ends = l.pp > 1 ? 1.0 : 2.0;
-    r.per_micro_batch = all_reduce(c, tg, tokens * m.hidden * act_e).scaled(ends);
+    // With SP the embedding's all-reduce is a reduce-scatter forward and an all-gather backward,
+    // the head's an all-gather forward and a reduce-scatter backward (tensor_parallel_ops.cpp).
+    r.per_micro_batch = (l.sp ? sp_pair(c, tg, tokens * m.hidden * act_e) : all_reduce(c, tg, tokens * m.hidden * act_e))
+                            .scaled(ends);
     r.per_micro_batch += all_reduce(c, tg, 4.0 * tokens);
     r.per_micro_batch += all_reduce(c, tg, 8.0 * tokens);
     const double norms = double(2 * layers_per_stage(m, l) + 1) * double(m.norm_params());
@@ -463,10 +466,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
   const double layer_io = b * s_local * h * act_e;  // one [b, s, h] activation
   const double n_tp_colls = (4.0 + (l.recompute == "full" ? 2.0 : 0.0)) * per_stage;
   CommCost tp_mb;
+  bool tp_pairs_measured = false;
   if (l.tp > 1) {
     // Megatron: 2 all-reduces forward, 2 backward per layer; SP turns each into an all-gather
     // plus a reduce-scatter of the same total volume.
-    tp_mb = all_reduce(c, {1, l.tp}, layer_io).scaled(n_tp_colls);
+    // With measured all-gather and reduce-scatter fits (cpu-local), SP's two calls are priced as
+    // the calls they are (sp_pair).
+    tp_mb = (l.sp ? sp_pair(c, {1, l.tp}, layer_io, &tp_pairs_measured) : all_reduce(c, {1, l.tp}, layer_io))
+                .scaled(n_tp_colls);
     if (l.overlap_tp) tp_mb = tp_mb.scaled(charged(1.0, 0.3));  // 30% typically stays exposed
   }
   CommCost cp_mb;
@@ -479,18 +486,29 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     double exposed = std::max(0.0, ring.total() - hide);
     cp_mb = ring.scaled(charged(ring.total(), exposed));
   }
-  CommCost ep_mb;
+  CommCost ep_mb, ep_counts;
+  // atoll's all-to-all dispatcher pads every (source, destination) chunk to one buffer size of cap
+  // rows (parallel/expert_parallel.cpp): first the even share ⌈M/P⌉ of a source's M routed rows,
+  // grown to max(need, 1.5·cap) the first time a pair needs more, which any imbalance of the
+  // routing does; from then each exchange moves P·cap = 1.5·M rows. cpu-local models atoll;
+  // the catalogue's GPUs run engines that send exact counts (Megatron-Core, DeepEP).
+  const double ep_pad = d.name == "cpu-local" ? 1.5 : 1.0;
   if (l.ep > 1 && moe_in_stage > 0) {
     // Dispatch and combine, forward and backward: 4 all-to-alls of the routed tokens (top_k copies
     // of each). With node-limited routing a token crosses the network once per destination node
     // (at most route_nodes of them) and is copied to its experts inside the node.
     const Group eg{l.tp * l.cp, l.ep};
-    ep_mb = all_to_all(c, eg, b * s_local * h * act_e * m.top_k);
+    ep_mb = all_to_all(c, eg, ep_pad * b * s_local * h * act_e * m.top_k);
     if (m.route_nodes > 0) {
       CommCost net = all_to_all(c, eg, b * s_local * h * act_e * std::min(m.top_k, m.route_nodes));
       ep_mb.t[1] = net.t[1], ep_mb.t[2] = net.t[2];
     }
     ep_mb = ep_mb.scaled(4.0 * moe_in_stage);
+    // Before its dispatch each MoE layer all-gathers every rank's rows per expert (E int32 each,
+    // exchange_counts): one latency-bound blocking call per layer and micro-batch, at the
+    // calibration's all-gather fit where there is one.
+    ep_counts = ring_phase(c, eg, 4.0 * double(m.experts) * double(l.ep), true).scaled(moe_in_stage);
+    ep_mb += ep_counts;
     if (l.overlap_ep) {
       // Overlapped with the compute of the micro-batch running beside it (DualPipe pairs a forward
       // and a backward chunk): only what outlasts that compute stays exposed.
@@ -690,6 +708,11 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     Cluster cw = c;
     cw.intra = {d.intra_wall_bw, d.intra_wall_latency};
     cw.device.intra_wall_bw = 0;  // priced once, by the wall clock
+    // The wall pass takes the all-gather and reduce-scatter fits' wall figures too (ring_phase
+    // checks the link against the device's).
+    cw.device.intra_bw = cw.intra.bw, cw.device.intra_latency = cw.intra.latency;
+    if (d.ag_wall_bw > 0) cw.device.ag_bw = d.ag_wall_bw, cw.device.ag_latency = d.ag_wall_latency;
+    if (d.rs_wall_bw > 0) cw.device.rs_bw = d.rs_wall_bw, cw.device.rs_latency = d.rs_wall_latency;
     PredictOptions quiet = opt;
     quiet.explain = false;
     p.sync_wait = std::max(0.0, predict(m, cw, l, quiet).step - p.step);
@@ -703,9 +726,9 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     if (d.gap_wait_intercept > 0 || d.gap_wait_slope > 0) {
       double points = 0;
       if (l.tp > 1 && group_level(c, {1, l.tp}) == Level::intra_node)
-        points += n_tp_colls * (l.sp ? 2.0 : 1.0) + (l.pp > 1 ? 1.0 : 2.0) + 2.0;
+        points += (n_tp_colls + (l.pp > 1 ? 1.0 : 2.0)) * (l.sp ? 2.0 : 1.0) + 2.0;
       if (l.cp > 1 && group_level(c, {l.tp, l.cp}) == Level::intra_node) points += ring_attention_passes(l.cp) * per_stage;
-      if (l.ep > 1 && moe_in_stage > 0 && group_level(c, {l.tp * l.cp, l.ep}) == Level::intra_node) points += 4.0 * n_moe;
+      if (l.ep > 1 && moe_in_stage > 0 && group_level(c, {l.tp * l.cp, l.ep}) == Level::intra_node) points += 5.0 * n_moe;
       if (points > 0) {
         const double work = mb_compute + mb_memory + mb_grad + mb_fsdp + mb_faults + mb_ep_copies;
         p.gap_wait_points = points * double(n_micro);
@@ -874,8 +897,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
     });
     rec.add("time.recompute", p.recompute, "s", [&] { return fmt::format("recompute = {} (included above)", l.recompute); });
     rec.add("time.tp", p.tp.total(), "s", [&] {
-      return fmt::format("m × {} all-reduces of b·s·h·{}B = {:.4g} MB over tp={} ({}){}: {}", n_tp_colls, act_e,
-                         layer_io / 1e6, l.tp, level_name(group_level(c, {1, l.tp})),
+      const std::string pairs =
+          tp_pairs_measured ? fmt::format(" (sp: each an all-gather at the calibration's {:.4g} GB/s + {:.4g} us and a "
+                                          "reduce-scatter at {:.4g} GB/s + {:.4g} us, two calls)",
+                                          d.ag_bw / 1e9, 1e6 * d.ag_latency, d.rs_bw / 1e9, 1e6 * d.rs_latency)
+          : l.sp ? std::string(" (sp: each an all-gather and a reduce-scatter, priced as the all-reduce)")
+                 : std::string();
+      return fmt::format("m × {} all-reduces of b·s·h·{}B = {:.4g} MB over tp={} ({}){}{}: {}", n_tp_colls, act_e,
+                         layer_io / 1e6, l.tp, level_name(group_level(c, {1, l.tp})), pairs,
                          l.overlap_tp ? " ×0.3 overlapped" : "", lv(p.tp));
     });
     rec.add("time.cp", p.cp.total(), "s", [&] {
@@ -887,11 +916,14 @@ Prediction predict(const ModelSpec& m, const Cluster& c, const Layout& l, const 
              "mean loss, stop flag, gradient norm, replicated-parameter sums): " + lv(p.control);
     });
     rec.add("time.ep", p.ep.total(), "s", [&] {
-      return fmt::format("m × 4 all-to-alls × {} MoE layers of b·s·h·top_k bytes over ep={}{}{}: {}", moe_in_stage, l.ep,
+      return fmt::format("m × 4 all-to-alls × {} MoE layers of {}b·s·h·top_k bytes over ep={}{}{}; plus per layer the "
+                         "all-gather of the per-expert row counts ({} B, {:.4g} s in all): {}", moe_in_stage,
+                         ep_pad != 1.0 ? fmt::format("{:g} × (atoll's chunks padded to 1.5× the even share) ", ep_pad) : "",
+                         l.ep,
                          m.route_nodes > 0 ? fmt::format(", across nodes min(top_k, route_nodes={}) copies per token",
                                                          m.route_nodes) : "",
                          l.overlap_ep ? ", overlapped with the paired micro-batch's compute (exposed: the excess)" : "",
-                         lv(p.ep));
+                         4 * m.experts * l.ep, double(n_micro) * ep_counts.total(), lv(p.ep));
     });
     rec.add("time.pp_p2p", p.pp_p2p.total(), "s", [&] {
       return fmt::format("2·v·(m+p−1) sends of b·s·h/t = {:.4g} MB{}: {}", layer_io / t / 1e6,
