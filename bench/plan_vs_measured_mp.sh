@@ -77,6 +77,13 @@ layouts=(
   "moe 1 rank|1|||moe"
   "moe ep2 (zero3)|2|--parallel.dp_shard=2 --parallel.ep=2|--set plan.dp=2 --set plan.ep=2 --set plan.zero=3 --set plan.global_batch=$((2 * B))|moe"
 )
+# ONLY (an extended regex, optional): run just the layouts whose name matches it, e.g.
+# ONLY='^(1 rank|tp2|moe ep2)' for the rows a change can move.
+if [[ -n ${ONLY:-} ]]; then
+  kept=()
+  for spec in "${layouts[@]}"; do [[ ${spec%%|*} =~ $ONLY ]] && kept+=("$spec"); done
+  layouts=("${kept[@]}")
+fi
 median_ms() {
   $PY -c 'import sys,statistics as s; sys.path.insert(0, "tools"); from metrics_jsonl import records
 v=[r["step_ms"] for r in records(sys.argv[1])][1:]
