@@ -25,6 +25,7 @@ nlohmann::json DiLoCo::sync(int64_t step) {
   if (mats_.empty()) mats_ = matrices_within(local_ranges());
   start_average(delta_, "pseudo_gradient", mats_)();
   agree_over_tp(delta_);
+  agree_over_pp(delta_);
   merge(delta_);
   outer_sgd(global_.f32(), mom_.f32(), delta_.f32(), n, c_);
   set_local_values(global_);

@@ -80,6 +80,7 @@ LowComm::LowComm(const LowCommConfig& c, parallel::Mesh& mesh, comm::Communicato
   if (world_ && world_->size() > 1) comm::exchange_codec_spec(*world_, c_.codec, "lowcomm.exchange");
   std::string w = c_.codec.where.empty() ? "lowcomm.exchange" : "lowcomm.exchange (" + c_.codec.where + ")";
   setup_tensor_parallel(mesh);
+  setup_pipeline(mesh);  // pp inside the islands: the stage's dp ranks share the exchange
   if (world_) {  // for HSDP inside the islands (sharded_islands.cpp); split here, on every rank alike
     // cp x HSDP: a shard group is dp_shard x cp (the cp ranks of a replica cut its chunks too, zero.cpp).
     shard_axis_ = mesh.shape().cp > 1 ? mesh.group({"dp_shard", "cp"}) : mesh.axis("dp_shard");
@@ -102,6 +103,7 @@ void LowComm::attach(nn::Model& model, const std::string& strategy, const parall
   tp_ctx_ = tp;
   flat_ = model.flat_values();
   attach_shards(std::move(owned), strategy);
+  attach_pipeline(strategy);
   // Islands initialise alike from the seed; island 0's parameters make sure of it.
   Tensor x = local_values();
   if (across_ && across_->size() > 1) {
@@ -155,6 +157,9 @@ std::vector<comm::MatrixSpan> LowComm::matrices_within(const std::vector<std::pa
   const float* base = flat_.f32();
   for (nn::Parameter* p : model_->parameters()) {
     if (p->shape.size() != 2) continue;
+    // Under pp a rank's flat buffer holds its stage's parameters only; the others are unbound or
+    // (after sync_full_model) allocated elsewhere.
+    if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
     const int64_t o = p->value.f32() - base, n = p->shape[0] * p->shape[1];
     int64_t at = 0;
     for (const auto& [lo, hi] : ranges) {
@@ -208,7 +213,13 @@ nlohmann::json LowComm::record(const std::string& what, int64_t numel, double bl
   window_blocked_s_ += blocked_s;
   double wall = std::chrono::duration<double>(now - window_start_).count();
   int64_t mine = wan_bytes(numel);
-  job_wan_bytes_ += mine * (world_ ? world_->size() : 1);  // every rank sends its equal share
+  if (stage_numel_.empty()) {
+    job_wan_bytes_ += mine * (world_ ? world_->size() : 1);  // every rank sends its equal share
+  } else {  // pp inside the islands (DiLoCo: the whole stage each sync): each stage its own size
+    int64_t per_pipeline = 0;
+    for (int64_t n : stage_numel_) per_pipeline += wan_bytes(n);
+    job_wan_bytes_ += per_pipeline * (world_->size() / pp_);
+  }
   nlohmann::json j = {{"what", what},
                       {"outer_step", outer_steps_},
                       {"wan_bytes", mine},

@@ -14,7 +14,10 @@
 // averaged shares over its fast links: the WAN carries one model's worth per island and sync.
 // Ranks that hold shards (tp inside the islands, ZeRO-3) exchange their own shard's instead
 // (tensor_parallel_islands.cpp, sharded_islands.cpp). cp ranks hold the whole model (they split
-// the sequence), so they share the exchange as data-parallel ones do.
+// the sequence), so they share the exchange as data-parallel ones do. Under pp inside the
+// islands each rank holds its stage's parameters only: the outer state is per stage, the ranks of
+// one stage exchange across the islands, the tied embedding's copies are kept equal
+// (pipeline_islands.cpp).
 //
 // Checkpoints (save_state/load_state): the outer state (global parameters, momentum, exchanges
 // in flight), every island's own parameters and inner optimizer state, and every rank's
@@ -37,6 +40,10 @@
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
+
+namespace atl::parallel {
+class PipelineParallel;
+}
 
 namespace atl::lowcomm {
 
@@ -94,6 +101,9 @@ class LowComm {
   // shards, sharded_islands.cpp); empty: the whole model.
   void attach(nn::Model& model, const std::string& strategy, const parallel::TensorParallel* tp = nullptr,
               std::vector<std::pair<int64_t, int64_t>> owned = {});
+  // pp inside the islands (pipeline_islands.cpp): the pipeline whose stage this rank trains; before
+  // attach(), whose model is then the stage's (its flat buffers hold the stage's parameters).
+  void set_pipeline(const parallel::PipelineParallel* pipe) { pipe_ = pipe; }
   // After the optimizer step of `step` (0-based). Returns the metrics of the syncs it finished
   // (null when none): bytes sent, sync time, compute utilization.
   nlohmann::json after_step(int64_t step);
@@ -157,6 +167,10 @@ class LowComm {
   // that the outer step keeps them equal whatever order the exchange summed them in. delta is
   // laid out as held(scope); scope: the whole model by default (DiLoCo), a fragment (streaming).
   void agree_over_tp(Tensor& delta, const Ranges& scope = {}, const std::string& key = "pseudo_gradient");
+  // pp inside the islands (pipeline_islands.cpp): the tied embedding's averaged pseudo-gradient
+  // on the last stage made the first stage's bits, so the two copies step alike whatever the
+  // exchange did to them. delta is laid out as flat_ (ddp inside: each rank holds its stage whole).
+  void agree_over_pp(Tensor& delta);
   // The group whose ranks hold different parts of the outer state inside an island: the island
   // under ZeRO-3 / HSDP, the tp group under tp, null when every rank holds all of it.
   comm::Communicator* outer_state_group() const;
@@ -184,6 +198,13 @@ class LowComm {
   comm::Communicator* zero_shard_ = nullptr;
   comm::Communicator *shard_axis_ = nullptr, *replica_axis_ = nullptr;  // the mesh's dp_shard, dp_replicate
   int tp_ = 1;
+  // pp inside the islands: the island's pp group, the pipeline, the tied embedding's flat ranges
+  // on this stage (first and last stage only), and every stage's local numel (for job bytes).
+  int pp_ = 1;
+  comm::Communicator* pp_comm_ = nullptr;
+  const parallel::PipelineParallel* pipe_ = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> tied_;
+  std::vector<int64_t> stage_numel_;
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // flat ranges every tp rank holds whole
   std::vector<std::pair<int64_t, int64_t>> owned_;       // ZeRO-3: the flat ranges this rank keeps
   int island_ = 0, islands_ = 1;
@@ -201,6 +222,10 @@ class LowComm {
   // tensor_parallel_islands.cpp: refuses what tp inside the islands does not run; the outer
   // state's checkpoint names (per tp shard under tp).
   void setup_tensor_parallel(parallel::Mesh& mesh);
+  // pipeline_islands.cpp: refuses what pp inside the islands does not run (naming the keys); the
+  // stage's data-parallel ranks as the share group.
+  void setup_pipeline(parallel::Mesh& mesh);
+  void attach_pipeline(const std::string& strategy);
   void attach_shards(std::vector<std::pair<int64_t, int64_t>> owned, const std::string& strategy);  // sharded_islands.cpp
   void save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st);
   void load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what);

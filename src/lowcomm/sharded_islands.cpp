@@ -143,6 +143,11 @@ comm::Communicator* LowComm::outer_state_group() const {
 void LowComm::save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlohmann::json& st) {
   st["tp"] = tp_;
   st["shards"] = owned_.empty() ? 1 : (island_comm_ ? island_comm_->size() : 1);
+  st["pp"] = pp_;
+  if (pp_ > 1) {  // per stage (pipeline_islands.cpp): the island's pp group gathers it for the writer
+    gather_rank_tensors(pp_comm_, {{"global", global_}, {"momentum", mom_}}, "lowcomm.pp.", extra);
+    return;
+  }
   if (tp_ == 1 && owned_.empty()) {
     extra.emplace_back("lowcomm.global", global_.clone());
     extra.emplace_back("lowcomm.momentum", mom_.clone());
@@ -160,6 +165,10 @@ void LowComm::save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlo
 void LowComm::load_outer(const TensorFile& ours, const nlohmann::json& st, const std::string& what) {
   const int saved = st.value("tp", 1), shards = st.value("shards", 1);
   const int here = owned_.empty() ? 1 : (island_comm_ ? island_comm_->size() : 1);
+  const int saved_pp = st.value("pp", 1);
+  ATOLL_CHECK(saved_pp == pp_, "{} holds the outer state of islands with parallel.pp = {}; this job has parallel.pp "
+              "= {}: the outer parameters and momentum are per stage, resume with parallel.pp = {}", what, saved_pp,
+              pp_, saved_pp);
   ATOLL_CHECK(saved == tp_, "{} holds the outer state of islands with parallel.tp = {}; this job has parallel.tp = "
               "{}: the outer parameters and momentum are per tp shard, resume with parallel.tp = {}", what, saved,
               tp_, saved);
@@ -169,9 +178,10 @@ void LowComm::load_outer(const TensorFile& ours, const nlohmann::json& st, const
   std::string p = "lowcomm.";
   if (!owned_.empty()) p = fmt::format("lowcomm.shard.rank{}.", island_comm_ ? island_comm_->rank() : 0);
   else if (tp_ > 1) p = fmt::format("lowcomm.tp.rank{}.", tp_comm_ ? tp_comm_->rank() : 0);
+  else if (pp_ > 1) p = fmt::format("lowcomm.pp.rank{}.", pp_comm_ ? pp_comm_->rank() : 0);
   const Tensor& g = ours.get(p + "global");
-  ATOLL_CHECK(g.numel() == global_.numel(), "{}: {}global has {} elements, this rank's model {}", what, p, g.numel(),
-              global_.numel());
+  ATOLL_CHECK(g.numel() == global_.numel(), "{}: {}global has {} elements, this rank's model {}{}", what, p, g.numel(),
+              global_.numel(), pp_ > 1 ? " (its stage: resume with the saved parallel.pp_layers)" : "");
   global_.copy_from(g.reshape(global_.shape()));
   mom_.copy_from(ours.get(p + "momentum").reshape(mom_.shape()));
 }

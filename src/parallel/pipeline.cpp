@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <cstring>
 #include <set>
 
 #include "autograd/graph.h"
+#include "core/log.h"
 #include "kernels/cpu/kernels.h"
 #include "optim/adamw.h"
 #include "parallel/tensor_parallel.h"
@@ -155,9 +157,14 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   check_pipeline_layout(model, pc, micro_batches);
   const MeshShape& ms = mesh.shape();
   ATOLL_CHECK(ms.pp == pc.pp && pc.pp > 1, "pipeline of {} stages on a mesh with pp = {}", pc.pp, ms.pp);
-  ATOLL_CHECK(ms.ep == 1 && ms.island == 1,
-              "parallel.pp = {} composes with data, tensor and context parallelism only in this build (mesh {})", pc.pp,
-              ms.describe());
+  // Across islands (ms.island > 1) `world` is the island's communicator: every axis below lies
+  // inside the island, and the checkpoint gathers the island's model on its rank 0
+  // (lowcomm/pipeline_islands.cpp).
+  ATOLL_CHECK(ms.ep == 1, "parallel.pp = {} composes with data, tensor and context parallelism only in this build "
+              "(mesh {})", pc.pp, ms.describe());
+  ATOLL_CHECK(world && int64_t(world->size()) * ms.island == ms.world(),
+              "pipeline over islands: built over {} ranks, the island has {} (mesh {})", world ? world->size() : 1,
+              ms.world() / ms.island, ms.describe());
   const bool hsdp = dp_strategy == "hsdp";
   ATOLL_CHECK(ms.dp_replicate == 1 || ms.dp_shard == 1 || hsdp,
               "parallel.pp = {} with both dp_replicate = {} and dp_shard = {}: one data-parallel axis at a time, "
@@ -608,6 +615,10 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
     if (owner_pp_[k] == r_ && (!rep_comm_ || rep_comm_->rank() == 0) &&
         (zero3_ ? holds_reduced_grad(params[k]) : !dp_comm_ || dp_comm_->rank() == 0))
       mine_model.emplace_back(a.to_file(params[k]->name), params[k]->value);
+  // The last stage's tied copy too, to be compared with the first stage's below (not under tp or
+  // ZeRO-3, whose gathers pair the stage's own parameters only).
+  if (r_ == p_ - 1 && !tp_ && !zero3_ && (!rep_comm_ || rep_comm_->rank() == 0) && (!dp_comm_ || dp_comm_->rank() == 0))
+    for (nn::Parameter* q : tied_) mine_model.emplace_back(a.to_file(q->name), q->value);
   opt_->save_state(mine_opt, "");
   // Under tp a stage's tp group gathers its shards into whole tensors first (collective over the
   // group: its ranks own the same parameters), and only its tp rank 0 sends them.
@@ -624,7 +635,15 @@ void PipelineParallel::full_state(std::vector<std::pair<std::string, Tensor>>& m
   std::map<std::string, Tensor> weights;
   std::set<std::string> have;
   auto merge = [&](std::vector<std::pair<std::string, Tensor>>&& m, std::vector<std::pair<std::string, Tensor>>&& o) {
-    for (auto& [n, t] : m) weights.emplace(n, t);
+    for (auto& [n, t] : m) {
+      auto [it, fresh] = weights.emplace(n, t);
+      // The tied head's copy on the last stage must hold the first stage's bits (its gradient is
+      // summed with theirs, so both step alike; across islands lowcomm agrees their outer step):
+      // a copy that parted is said, since only the first stage's is saved.
+      if (!fresh && it->second.nbytes() == t.nbytes() &&
+          std::memcmp(it->second.contiguous().raw(), t.contiguous().raw(), t.nbytes()) != 0)
+        log::warn("pipeline checkpoint: the last stage's tied copy of {} differs from the first stage's", n);
+    }
     for (auto& [n, t] : o)
       if (have.insert(n).second) opt_state.emplace_back(n, t);
   };

@@ -123,6 +123,9 @@ class PipelineParallel final : public DataParallel {
   // Per model parameter (Module::parameters() order): the pp rank that owns it (the tied head's
   // copy on the last stage not counted).
   const std::vector<int>& owners() const { return owner_pp_; }
+  // The lower root's parameters the tied head reads (empty without a tied head): owned by the
+  // first stage, copied on the last.
+  const std::vector<nn::Parameter*>& tied() const { return tied_; }
   // Whether this rank holds q's gradient averaged over dp after finish_backward (under ZeRO-2
   // only its dp owner does; otherwise every rank of the stage).
   bool holds_reduced_grad(const nn::Parameter* q) const;

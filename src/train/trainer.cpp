@@ -181,8 +181,9 @@ struct Trainer::Impl {
   TaskEnv data_env() const {
     if (ft) return ft->task_env();  // issue 14: a quorum replica reads its replica's share
     if (pipe) {  // (under hsdp the replicas' shards in order: the mesh's rank order)
-      const int64_t dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
-      return TaskEnv{int(dp_rank), int(pc.mesh.dp()), comm.get(), rank};
+      // Across islands each island's pipelines read their own rows, as without pp.
+      const int64_t dp = pc.mesh.dp(), dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
+      return TaskEnv{int(mesh->coord("island") * dp + dp_rank), int(pc.mesh.island * dp), comm.get(), rank};
     }
     if (tp) {  // each island reads its own rows; HSDP's data coordinate is replica-major, as the mesh orders them
       const int64_t dp = pc.mesh.dp(), dp_rank = mesh->coord("dp_replicate") * pc.mesh.dp_shard + mesh->coord("dp_shard");
@@ -293,8 +294,11 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   if (ppc.pp > 1) {
     ATOLL_CHECK(!I.ft, "parallel.pp = {} with fault.tolerance = \"quorum\": quorum replicas are data-parallel "
                 "only", ppc.pp);
-    auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.comm.get(), *I.mesh, ppc, I.o.grad_accum,
-                                                             I.pc.strategy, placement.adamw, placement.per_rank);
+    // Across islands the pipeline runs over the island's ranks (its checkpoint gathers the island's
+    // model on the island's rank 0, where lowcomm's island gathers expect it).
+    auto pipe = std::make_unique<parallel::PipelineParallel>(*I.model, I.lowcomm ? dp_comm : I.comm.get(), *I.mesh,
+                                                             ppc, I.o.grad_accum, I.pc.strategy, placement.adamw,
+                                                             placement.per_rank);
     if (I.tp) pipe->set_tensor_parallel(I.tp.get());  // pp x tp: stages of this rank's tp shard
     I.pipe = pipe.get();
     I.dp = std::move(pipe);
@@ -314,6 +318,7 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
                                         placement.sharded, I.mesh.get());
     if (I.tp) I.tp->attach(*I.dp);  // tp x ZeRO-3/HSDP: partial gradients summed per unit (tensor_parallel.h)
   }
+  if (I.lowcomm) I.lowcomm->set_pipeline(I.pipe);  // pp inside the islands: per-stage outer state
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get(), I.dp->value_ranges());
   if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
   if (I.dcp) I.dcp->setup(*I.model, I.comm.get());

@@ -127,9 +127,10 @@ TEST(IslandsTensorParallel, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   // (streaming with tp, refused here until session 8, is composed: IslandsStreaming below;
   // isoloco with tp, refused until session 9: IslandsIsoLoCo.IsoCWithTp2...)
   // (cp inside islands, refused until session 9: IslandsContextParallel below.)
-  EXPECT_NE(f.train("pp", 4, {"--parallel.pp=2"}, true), 0);
-  std::string log = f.log("pp");
-  EXPECT_NE(log.find("islands run data, context and tensor parallelism inside each island only (pp must be 1)"),
+  // (pp inside islands, refused until session 11: test_islands_pipeline.cpp; pp with tp is refused there.)
+  EXPECT_NE(f.train("pptp", 8, {"--parallel.pp=2", "--parallel.tp=2"}, true), 0);
+  std::string log = f.log("pptp");
+  EXPECT_NE(log.find("pipelined islands run data parallelism inside each stage only (tp and cp must be 1)"),
             std::string::npos) << log;
   EXPECT_EQ(log.find("step     1"), std::string::npos) << log;
 }

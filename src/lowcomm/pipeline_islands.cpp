@@ -1,0 +1,100 @@
+// Pipeline parallelism inside the islands (issue 13): DiLoCo (Douillard et al., "DiLoCo:
+// Distributed Low-Communication Training of Language Models", 2023) whose islands each run their
+// model as a pipeline of stages (parallel/pipeline.h; Huang et al., "GPipe", 2019, and its 1F1B /
+// interleaved / zero-bubble schedules). What changes against islands without pp:
+//  * a rank holds its stage's parameters only (the pipeline shrinks the model's flat buffers to
+//    them before attach), so flat_, the outer parameters and the outer momentum are the stage's:
+//    the outer state is per stage by construction, and in checkpoints it is saved per pp rank
+//    (lowcomm.pp.rank<r>.{global,momentum}, gathered over the island's pp group; sharded_islands.cpp);
+//  * the exchange runs between the ranks of the same stage: across() is the mesh's island axis,
+//    the ranks with the same pp (and dp) coordinate in every island, so each stage's ranks average
+//    their own stage's pseudo-gradient. The share group that splits it is the stage's dp ranks,
+//    not the island (whose other ranks hold other stages and buffers of other sizes);
+//  * the tied embedding (a head that reads the lower root): the last stage keeps a copy, which the
+//    pipeline's summed gradients keep equal to the first stage's through the inner steps. Across
+//    the islands the two copies are averaged by different groups at different offsets of
+//    different buffers: a ring over three or more islands sums an element in an order that depends
+//    on its offset, and a codec's blocks and scales fall elsewhere, so the copies would part.
+//    agree_over_pp() gives the last stage the first stage's averaged pseudo-gradient of them (a
+//    broadcast over the island's pp group, one embedding per sync over the fast links);
+//  * checkpoints: the pipeline is built over the island's communicator, so its full_state()
+//    gathers the island's whole model on the island's rank 0, and save_state's gathers of the
+//    other islands' models work as without pp.
+// Refused before step 1, naming the keys: streaming and isoloco with pp (streaming's fragments are
+// cut over the whole model's blocks, which a stage does not hold; IsoLoCo per stage is
+// untested), tp or cp with pp inside the islands, and any strategy but ddp inside pipelined
+// islands (ZeRO-3's stage shards would need per-shard outer state; zero1/2 are untested).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "lowcomm/lowcomm.h"
+#include "parallel/pipeline.h"
+
+namespace atl::lowcomm {
+
+void LowComm::setup_pipeline(parallel::Mesh& mesh) {
+  const parallel::MeshShape& m = mesh.shape();
+  pp_ = int(m.pp);
+  if (pp_ == 1) return;
+  ATOLL_CHECK(c_.method == "diloco", "lowcomm.method = '{}' with parallel.pp = {} inside the islands: only diloco "
+              "runs with pp so far (streaming cuts its fragments over the whole model's blocks; isoloco per stage "
+              "is not composed)", c_.method, pp_);
+  ATOLL_CHECK(m.tp == 1 && m.cp == 1, "parallel.pp = {} with parallel.tp = {} and parallel.cp = {} inside the "
+              "islands: pipelined islands run data parallelism inside each stage only (tp and cp must be 1)", pp_,
+              m.tp, m.cp);
+  if (!world_) return;
+  pp_comm_ = mesh.axis("pp");
+  // The stage's data-parallel ranks hold the same parameters: they split the stage's exchange.
+  share_ = parallel::data_parallel_comm(mesh);
+}
+
+void LowComm::attach_pipeline(const std::string& strategy) {
+  if (pp_ == 1) return;
+  ATOLL_CHECK(pipe_, "lowcomm: parallel.pp = {} inside the islands, but no pipeline was attached", pp_);
+  ATOLL_CHECK(strategy == "ddp", "parallel.strategy = '{}' with parallel.pp = {} inside the islands: a pipelined "
+              "island's stages replicate over dp (parallel.strategy = 'ddp'); zero1/2/3 and hsdp inside pipelined "
+              "islands are not composed", strategy, pp_);
+  const int r = pp_comm_ ? pp_comm_->rank() : 0;
+  const float* base = flat_.f32();
+  if (r == 0 || r == pp_ - 1)
+    for (nn::Parameter* q : pipe_->tied()) {
+      const float* v = q->value.f32();
+      ATOLL_CHECK(v >= base && v + q->value.numel() <= base + flat_.numel(),
+                  "lowcomm: the tied {} is not in pp rank {}'s flat parameters", q->name, r);
+      tied_.emplace_back(v - base, v - base + q->value.numel());
+    }
+  // Every stage's size, for the job's bytes on the wire (the stages send different amounts).
+  Tensor mine = Tensor::empty({2}), all = Tensor::empty({2 * int64_t(pp_)});
+  const int64_t n = flat_.numel();
+  mine.f32()[0] = float(n >> 24);  // two exact halves: f32 holds integers below 2^24
+  mine.f32()[1] = float(n & ((int64_t(1) << 24) - 1));
+  pp_comm_->all_gather(mine, all);
+  for (int s = 0; s < pp_; ++s)
+    stage_numel_.push_back((int64_t(all.f32()[2 * s]) << 24) + int64_t(all.f32()[2 * s + 1]));
+}
+
+void LowComm::agree_over_pp(Tensor& delta) {
+  if (!pp_comm_ || !pipe_ || pipe_->tied().empty()) return;
+  int64_t n = 0;
+  for (nn::Parameter* q : pipe_->tied()) {
+    int64_t k = 1;
+    for (int64_t d : q->shape) k *= d;
+    n += k;
+  }
+  Tensor buf = Tensor::empty({n});
+  const int r = pp_comm_->rank();
+  float* b = buf.f32();
+  if (r == 0)
+    for (const auto& [lo, hi] : tied_) b = std::copy(delta.f32() + lo, delta.f32() + hi, b);
+  pp_comm_->broadcast(buf, 0);
+  if (r != pp_ - 1) return;
+  const float* i = buf.f32();
+  for (const auto& [lo, hi] : tied_) {
+    std::copy(i, i + (hi - lo), delta.f32() + lo);
+    i += hi - lo;
+  }
+}
+
+}  // namespace atl::lowcomm
