@@ -12,6 +12,7 @@
 #include "optim/param_groups.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/optim/placement.h"
 #include "parallel/optim/tp_whole_matrix.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
@@ -81,23 +82,28 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(Config& cfg, std::unique_p
   // statistics over the vocabulary's rows, which the vocab-parallel embedding and head split. A
   // whole-matrix type runs in its tp form (parallel/optim/tp_whole_matrix.h), which gathers whole
   // parameters over tp; ZeRO and HSDP over dp would then hand it flat chunks of tp's blocks, so
-  // there it is refused (a pipeline's ZeRO places whole parameters: it composes).
+  // there it is refused (a pipeline's ZeRO places whole parameters: it composes), except for the
+  // hidden-matrix types whose ZeRO form also gathers over tp (sharded_muon.h: Muon, PRMuon).
   const OptimizerRoute route = optimizer_route(cfg);
   std::string elementwise;
   for (const std::string& n : optimizer_registry().names())
     if (optimizer_registry().get(n).elementwise) elementwise += (elementwise.empty() ? "" : ", ") + n;
   const bool flat_chunks = strategy != "ddp" && mesh.shape().pp == 1;
+  std::string zero_tp;  // the hidden-matrix types ZeRO shards with their split matrices updated whole
+  for (const std::string& n : sharded_placements().names())
+    if (!optimizer_registry().get(n).elementwise) zero_tp += (zero_tp.empty() ? "'" : ", '") + n + "'";
   for (auto [key, type] : {std::pair<const char*, const std::string*>{"optim.type", &route.hidden},
                            {"optim.embed", &route.embed}, {"optim.head", &route.head}, {"optim.vector", &route.vector}}) {
     if (optimizer_registry().get(*type).elementwise) continue;
     ATOLL_CHECK(tensor_parallel_placements().has(*type),
                 "parallel.tp = {}: {} = '{}' works on whole matrices or tables, which tensor parallelism splits over "
                 "ranks, and has no tensor-parallel form; use an elementwise optimizer ({})", tp, key, *type, elementwise);
-    ATOLL_CHECK(!flat_chunks,
+    const bool sharded_over_tp = key == std::string("optim.type") && sharded_placements().has(*type);
+    ATOLL_CHECK(!flat_chunks || sharded_over_tp,
                 "parallel.tp = {}: {} = '{}' works on whole matrices or tables, which tensor parallelism splits over "
                 "ranks and parallel.strategy = '{}' shards in flat chunks of those pieces: its tensor-parallel form "
-                "runs under parallel.strategy = 'ddp' (or with parallel.pp > 1); use 'ddp' or an elementwise "
-                "optimizer ({})", tp, key, *type, strategy, elementwise);
+                "runs under parallel.strategy = 'ddp' (or with parallel.pp > 1), and ZeRO's only for optim.type = {}; "
+                "use 'ddp' or an elementwise optimizer ({})", tp, key, *type, strategy, zero_tp, elementwise);
   }
   ATOLL_CHECK(cfg.get_string("train.dtype", "f32") == "f32", "parallel.tp = {}: train.dtype = '{}': the "
               "tensor-parallel linears compute in fp32 only in this build", tp, cfg.get_string("train.dtype", "f32"));

@@ -70,7 +70,10 @@ MemoryEstimate estimate_training_memory(nn::Model& model, const TrainShape& s) {
   // Under tp a whole-matrix optimizer holds its state of the split matrices whole, with whole
   // copies of their weight and gradient (parallel/optim/tp_whole_matrix.h): tp - 1 more shards of
   // state, tp more of weight and gradient (over every parameter: an overcount by the AdamW rest).
-  if (s.tp > 1 && s.optimizer != "adamw" && optimizer_registry().has(s.optimizer) &&
+  // Under ZeRO/HSDP without pp the Muon family keeps its pieces of the tp block's momentum
+  // (parallel/optim/sharded_muon.h): only one matrix's update is whole at a time, on its owner.
+  const bool zero_tp_form = s.pp == 1 && s.strategy != "ddp";
+  if (s.tp > 1 && !zero_tp_form && s.optimizer != "adamw" && optimizer_registry().has(s.optimizer) &&
       !optimizer_registry().get(s.optimizer).elementwise)
     e.model_states += params * (double(s.tp - 1) * sb.optim + double(s.tp) * (sb.weight + sb.grad));
   if (s.dtype == "bf16") e.model_states += 2.0 * params;  // the bf16 weight copies

@@ -79,12 +79,13 @@ TEST(LaunchTensorParallel, HeadsThatDoNotSplitAreRefusedBeforeStepOne) {
 // An optimizer that needs whole matrices or tables runs under tp in its tp form (each split
 // matrix gathered and stepped whole: parallel/optim/tp_whole_matrix.h, bounded against one rank
 // in test_tensor_parallel_optim.cpp) over ddp; under ZeRO it would get flat chunks of tp's blocks,
-// so it is refused there before step 1, naming the key: the hidden matrices' (Muon) and a table
-// optimizer's on the embedding (Ember's column statistics run over all the vocabulary's rows).
+// so it is refused there before step 1, naming the key: a hidden-matrix type without ZeRO's tp
+// form (Dion3; Muon and PRMuon have one since session 11, below) and a table optimizer's on the
+// embedding (Ember's column statistics run over all the vocabulary's rows).
 TEST(LaunchTensorParallel, OptimizersOfWholeMatricesOrTablesAreRefusedUnderZeroBeforeStepOne) {
   TpFixture f;
-  for (auto [name, flag, key] : {std::tuple<const char*, const char*, const char*>{"muon", "--optim.type=muon",
-                                                                                   "optim.type = 'muon'"},
+  for (auto [name, flag, key] : {std::tuple<const char*, const char*, const char*>{"dion3", "--optim.type=dion3",
+                                                                                   "optim.type = 'dion3'"},
                                  {"ember", "--optim.embed=ember", "optim.embed = 'ember'"}}) {
     EXPECT_NE(f.train(name, 2, {"--parallel.tp=2", "--parallel.strategy=zero1", flag}, true), 0) << name;
     EXPECT_NE(f.log(name).find("parallel.tp = 2: " + std::string(key) + " works on whole matrices or tables"),
@@ -186,6 +187,29 @@ TEST(LaunchTensorParallel, DataTimesTensorUnderZero3FollowsOneRankAndResumes) {
   EXPECT_LE(next, 1e-6) << "step 4 from the zero3 checkpoint: one rank " << single[3] << ", dp2 x tp2 " << par[3];
   std::printf("step 4 from the dp2 x tp2 zero3 checkpoint: one rank %.9g, dp2 x tp2 %.9g (relative %.2e, bound 1e-6)\n",
               single[3], par[3], next);
+}
+
+// Muon at dp2 x tp2 under ZeRO-3 through `atoll train` (session 11: the shard group's owner of
+// each matrix assembles its tp block, the tp owners gather the update whole, sharded_muon.h):
+// the job follows one rank's Muon curve at batch 8, and its step-3 checkpoint (momenta gathered
+// over dp, then tp's blocks, under the one-rank names) resumes on one rank on the same curve.
+// Bounds as expect_close's (test_tensor_parallel_optim.cpp bounds the same layout at 1e-6 a step).
+TEST(LaunchTensorParallel, MuonUnderZero3TimesTensorFollowsOneRankAndResumesOnOne) {
+  TpFixture f;
+  const std::vector<std::string> muon = {"--optim.type=muon", "--train.batch_size=8"};
+  ASSERT_EQ(f.train("one8", 1, muon), 0);
+  auto one = losses(f.root / "one8");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+  std::vector<std::string> first = {"--optim.type=muon", "--parallel.tp=2", "--parallel.strategy=zero3",
+                                    "--train.stop_after=3"};
+  ASSERT_EQ(f.train("z3", 4, first), 0);
+  const std::string log = f.log("z3");
+  EXPECT_NE(log.find("mesh dp=2 (shard) tp=2"), std::string::npos) << log;
+  expect_close(losses(f.root / "z3"), std::vector<double>(one.begin(), one.begin() + 3), "dp2 x tp2 zero3 Muon loss");
+  ASSERT_EQ(f.train("z3", 1, {"--optim.type=muon", "--train.batch_size=8", "--resume"}), 0);
+  EXPECT_NE(f.log("z3").find("resumed from"), std::string::npos) << f.log("z3");
+  expect_close(losses(f.root / "z3"), one, "dp2 x tp2 zero3 Muon, then resumed on one rank");
 }
 
 // cp2 x tp2 on 4 ranks through `atoll train` (issue 11): both cp ranks of a tp coordinate read the

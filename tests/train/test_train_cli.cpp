@@ -140,6 +140,11 @@ TEST(TrainCli, MemoryEstimateCountsWholeMatrixStateUnderTp) {
     const double psi = whole / (sb.weight + sb.grad + sb.optim);  // one rank's parameters
     const double want = std::string(o) == "muon" ? whole / 2 + psi / 2 * (sb.optim + 2 * (sb.weight + sb.grad)) : whole / 2;
     EXPECT_NEAR(split, want, 1e-9 * want) << o;
+    // Under ZeRO without pp Muon keeps its pieces of the tp block's state (sharded_muon.h): no
+    // whole copies, the tp shard's states (one data rank here: ZeRO divides by 1).
+    TrainShape z = t;
+    z.strategy = "zero1";
+    EXPECT_NEAR(estimate_training_memory(mc, z).model_states, whole / 2, 1e-9 * whole) << o;
   }
 }
 

@@ -43,7 +43,7 @@ OptimizerPlacement place_optimizer(Config& cfg, nn::Model& model, comm::Communic
                   "besides the hidden matrices with AdamW only; remove the key or use parallel.strategy = 'ddp'",
                   g, *t, strategy);
     const ShardedPlacement& p = sharded_placements().get(route.hidden);
-    out.sharded = p.make(cfg, out.adamw);
+    out.sharded = p.make(cfg, out.adamw, tp);  // under tp: each split matrix updated whole
     if (comm && comm->size() > 1) out.note = p.note;
     return out;
   }

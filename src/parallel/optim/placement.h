@@ -34,9 +34,10 @@ struct ReplicatedPlacement {
 Registry<ReplicatedPlacement>& replicated_placements();
 
 // The rank's optimizer under a sharding strategy: the hidden matrices in this type, AdamW for the
-// rest, built once ZeRO has laid out its buckets.
+// rest, built once ZeRO has laid out its buckets. tp (null: none) is the model's tensor
+// parallelism: a matrix type must then update each split matrix whole (sharded_muon.h).
 struct ShardedPlacement {
-  std::function<ShardedOptimizerFactory(Config& cfg, const AdamWConfig& adamw)> make;
+  std::function<ShardedOptimizerFactory(Config& cfg, const AdamWConfig& adamw, const TensorParallel* tp)> make;
   std::string note;  // for the log on several ranks
 };
 Registry<ShardedPlacement>& sharded_placements();

@@ -83,7 +83,7 @@ void ShardedAdamW::load_full_state(const TensorFile& f) {
 namespace {
 PlacementRegistrar<ShardedPlacement> reg(
     sharded_placements(), "adamw",
-    {[](Config&, const AdamWConfig& a) -> ShardedOptimizerFactory {
+    {[](Config&, const AdamWConfig& a, const TensorParallel*) -> ShardedOptimizerFactory {  // element-wise
        return [a](nn::Model& m, const FlatLayout& l, comm::Communicator*) {
          return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedAdamW>(m, l, a));
        };

@@ -17,8 +17,9 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
-ShardedMuon::ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg)
-    : model_(model), group_(group), cfg_(std::move(cfg)) {
+ShardedMuon::ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg,
+                         const TensorParallel* tp)
+    : model_(model), group_(group), tp_(tp && tp->size() > 1 ? tp : nullptr), cfg_(std::move(cfg)) {
   ATOLL_CHECK(cfg_.type == "muon" || cfg_.type == "prmuon",
               "ZeRO shards the Muon family as type \"muon\" or \"prmuon\", not '{}'", cfg_.type);
   ATOLL_CHECK(cfg_.prm.period >= 1, "prmuon: period K must be at least 1, got {}", cfg_.prm.period);
@@ -37,14 +38,25 @@ ShardedMuon::ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Commu
     m.lo = layout.spans[i].lo;
     m.rows = p->shape[0];
     m.cols = p->value.numel() / m.rows;
-    m.scale = optim::update_scale(mc.scale, m.rows, m.cols, mc.layout);
+    m.full_rows = m.rows;
+    m.full_cols = m.cols;
+    if (tp_ && tp_->sharded(p->name)) {
+      const Shape f = tp_->full_shape(p->name);
+      m.split = true;
+      m.full_rows = f[0];
+      m.full_cols = shape_numel(f) / f[0];
+      // Rows normalized and columns cut by tp, or the other way round: a slice is in pieces.
+      m.cross = cfg_.prm.normalize_rows ? m.full_cols != m.cols : m.full_rows != m.rows;
+    }
+    m.scale = optim::update_scale(mc.scale, m.full_rows, m.full_cols, mc.layout);
     m.slice0 = nslices_;
     nslices_ += cfg_.prm.normalize_rows ? m.rows : m.cols;
     m.state0 = hidden_numel_;
     hidden_numel_ += m.rows * m.cols;
     mat_of[i] = int(mats_.size());
     mats_.push_back(m);
-    cost.push_back(optim::ns_flops(m.rows, m.cols, mc.ns));
+    // The whole matrix's cost: the same on every tp rank, so they choose the same owners.
+    cost.push_back(optim::ns_flops(m.full_rows, m.full_cols, mc.ns));
   }
   std::vector<int> own = assign_owners_lpt(cost, world_);
   for (size_t k = 0; k < mats_.size(); ++k) {
@@ -143,10 +155,14 @@ void ShardedMuon::orthogonalize_by_owners(std::vector<float>& u) {
                   size_t(p.flat.size()) * sizeof(float));
     }
     float* o = fitted() ? orth.data() : full.data();
-    optim::orthogonalize(full.data(), o, m.rows, m.cols, ns);
-    if (fitted())  // exactly the single-rank computation: the owner holds both whole matrices
-      fit[k] = optim::row_fit(
-          optim::row_fit_parts(o, full.data(), m.rows, m.cols, cfg_.prm.normalize_rows, cfg_.prm.eps));
+    if (m.split) {
+      orthogonalize_whole(k, full.data(), o, fitted() ? &fit[k] : nullptr);
+    } else {
+      optim::orthogonalize(full.data(), o, m.rows, m.cols, ns);
+      if (fitted())  // exactly the single-rank computation: the owner holds both whole matrices
+        fit[k] = optim::row_fit(
+            optim::row_fit_parts(o, full.data(), m.rows, m.cols, cfg_.prm.normalize_rows, cfg_.prm.eps));
+    }
     for (size_t c = a; c < b; ++c) {
       const auto& [r, p] = incoming_[c];
       std::memcpy(send.f32() + r * chunk_ + p.a2a, o + (p.flat.lo - m.lo), size_t(p.flat.size()) * sizeof(float));
@@ -172,6 +188,23 @@ void ShardedMuon::orthogonalize_by_owners(std::vector<float>& u) {
   for (const Piece& p : mine_)
     std::memcpy(u.data() + p.state, back.f32() + mats_[p.mat].owner * chunk_ + p.a2a,
                 size_t(p.flat.size()) * sizeof(float));
+}
+
+void ShardedMuon::orthogonalize_whole(size_t k, const float* u, float* o, float* fit) {
+  // Every owner of this dp coordinate's tp group reaches here for the same matrices in the same
+  // order (owners chosen from whole costs, incoming_ in matrix order): the gathers pair up.
+  const Mat& m = mats_[k];
+  const nn::Parameter* p = model_.parameters()[size_t(m.param)];
+  Tensor block = Tensor::empty(p->shape);
+  std::memcpy(block.f32(), u, size_t(m.rows * m.cols) * sizeof(float));
+  Tensor whole = tp_->gather(p->name, block).contiguous();  // the one-rank Nesterov update, bit for bit
+  Tensor orth = fit ? Tensor::empty(whole.shape()) : whole;
+  optim::orthogonalize(whole.f32(), orth.f32(), m.full_rows, m.full_cols, cfg_.prm.muon.ns);
+  if (fit)
+    *fit = optim::row_fit(optim::row_fit_parts(orth.f32(), whole.f32(), m.full_rows, m.full_cols,
+                                               cfg_.prm.normalize_rows, cfg_.prm.eps));
+  Tensor mine = tp_->take(p->name, orth).contiguous();
+  std::memcpy(o, mine.f32(), size_t(m.rows * m.cols) * sizeof(float));
 }
 
 // Visits the row segments [e, end) of a piece (element indices relative to the matrix) with their row.
@@ -218,12 +251,14 @@ void ShardedMuon::normalize_slices_sharded(std::vector<float>& u) {
       tot[size_t(i)] = t;
     }
   }
+  if (tp_) add_cut_slices_over_tp(tot);
   // The same factor as optim::normalize_slices: gain / (||slice|| + eps), in float.
   std::vector<float> fac(static_cast<size_t>(nslices_));
   for (const Mat& m : mats_) {
     const int64_t len = rows ? m.rows : m.cols;
+    const double whole_len = double(rows ? m.full_rows : m.full_cols);
     const float gain = fitted() ? fit_[size_t(&m - mats_.data())]
-                                : float(std::sqrt(double(std::min(m.rows, m.cols)) / double(len)));
+                                : float(std::sqrt(double(std::min(m.full_rows, m.full_cols)) / whole_len));
     for (int64_t i = m.slice0; i < m.slice0 + len; ++i)
       fac[size_t(i)] = gain / (float(std::sqrt(tot[size_t(i)])) + cfg_.prm.eps);
   }
@@ -240,6 +275,32 @@ void ShardedMuon::normalize_slices_sharded(std::vector<float>& u) {
       }
     });
   }
+}
+
+void ShardedMuon::add_cut_slices_over_tp(std::vector<double>& tot) {
+  // A slice that runs across tp's split has one partial sum on each tp rank. The tp ranks have the
+  // same such slices (their count is the whole matrix's), so they exchange the doubles' bits and
+  // add them in tp rank order, as the shard group does; slices along the split are whole here.
+  int64_t n = 0;
+  for (const Mat& m : mats_)
+    if (m.cross) n += cfg_.prm.normalize_rows ? m.rows : m.cols;
+  if (n == 0) return;
+  const int T = tp_->size();
+  Tensor mine = Tensor::empty({n}, DType::i64), all = Tensor::empty({T * n}, DType::i64);
+  double* w = reinterpret_cast<double*>(mine.data<int64_t>());
+  for (const Mat& m : mats_)
+    if (m.cross)
+      for (int64_t i = 0, len = cfg_.prm.normalize_rows ? m.rows : m.cols; i < len; ++i) *w++ = tot[size_t(m.slice0 + i)];
+  tp_->comm()->all_gather(mine, all);
+  const double* parts = reinterpret_cast<const double*>(all.data<int64_t>());
+  int64_t j = 0;
+  for (const Mat& m : mats_)
+    if (m.cross)
+      for (int64_t i = 0, len = cfg_.prm.normalize_rows ? m.rows : m.cols; i < len; ++i, ++j) {
+        double t = 0;
+        for (int q = 0; q < T; ++q) t += parts[int64_t(q) * n + j];
+        tot[size_t(m.slice0 + i)] = t;
+      }
 }
 
 void ShardedMuon::step(const StepContext& ctx) {
@@ -331,23 +392,26 @@ void ShardedMuon::load_state(const TensorFile& f, const std::string& prefix) {
 }
 
 namespace {
-ShardedOptimizerFactory sharded_muon_factory(Config& c, const AdamWConfig& adamw, const std::string& type) {
+ShardedOptimizerFactory sharded_muon_factory(Config& c, const AdamWConfig& adamw, const std::string& type,
+                                             const TensorParallel* tp) {
   ShardedMuonConfig smc;
   smc.type = type;
   if (type == "prmuon") smc.prm = prmuon_config_from(c, "optim.prmuon");
   else smc.prm.muon = muon_config_from(c, "optim.muon");
   smc.adamw = adamw;
-  return [smc](nn::Model& m, const FlatLayout& l, comm::Communicator* g) {
-    return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedMuon>(m, l, g, smc));
+  return [smc, tp](nn::Model& m, const FlatLayout& l, comm::Communicator* g) {
+    return std::unique_ptr<ShardedOptimizer>(std::make_unique<ShardedMuon>(m, l, g, smc, tp));
   };
 }
 const char* kOwners = " (Muon matrices orthogonalized by their owner ranks)";
 PlacementRegistrar<ShardedPlacement> muon(
     sharded_placements(), "muon",
-    {[](Config& c, const AdamWConfig& a) { return sharded_muon_factory(c, a, "muon"); }, kOwners});
+    {[](Config& c, const AdamWConfig& a, const TensorParallel* tp) { return sharded_muon_factory(c, a, "muon", tp); },
+     kOwners});
 PlacementRegistrar<ShardedPlacement> prmuon(
     sharded_placements(), "prmuon",
-    {[](Config& c, const AdamWConfig& a) { return sharded_muon_factory(c, a, "prmuon"); }, kOwners});
+    {[](Config& c, const AdamWConfig& a, const TensorParallel* tp) { return sharded_muon_factory(c, a, "prmuon", tp); },
+     kOwners});
 }  // namespace
 
 }  // namespace atl::parallel

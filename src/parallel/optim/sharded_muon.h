@@ -27,11 +27,22 @@
 // matrix a single rank would (assembled bit for bit); a cut slice's norm differs only by the
 // order of its double sum.
 //
+// Under tensor parallelism (tp non-null, docs/tensor_parallel.md "Session 11") the layout is
+// this rank's tp shard, so a matrix assembled over the shard group is a tp block of it. Each
+// owner then gathers the block's Nesterov update over the tp group (TensorParallel::gather, the
+// plan's split rule), orthogonalizes the whole matrix and keeps its block: exactly one rank's
+// update of the whole matrix. Owners are chosen from the whole matrices' costs, so the tp ranks of
+// one dp coordinate own the same matrices and their gathers pair up in matrix order. The update
+// scale and PRMuon's gain use the whole shape; a slice (row or column) that tp cuts has its
+// partial sums of squares added over tp as well, in tp rank order. Only the update is gathered:
+// the momentum stays this rank's pieces of its tp block (1/(tp * dp) of the whole).
+//
 // State is this rank's pieces of the momentum (and AdamW's moments), saved and loaded under the
 // names of the single-rank GroupedOptimizer that make_optimizer builds for the same config:
 // "step", "<type>.step", "<type>.<param>.momentum", "adamw.step", "adamw.<param>.exp_avg", ...
 #pragma once
 #include "optim/periodic_row_muon.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/optim/sharded_adamw.h"
 
 namespace atl::parallel {
@@ -44,8 +55,10 @@ struct ShardedMuonConfig {
 
 class ShardedMuon final : public ShardedOptimizer {
  public:
-  // group: the communicator the layout's buckets are sharded over (null: one rank).
-  ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg);
+  // group: the communicator the layout's buckets are sharded over (null: one rank). tp: the
+  // model's tensor parallelism (null or one rank: none), whose split matrices are updated whole.
+  ShardedMuon(nn::Model& model, const FlatLayout& layout, comm::Communicator* group, ShardedMuonConfig cfg,
+              const TensorParallel* tp = nullptr);
   std::string name() const override { return "adamw+" + cfg_.type; }
   void step(const StepContext& ctx) override;
   // The full state with a prefix (collective), as GroupedOptimizer would save it.
@@ -73,7 +86,10 @@ class ShardedMuon final : public ShardedOptimizer {
  private:
   struct Mat {
     int param;
-    int64_t lo, rows, cols;  // flat offset and matrix view
+    int64_t lo, rows, cols;  // flat offset and matrix view (this rank's tp block under tp)
+    int64_t full_rows, full_cols;  // the whole matrix's (rows, cols unless tp splits it)
+    bool split = false;      // tp splits it: the owner gathers the whole update over tp
+    bool cross = false;      // PRMuon's slices run across tp's split: their sums are added over tp
     int owner;
     float scale;             // Muon's update scale
     int64_t slice0 = 0;      // offset of its slices in the norm buffer (PRMuon)
@@ -92,9 +108,15 @@ class ShardedMuon final : public ShardedOptimizer {
   void orthogonalize_by_owners(std::vector<float>& u);
   // u -> each slice normalized over the whole matrix (one all_reduce of partial sums).
   void normalize_slices_sharded(std::vector<float>& u);
+  // Under tp: matrix k's tp block u of the update -> o, this block of the whole matrix's
+  // orthogonalization (gathered over tp); fit (non-null: PRMuon's fit) from the whole matrices.
+  void orthogonalize_whole(size_t k, const float* u, float* o, float* fit);
+  // Under tp: the slices' sums of squares that tp cuts (Mat::cross) added over the tp group.
+  void add_cut_slices_over_tp(std::vector<double>& tot);
 
   nn::Model& model_;
   comm::Communicator* group_;
+  const TensorParallel* tp_ = nullptr;  // set only when tp > 1
   int rank_ = 0, world_ = 1;
   ShardedMuonConfig cfg_;
   std::vector<Mat> mats_;
