@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "autograd/ops.h"
+
 namespace atl::nn {
 
 Tensor take_spans(const Tensor& x, const std::vector<Span>& spans) {
@@ -33,6 +35,14 @@ std::vector<int32_t> span_positions(const std::vector<Span>& spans) {
   for (auto [s, n] : spans)
     for (int64_t i = 0; i < n; ++i) p.push_back(int32_t(s + i));
   return p;
+}
+
+Tensor context_share_of_loss(const Tensor& loss, const Tensor& local_targets, const ContextAttention& cp) {
+  ATOLL_CHECK(local_targets.dtype() == DType::i32, "context_share_of_loss: targets must be i32");
+  int64_t kept = 0;
+  for (int64_t i = 0; i < local_targets.numel(); ++i) kept += local_targets.i32()[i] >= 0;
+  const double share = cp.loss_share(kept);
+  return share == 1.0 ? loss : ops::mul(loss, Tensor::full({1}, float(share)));
 }
 
 }  // namespace atl::nn

@@ -32,6 +32,10 @@ class ContextAttention {
   // group's mean (kept_local * ranks / kept over the group), so that averaging the ranks' losses
   // and gradients, as data parallelism does, gives the mean over all the group's tokens.
   virtual double loss_share(int64_t kept_local) const = 0;
+  // Sums v element-wise over the group, in place (every rank must call it with the same length):
+  // batch statistics that are functions of the whole row, such as an MoE router's per-expert
+  // counts for its balance loss (nn/moe.cpp). Integers, so the sum is exact in any order.
+  virtual void sum_over_ranks(std::vector<int64_t>& v) const = 0;
 };
 
 // A model whose attention can run context-parallel; the pointer must outlive its use (null: local).
@@ -45,5 +49,9 @@ class SequenceSharded {
 Tensor take_spans(const Tensor& x, const std::vector<Span>& spans);
 // The spans' positions in order.
 std::vector<int32_t> span_positions(const std::vector<Span>& spans);
+// A rank's mean cross-entropy over its local targets (ignored ones < 0) scaled by the group's
+// loss_share, so that the ranks' losses averaged as data parallelism averages them are the mean
+// over the whole rows' targets (a collective over the group). Shared by the families with cp.
+Tensor context_share_of_loss(const Tensor& loss, const Tensor& local_targets, const ContextAttention& cp);
 
 }  // namespace atl::nn

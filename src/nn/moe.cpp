@@ -199,17 +199,31 @@ Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
     for (int64_t e = 0; e < E; ++e) count[size_t(e)] = double(sum.f32()[e]);
     Nt = double(sum.f32()[E]);
   }
+  // Under context parallelism the whole row's tokens make the losses' batch, as on one rank: the
+  // counts and the token total summed over the cp group (integers: exact), and each rank's terms
+  // of the two sums scaled by the group's size, so that the ranks' losses and gradients averaged
+  // over cp, as data parallelism averages them, are the whole sequence's (the same rule as the
+  // cross-entropy's loss_share).
+  const int64_t cp = context ? context->ranks() : 1;
+  if (cp > 1) {
+    std::vector<int64_t> c(size_t(E + 1));
+    for (int64_t e = 0; e < E; ++e) c[size_t(e)] = int64_t(count[size_t(e)]);
+    c[size_t(E)] = int64_t(Nt);
+    context->sum_over_ranks(c);
+    for (int64_t e = 0; e < E; ++e) count[size_t(e)] = double(c[size_t(e)]);
+    Nt = double(c[size_t(E)]);
+  }
   // Load balance: E/(k N) sum_e count_e mean_n p[n,e] = sum over p of p * E count_e / (k N^2).
   std::vector<float> cw(size_t(N * E));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t e = 0; e < E; ++e)
-      cw[size_t(n * E + e)] = float(double(E) * count[size_t(e)] / (double(k) * Nt * Nt));
+      cw[size_t(n * E + e)] = float(double(cp) * double(E) * count[size_t(e)] / (double(k) * Nt * Nt));
   Tensor balance = ops::dot_const(r.probs, Tensor::from_vector(cw, {N, E}));
   // z-loss: logsumexp_n = logits[n,0] - log_softmax(logits)[n,0].
   Tensor col0 = Tensor::from_vector_i32({0}, {1});
   Tensor lse = ops::add(ops::index_select(r.logits, 1, col0),
                         ops::mul(ops::index_select(ops::log_softmax(r.logits), 1, col0), Tensor::full({1}, -1.f)));
-  Tensor z = ops::dot_const(ops::mul(lse, lse), Tensor::full({N, 1}, float(1.0 / Nt)));
+  Tensor z = ops::dot_const(ops::mul(lse, lse), Tensor::full({N, 1}, float(double(cp) / Nt)));
   if (split) {  // the group's losses in value; each rank's gradient is its own rows' share
     const Shape bs = balance.shape(), zs = z.shape();
     std::vector<Tensor> parts = ops::split(

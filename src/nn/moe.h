@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "nn/context_attention.h"
 #include "nn/layers.h"
 #include "nn/model.h"
 #include "nn/module.h"
@@ -152,6 +153,10 @@ class MoELayer : public Module {
 
   // nullptr: local experts. The dispatcher must outlive its use.
   void set_dispatcher(ExpertDispatcher* d) { dispatcher_ = d; }
+  // Context parallelism (nn/context_attention.h; null: none): the layer routes this rank's tokens
+  // only, and its balance and z losses take the whole row's counts and token total (summed over
+  // the cp group), each rank's terms scaled by cp so that the group's mean is the one-rank loss.
+  const ContextAttention* context = nullptr;
   const MoEConfig& config() const { return c_; }
 
   // Experts held here: [first_local_expert(), + local_experts()) (all of them unless sharded).

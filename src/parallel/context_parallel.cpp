@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "autograd/graph.h"
 #include "kernels/dispatch.h"
@@ -276,6 +277,14 @@ double RingAttention::loss_share(int64_t kept_local) const {
   comm_->all_reduce(t, comm::ReduceOp::sum);
   const int64_t total = t.data<int64_t>()[0];
   return total > 0 ? double(kept_local) * double(cp_) / double(total) : 0.0;
+}
+
+void RingAttention::sum_over_ranks(std::vector<int64_t>& v) const {
+  if (!comm_ || cp_ == 1 || v.empty()) return;
+  Tensor t = Tensor::empty({int64_t(v.size())}, DType::i64);
+  std::memcpy(t.data<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  comm_->all_reduce(t, comm::ReduceOp::sum);
+  std::memcpy(v.data(), t.data<int64_t>(), v.size() * sizeof(int64_t));
 }
 
 void check_context_parallel(const MeshShape& mesh, const nn::Model& model, int64_t seq_len, bool balanced,

@@ -44,6 +44,7 @@ class RingAttention final : public nn::ContextAttention {
   Tensor attention(const Tensor& qkv, int64_t H, int64_t KV, int64_t hd, int64_t T, bool causal,
                    const Tensor& doc_ids) const override;
   double loss_share(int64_t kept_local) const override;
+  void sum_over_ranks(std::vector<int64_t>& v) const override;
 
  private:
   comm::Communicator* comm_;

@@ -128,11 +128,7 @@ Tensor GPT::context_head_loss(const Tensor& x, const Tensor& targets) const {
   Tensor tgt = take_spans(targets, context_->spans(targets.size(1)));
   Tensor loss = tp_ ? tp_->vocab_cross_entropy(tp_->vocab_logits((*ln_f)(x), head_weight()->value), tgt, vocab_lo_)
                     : ops::cross_entropy(ops::linear_t((*ln_f)(x), head_weight()->value), tgt, /*reuse_logits=*/true);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < tgt.numel(); ++i) kept += tgt.i32()[i] >= 0;
-  const double share = context_->loss_share(kept);  // collective over the cp group
-  if (share != 1.0) loss = ops::mul(loss, Tensor::full({1}, float(share)));
-  return loss;
+  return context_share_of_loss(loss, tgt, *context_);  // collective over the cp group
 }
 
 }  // namespace atl::nn

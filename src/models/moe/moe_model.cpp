@@ -121,9 +121,11 @@ Tensor MoEModel::hidden(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.size(1) <= c_.attn.block_size, "sequence length {} exceeds block_size {}", tokens.size(1),
               c_.attn.block_size);
   begin_forward();
-  if (tp_) tp_->begin_forward(tokens.size(0), tokens.size(1));
-  Tensor x = tp_ ? tp_->vocab_embedding(tokens, embed_tokens->weight->value, vocab_lo_, Tensor())
-                 : ops::embedding(tokens, embed_tokens->weight->value, Tensor());
+  // Under cp every layer below sees this rank's spans of each row only (positions: Attention::core).
+  const Tensor tok = context_ ? take_spans(tokens, context_->spans(tokens.size(1))) : tokens;
+  if (tp_) tp_->begin_forward(tok.size(0), tok.size(1));
+  Tensor x = tp_ ? tp_->vocab_embedding(tok, embed_tokens->weight->value, vocab_lo_, Tensor())
+                 : ops::embedding(tok, embed_tokens->weight->value, Tensor());
   aux_.assign(layers.size(), Tensor());
   x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) {
     MoEBlock* b = layers[i];
@@ -154,6 +156,8 @@ Tensor MoEModel::logits_of(const Tensor& h) const {
 }
 
 Tensor MoEModel::forward(const Tensor& tokens) const {
+  ATOLL_CHECK(!context_, "MoEModel::forward under context parallelism would give this rank's spans' logits only; "
+              "the training and evaluation loss is loss()");
   Tensor l = logits_of(hidden(tokens));
   if (!tp_) return l;
   ATOLL_CHECK(!grad_enabled(), "MoEModel::forward under tensor parallelism is for inference (the loss never gathers)");
@@ -163,8 +167,12 @@ Tensor MoEModel::forward(const Tensor& tokens) const {
 Tensor MoEModel::loss(const Tensor& tokens, const Tensor& targets) const {
   ATOLL_CHECK(targets.shape() == tokens.shape(), "targets {} do not match tokens {}", shape_str(targets.shape()),
               shape_str(tokens.shape()));
-  Tensor l = tp_ ? tp_->vocab_cross_entropy(logits_of(hidden(tokens)), targets, vocab_lo_)
-                 : ops::cross_entropy(forward(tokens), targets, /*reuse_logits=*/true);
+  const Tensor tgt = context_ ? take_spans(targets, context_->spans(targets.size(1))) : targets;
+  Tensor l = tp_ ? tp_->vocab_cross_entropy(logits_of(hidden(tokens)), tgt, vocab_lo_)
+                 : ops::cross_entropy(logits_of(hidden(tokens)), tgt, /*reuse_logits=*/true);
+  // The cross-entropy as this rank's share of the cp group's mean; the auxiliary losses carry
+  // their own cp scaling (nn/moe.cpp), so they are added as they are.
+  if (context_) l = context_share_of_loss(l, tgt, *context_);
   // The auxiliary losses train the router; an evaluation (no gradients) scores the cross-entropy alone.
   if (grad_enabled())
     for (const Tensor& a : aux_)
@@ -177,6 +185,25 @@ std::vector<MoELayer*> MoEModel::moe_layers() const {
   for (MoEBlock* b : layers)
     if (b->moe) v.push_back(b->moe);
   return v;
+}
+
+void MoEModel::set_context_attention(const ContextAttention* cp) {
+  if (cp && cp->ranks() > 1) {
+    // cp x tp would split each cp rank's share again over tp (as GPT's does); the routers' sums
+    // would then run over both groups, which is written (nn/moe.cpp) but not tested: refused.
+    ATOLL_CHECK(!tp_, "parallel.cp = {} with parallel.tp = {}: the moe family runs context parallelism without "
+                "tensor parallelism only (set parallel.tp = 1, or use cp with ep)", cp->ranks(), tp_->size());
+    // Capacity is a rank's share of its own tokens served first come, first served in token
+    // order; over a split row it would need the whole row's order, which no rank sees.
+    ATOLL_CHECK(!c_.moe.drop_tokens, "parallel.cp = {} with model.drop_tokens = true: the capacity and its first "
+                "come, first served dropping are defined over the whole row, which a cp rank does not hold; set "
+                "model.drop_tokens = false (no-drop routing) with context parallelism", cp->ranks());
+  }
+  context_ = cp && cp->ranks() > 1 ? cp : nullptr;
+  for (MoEBlock* b : layers) {
+    b->self_attn->context = context_;
+    if (b->moe) b->moe->context = context_;
+  }
 }
 
 void MoEModel::set_expert_dispatcher(ExpertDispatcher* d) {

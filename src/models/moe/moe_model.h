@@ -25,7 +25,7 @@ class MoEBlock : public Module {
   MoELayer* moe = nullptr;       // "mlp" of an MoE layer
 };
 
-class MoEModel : public Model, public TokenModel, public ExpertModel {
+class MoEModel : public Model, public TokenModel, public ExpertModel, public SequenceSharded {
  public:
   // tp: build this tp rank's shard (parallelize.cpp's plan): attention, dense FFNs and shared
   // experts tensor-parallel, embedding and head split by vocabulary rows, routed experts whole
@@ -59,6 +59,11 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
   std::vector<Parameter*> sharded_expert_parameters() const override;
   double activation_bytes(int64_t batch, int64_t seq) const override;
   std::vector<MoELayer*> moe_layers() const;
+  // Context parallelism (GPT's, gpt_context.cpp): every layer runs on this rank's spans of each
+  // row, attention through the ring, RoPE at the spans' global offsets, the cross-entropy scaled
+  // by the group's loss_share and the routers' balance statistics summed over the group (nn/moe.h).
+  // Refused with tensor parallelism and with token dropping (moe_model.cpp says why).
+  void set_context_attention(const ContextAttention* cp) override;
 
   Embedding* embed_tokens;
   std::vector<MoEBlock*> layers;
@@ -73,6 +78,7 @@ class MoEModel : public Model, public TokenModel, public ExpertModel {
   int64_t vocab_lo_ = 0;             // first vocabulary row of this tp rank
   Tensor logits_of(const Tensor& h) const;  // [N, V_r] under tp, [.., V] without
   std::vector<bool> full_moe_;       // MoE blocks under "full" recompute (checkpointed in hidden())
+  const ContextAttention* context_ = nullptr;
   mutable std::vector<Tensor> aux_;  // each MoE block's auxiliary loss of the last forward, in its graph
 };
 

@@ -7,6 +7,10 @@
 // row-wise, the token table and the untied head by vocabulary rows; the routed experts are not
 // split over tp (each tp rank routes its own sequence-parallel share of the tokens to whole
 // experts over its ep group, docs/moe.md); the router and the norms are replicated.
+// Context parallelism (GPT's ring attention, models/gpt/parallelize.cpp): every layer runs on the
+// rank's spans of each row, the attention modules reach the rest through the ring, and each
+// router routes its rank's tokens (to the ep group's experts under ep x cp) with its balance
+// statistics summed over cp (nn/moe.h).
 #include "models/moe/moe_model.h"
 
 namespace atl::nn {
@@ -22,6 +26,7 @@ ParallelPlan MoEModel::parallelize() const {
     plan.add(b->name(), ParallelStyle::shard_unit);
     plan.add(b->self_attn->c_attn->name(), ParallelStyle::colwise, {a.n_head * hd, a.n_kv_head * hd, a.n_kv_head * hd});
     plan.add(b->self_attn->c_proj->name(), ParallelStyle::rowwise, {a.n_head * hd});
+    plan.add(b->self_attn->name(), ParallelStyle::sequence);  // ring attention under cp (set_context_attention)
     const FeedForward* ffn = b->moe ? b->moe->shared : b->dense;
     if (ffn) {
       const int64_t f = b->moe ? Fs : F;
