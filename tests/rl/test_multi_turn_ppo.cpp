@@ -378,7 +378,9 @@ TEST(RlMultiTurnPpo, DisaggregatedGrpoEpisodesAreTheColocatedRunBitForBit) {
       EXPECT_EQ(a[k].at(key).get<double>(), b[k].at(key).get<double>()) << key << " at step " << a[k].at("step");
       ++compared;
     }
-    if (b[k].value("phase", "") == "rl") EXPECT_EQ(b[k].at("staleness").get<int64_t>(), 0);
+    if (b[k].value("phase", "") == "rl") {
+      EXPECT_EQ(b[k].at("staleness").get<int64_t>(), 0);
+    }
   }
   EXPECT_GT(compared, 300);
   const auto h = heldout_of(b);
