@@ -37,14 +37,17 @@ struct Algorithm {
 Registry<Algorithm>& algorithm_registry();
 
 // Pieces, exposed for the tests against the PyTorch reference.
+// Position i ([B*T]) is one of the model's actions: it has a target (a completion token or the end
+// marker the model sampled). False for the prompt, the padding and a multi-turn episode's replies.
+inline bool is_action(const RolloutBatch& b, int64_t i) { return b.target.i32()[i] >= 0; }
 // Sequence-level group advantages: rewards of consecutive groups of group_size.
 std::vector<float> group_advantages(const std::vector<double>& rewards, int64_t group_size, bool scale_by_std);
-// Per-token rewards of the KL-penalised objective: -beta (old - ref) at each completion token and
-// the sequence reward added at its last one; zero elsewhere. [B*T]
+// Per-token rewards of the KL-penalised objective: -beta (old - ref) at each of the model's tokens
+// and the sequence reward added at its last one; zero elsewhere (replies included). [B*T]
 std::vector<double> token_rewards(const RolloutBatch& b, float kl_coef);
-// In place over the completion tokens: (x - mean) / sqrt(var + 1e-8), population variance.
+// In place over the model's tokens: (x - mean) / sqrt(var + 1e-8), population variance.
 void whiten(RolloutBatch& b, Tensor& x);
-// 1/(tokens in the batch) on every completion token.
+// 1/(the model's tokens in the batch) on each of them.
 void token_mean_weights(RolloutBatch& b);
 
 }  // namespace atl::rl

@@ -223,6 +223,10 @@ std::vector<int32_t> encode_rollouts(const RolloutBatch& b, uint64_t weights_has
     w.i64(s.uid);
     w.i64(int64_t(s.token_version.size()));
     for (int64_t v : s.token_version) w.i64(v);
+    // Multi-turn episodes: which completion tokens are the task's replies (pack_rollouts masks
+    // their targets out again on the trainer) and the model's turns.
+    w.ids(std::vector<int32_t>(s.env.begin(), s.env.end()));
+    w.i64(s.turns);
   }
   std::vector<int32_t> lp(size_t(b.old_logp.numel()));
   std::memcpy(lp.data(), b.old_logp.f32(), lp.size() * 4);  // the behaviour log-probs' bits
@@ -254,6 +258,14 @@ RolloutBatch decode_rollouts(const std::vector<int32_t>& words, uint64_t* weight
     const int64_t nv = r.i64();
     ATOLL_CHECK(nv >= 0 && nv <= int64_t(s.completion.size()) + 1, "rl: a rollout payload holds {} token versions", nv);
     for (int64_t k = 0; k < nv; ++k) s.token_version.push_back(r.i64());
+    const std::vector<int32_t> env = r.ids();
+    ATOLL_CHECK(env.empty() || env.size() == s.completion.size(), "rl: a rollout payload's reply mask has {} entries "
+                "for {} completion tokens", env.size(), s.completion.size());
+    for (int32_t e : env) {
+      ATOLL_CHECK(e == 0 || e == 1, "rl: a rollout payload's reply mask holds {}", e);
+      s.env.push_back(uint8_t(e));
+    }
+    s.turns = r.i64();
   }
   RolloutBatch b = pack_rollouts(std::move(samples));
   const std::vector<int32_t> lp = r.ids();

@@ -6,7 +6,10 @@
 //
 // An episode is one rollout row: prompt, then turn 1 + end marker + reply + turn 2 ... ; only the
 // model's tokens are trained on: the replies' targets are masked (Sample::env, pack_rollouts), so
-// the policy gradient, the KL and GRPO's length normaliser see the model's own tokens only.
+// the policy gradient, the KL and GRPO's length normaliser see the model's own tokens only, and
+// PPO's GAE and REINFORCE++'s return-to-go step over them, a reply being the environment's
+// transition between two of the model's steps (rl/ppo.cpp). With the disaggregated placement the
+// rollout ranks run whole episodes and ship the masks with the tokens (encode_rollouts).
 // Each turn is one batched generation over the episodes still going (row i of the turn's batch
 // samples from Rng(seed ^ turn, i), as generate_batch does), so a batch is a function of the
 // weights, the prompts and the seed.

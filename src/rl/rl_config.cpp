@@ -82,17 +82,13 @@ RlConfig RlConfig::from_config(Config& c, uint64_t seed) {
   if (r.placement == "async")
     ATOLL_CHECK(r.epochs == 1, "rl.epochs ({}) must be 1 for rl.placement = 'async': a batch reused for more updates "
                 "would be more than one step stale", c.where("rl.epochs"));
-  // Multi-turn episodes (rl/multi_turn.h): GRPO-family advantages (one reward per episode, on the
-  // final answer) over the model's own tokens; the generation paths that know single turns only
-  // (journaled, partial, disaggregated's payload) refuse it.
+  // Multi-turn episodes (rl/multi_turn.h): every algorithm sees the model's own tokens only (PPO's
+  // GAE steps over them, rl/ppo.cpp); the disaggregated payload carries the reply masks. The
+  // generation paths that know single turns only (journaled, partial) refuse it.
   r.turns = c.get_int("rl.turns", r.turns, 1, 8);
-  if (r.turns > 1) {
-    ATOLL_CHECK(r.algorithm == "grpo" || r.algorithm == "dr_grpo", "rl.turns ({}) needs rl.algorithm 'grpo' or "
-                "'dr_grpo' (a reward per episode), not '{}'", c.where("rl.turns"), r.algorithm);
-    ATOLL_CHECK(r.placement != "disaggregated" && r.partial_tokens == 0 && r.journal_dir.empty(),
-                "rl.turns ({}) is for rl.placement 'colocated' or 'async' without rl.partial_tokens or rl.journal_dir",
-                c.where("rl.turns"));
-  }
+  if (r.turns > 1)
+    ATOLL_CHECK(r.partial_tokens == 0 && r.journal_dir.empty(),
+                "rl.turns ({}) is for generation without rl.partial_tokens or rl.journal_dir", c.where("rl.turns"));
   r.alg.turns = r.turns;
   r.alg.group_size = r.group_size;
   if (algorithm_registry().get(r.algorithm).kl_in_loss) r.loss.kl_coef = r.alg.kl_coef;

@@ -157,6 +157,33 @@ TEST(RlDisaggregated, PayloadRoundTripsAndTheHashSeesOneBit) {
   EXPECT_NE(weights_hash(params), before);
 }
 
+// Multi-turn episodes (session 11): each sample's reply mask and turns travel with its tokens, so
+// the trainer's re-packed batch masks the replies' targets as the rollout rank's did.
+TEST(RlDisaggregated, PayloadCarriesTheRepliesMasks) {
+  std::vector<Sample> s(2);
+  s[0].prompt = encode("3+4=");
+  s[0].completion = encode("8");
+  s[0].completion.push_back(kEndMarker);
+  for (int32_t id : encode("<=7")) s[0].completion.push_back(id);
+  s[0].env = {0, 0, 1, 1, 0};
+  s[0].stopped = true;
+  s[0].turns = 2;
+  s[1].prompt = encode("2+2=");
+  s[1].completion = encode("4");
+  s[1].stopped = true;
+  const RolloutBatch b = pack_rollouts(s);
+  const RolloutBatch d = decode_rollouts(encode_rollouts(b, 5), nullptr);
+  ASSERT_EQ(d.B, 2);
+  ASSERT_EQ(d.T, b.T);
+  EXPECT_EQ(d.samples[0].env, s[0].env);
+  EXPECT_TRUE(d.samples[1].env.empty());
+  EXPECT_EQ(d.samples[0].turns, 2);
+  EXPECT_EQ(d.samples[1].turns, 1);
+  EXPECT_EQ(d.own, b.own);
+  EXPECT_EQ(std::memcmp(d.target.i32(), b.target.i32(), size_t(b.B * b.T) * 4), 0);
+  EXPECT_EQ(d.target.i32()[b.first[0] + 2], -1) << "the reply's first token is a target after the exchange";
+}
+
 // Through the trainer and `atoll launch`: 3 ranks, ranks 0-1 train (DDP), rank 2 generates.
 TEST(RlDisaggregated, ThreeRanksThroughLaunchTrainOnPolicy) {
   const auto root = std::filesystem::temp_directory_path() / ("atoll_rl_disagg_launch_" + std::to_string(getpid()));

@@ -120,11 +120,16 @@ TEST(RlEngine, ConfigKeysAreRangeChecked) {
   refused("algorithm = \"grpoo\"\n", "rl.algorithm");
   refused("placement = \"async\"\nepochs = 2\n", "rl.epochs");
   refused("digits = 9\n", "rl.digits");
-  // Multi-turn episodes (session 9): one reward per episode, single-turn generation paths refuse them.
+  // Multi-turn episodes (session 9; PPO and the disaggregated placement since session 11): the
+  // single-turn generation paths refuse them.
   refused("turns = 9\n", "rl.turns");
-  refused("turns = 2\nalgorithm = \"ppo\"\n", "rl.turns");
-  refused("turns = 2\nplacement = \"disaggregated\"\n", "rl.turns");
   refused("turns = 2\npartial_tokens = 2\n", "rl.turns");
+  refused("turns = 2\njournal_dir = \"/tmp/j\"\n", "rl.turns");
+  for (const char* ok2 : {"turns = 2\nalgorithm = \"ppo\"\n", "turns = 2\nplacement = \"disaggregated\"\n",
+                          "turns = 2\nalgorithm = \"ppo\"\nplacement = \"disaggregated\"\n"}) {
+    Config c2 = rl_config(ok2);
+    EXPECT_EQ(RlConfig::from_config(c2, 1).turns, 2) << ok2;
+  }
   refused("eval_samples = -1\n", "rl.eval_samples");
   refused("\n[fault]\nrl_kill_stagger = 5\n", "fault.rl_kill_stagger");         // no first death to stagger
   refused("\n[fault]\nrl_kill_shadow_step = 2\n", "fault.rl_kill_shadow_step");  // no shadow rank

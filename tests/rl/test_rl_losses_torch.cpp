@@ -2,6 +2,11 @@
 // float64 autograd, written from the formulas independently of the C++): the advantages each
 // algorithm derives from the rewards (and PPO's from the old values), the loss, its gradient with
 // respect to the logits, and PPO's clipped value loss with its gradient w.r.t. the values.
+// The same on a second batch whose rows hold multi-turn episodes' replies (Sample::env, session 11):
+// positions with no target inside a completion, holding junk behaviour/reference log-probs and old
+// values. The reference knows nothing of replies: it works on the mask of positions with a target,
+// stepping its GAE and return-to-go over the masked ones, so the C++ must leave the replies out of
+// the rewards, the time steps, the whitening's statistics and the token-mean normaliser.
 //
 // Tolerance: relative L2 1e-5. atoll computes log-softmax and the loss sums in double and stores
 // fp32 (unit roundoff 6e-8); advantages, weights and log-probs pass through fp32 once or twice,
@@ -12,6 +17,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <unistd.h>
 
@@ -48,15 +55,20 @@ struct Fixture {
   RolloutBatch base;
   Tensor logits, values;
 
-  Fixture() {
+  // replies: rows 0, 2 and 4 are two- or three-turn episodes (their `env` marks the replies).
+  explicit Fixture(bool replies) {
     Rng rng(2024, 3);
     std::vector<Sample> s;
     const int plen[6] = {2, 3, 4, 2, 3, 2}, clen[6] = {3, 1, 4, 2, 4, 3};
     const bool stop[6] = {true, false, true, true, false, true};
+    const char* env[6] = {"0110", "", "0011000", "", "01100110", ""};  // replies: 1 = the environment's
     for (int i = 0; i < 6; ++i) {
       Sample x;
+      const int n = replies && env[i][0] ? int(std::strlen(env[i])) : clen[i];
       for (int t = 0; t < plen[i]; ++t) x.prompt.push_back(int32_t(1 + rng.below(kV - 1)));
-      for (int t = 0; t < clen[i]; ++t) x.completion.push_back(int32_t(1 + rng.below(kV - 1)));
+      for (int t = 0; t < n; ++t) x.completion.push_back(int32_t(1 + rng.below(kV - 1)));
+      if (replies && env[i][0])
+        for (int t = 0; t < n; ++t) x.env.push_back(uint8_t(env[i][t] - '0'));
       x.stopped = stop[i];
       x.reward.total = double(rng.below(3)) * 0.5 + (i == 4 ? 0.1 : 0.0);
       x.group = i / kGroup;
@@ -69,7 +81,15 @@ struct Fixture {
     Tensor lp = token_logprobs(logits, base.target);
     values = Tensor::zeros({N});
     for (int64_t i = 0; i < N; ++i) {
-      if (base.target.i32()[i] < 0) continue;
+      if (base.target.i32()[i] < 0) {  // junk where a reply (or the prompt) is: it must not be read
+        if (replies) {
+          base.old_logp.f32()[i] = -3.0f * rng.uniform();
+          base.ref_logp.f32()[i] = -3.0f * rng.uniform();
+          base.old_values.f32()[i] = 5.0f * rng.normal();
+          values.f32()[i] = 5.0f * rng.normal();
+        }
+        continue;
+      }
       // ratio = exp(logp - old) kept away from 1 - lo and 1 + hi
       const float lr = away(1.2f * (rng.uniform() - 0.5f), {std::log(1 - kLo), std::log(1 + kHi)});
       base.old_logp.f32()[i] = lp.f32()[i] - lr;
@@ -86,10 +106,13 @@ struct Fixture {
   }
 };
 
-class RlLossesTorch : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    fx = std::make_unique<Fixture>();
+// One batch and its PyTorch reference (built once per batch kind).
+struct Reference {
+  std::unique_ptr<Fixture> fx;
+  std::unique_ptr<TensorFile> ref;
+  std::string error;
+
+  explicit Reference(bool replies) : fx(std::make_unique<Fixture>(replies)) {
     const RolloutBatch& b = fx->base;
     std::vector<float> rewards;
     for (auto& s : b.samples) rewards.push_back(float(s.reward.total));
@@ -105,7 +128,8 @@ class RlLossesTorch : public ::testing::Test {
         {"group", std::to_string(kGroup)}, {"clip_low", std::to_string(kLo)},  {"clip_high", std::to_string(kHi)},
         {"kl_coef", std::to_string(kBeta)}, {"gamma", std::to_string(kGamma)}, {"lam", std::to_string(kLam)},
         {"max_new", std::to_string(kMaxNew)}, {"value_clip", std::to_string(kVClip)}, {"vf_coef", std::to_string(kVf)}};
-    const auto dir = std::filesystem::temp_directory_path() / ("atoll_rl_ref_" + std::to_string(getpid()));
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("atoll_rl_ref_" + std::to_string(getpid()) + (replies ? "_replies" : ""));
     std::filesystem::create_directories(dir);
     const auto fin = (dir / "in.safetensors").string(), fout = (dir / "out.safetensors").string();
     save_safetensors(fin, in, meta);
@@ -116,20 +140,29 @@ class RlLossesTorch : public ::testing::Test {
     else ref = std::make_unique<TensorFile>(load_safetensors(fout));
     std::filesystem::remove_all(dir);
   }
-  static void TearDownTestSuite() {
-    ref.reset();
-    fx.reset();
-  }
-  void SetUp() override { ASSERT_TRUE(ref) << "PyTorch reference unavailable: " << error; }
 
-  static Tensor get(const std::string& name) {
+  Tensor get(const std::string& name) const {
     const Tensor* t = ref->find(name);
     EXPECT_TRUE(t) << name;
     return t ? *t : Tensor::zeros({1});
   }
+};
+
+class RlLossesTorch : public ::testing::Test {
+ protected:
+  static void TearDownTestSuite() { refs.clear(); }
+
+  static Reference& reference(bool replies) {
+    auto& r = refs[replies];
+    if (!r) r = std::make_unique<Reference>(replies);
+    return *r;
+  }
 
   // Runs one algorithm's advantages, loss and backward; compares with the reference.
-  void check(const std::string& alg) {
+  void check(const std::string& alg, bool replies = false) {
+    const Reference& R = reference(replies);
+    ASSERT_TRUE(R.ref) << "PyTorch reference unavailable: " << R.error;
+    const Fixture* fx = R.fx.get();
     RolloutBatch b = fx->copy();
     AlgorithmConfig c;
     c.kl_coef = kBeta;
@@ -144,9 +177,9 @@ class RlLossesTorch : public ::testing::Test {
     PolicyLossConfig pc{kLo, kHi, a.kl_in_loss ? kBeta : 0.0f};
     Tensor loss = policy_loss(lg, b.target, b.old_logp, b.ref_logp, b.advantages, b.weights, pc);
     backward(loss);
-    EXPECT_LT(rel_l2(loss, get(alg + ".loss")), 1e-5) << alg << ": loss " << loss.item() << " vs "
-                                                      << get(alg + ".loss").item();
-    EXPECT_LT(rel_l2(grad_of(lg), get(alg + ".dlogits")), 1e-5) << alg << ": dL/dlogits";
+    EXPECT_LT(rel_l2(loss, R.get(alg + ".loss")), 1e-5) << alg << ": loss " << loss.item() << " vs "
+                                                        << R.get(alg + ".loss").item();
+    EXPECT_LT(rel_l2(grad_of(lg), R.get(alg + ".dlogits")), 1e-5) << alg << ": dL/dlogits";
     if (alg == "ppo") {
       Tensor v = fx->values.clone();
       set_requires_grad(v, true, "values");
@@ -154,26 +187,28 @@ class RlLossesTorch : public ::testing::Test {
       for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] *= kVf;
       Tensor vl = value_loss(v, b.old_values, b.returns, w, kVClip);
       backward(vl);
-      EXPECT_LT(rel_l2(vl, get("ppo.vloss")), 1e-5) << "value loss " << vl.item();
-      EXPECT_LT(rel_l2(grad_of(v), get("ppo.dvalues").view({v.numel()})), 1e-5) << "dL/dvalues";
+      EXPECT_LT(rel_l2(vl, R.get("ppo.vloss")), 1e-5) << "value loss " << vl.item();
+      EXPECT_LT(rel_l2(grad_of(v), R.get("ppo.dvalues").view({v.numel()})), 1e-5) << "dL/dvalues";
     }
+    clear_tape();
   }
 
-  static std::unique_ptr<Fixture> fx;
-  static std::unique_ptr<TensorFile> ref;
-  static std::string error;
+  static std::map<bool, std::unique_ptr<Reference>> refs;
 };
-std::unique_ptr<Fixture> RlLossesTorch::fx;
-std::unique_ptr<TensorFile> RlLossesTorch::ref;
-std::string RlLossesTorch::error;
+std::map<bool, std::unique_ptr<Reference>> RlLossesTorch::refs;
 
 TEST_F(RlLossesTorch, Grpo) { check("grpo"); }
 TEST_F(RlLossesTorch, DrGrpo) { check("dr_grpo"); }
 TEST_F(RlLossesTorch, ReinforcePlusPlus) { check("reinforce_pp"); }
 TEST_F(RlLossesTorch, PpoWithGaeAndClippedValueLoss) { check("ppo"); }
+TEST_F(RlLossesTorch, GrpoWithReplies) { check("grpo", true); }
+TEST_F(RlLossesTorch, DrGrpoWithReplies) { check("dr_grpo", true); }
+TEST_F(RlLossesTorch, ReinforcePlusPlusWithReplies) { check("reinforce_pp", true); }
+TEST_F(RlLossesTorch, PpoWithGaeAndClippedValueLossWithReplies) { check("ppo", true); }
 
 // The batch really exercises the clip: some ratios are outside [1 - lo, 1 + hi] on both sides.
 TEST_F(RlLossesTorch, TheBatchClipsOnBothSides) {
+  const Fixture* fx = reference(false).fx.get();
   Tensor lp = token_logprobs(fx->logits, fx->base.target);
   int below = 0, above = 0;
   for (int64_t i = 0; i < lp.numel(); ++i) {
