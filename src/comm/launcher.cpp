@@ -324,6 +324,10 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
   int outlived = 0;     // ranks the job went on without (outlive)
   int exits = 0;        // ranks that have exited (their order: Child::exit_order)
   int replaced = 0;     // failed ranks whose slot a spare takes (--spares)
+  // DeadPool's pool as the launcher counts it: spares started, and those still waiting for a slot.
+  // Each spare that takes a slot is replaced by a new one (counted as one of --max-restarts), so
+  // that a second failure is again taken over and not restarted.
+  int spares_started = o.spares, spares_waiting = o.spares, refills = 0;
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -388,12 +392,18 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
           c.exited = true;
           c.status = st;
           c.exit_order = exits++;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && replaced < o.spares && failure.empty() &&
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && spares_waiting > 0 && failure.empty() &&
               !g_interrupted) {
             ++replaced;
+            --spares_waiting;
             std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; a spare takes its slot (DeadPool, %d of %d spares), "
-                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, o.spares);
+                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, spares_started);
             std::fflush(stderr);
+            if (restarts < o.max_restarts) {  // started after this loop: kids must not grow under it
+              ++restarts;
+              ++refills;
+              ++spares_waiting;
+            }
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
               failure.empty() && !g_interrupted) {
             ++restarts;
@@ -423,6 +433,15 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
           }
         }
       }
+    }
+    for (; refills > 0; --refills) {
+      Child c;
+      c.rank = c.spare_id = o.nproc_per_node * o.nnodes + spares_started++;
+      std::fprintf(stderr, "atoll launch: starting spare %d to refill the pool (restart %d of %d)\n", c.rank,
+                   restarts - refills + 1, o.max_restarts);
+      std::fflush(stderr);
+      kids.push_back(std::move(c));
+      kids.back().pid = spawn(first, kids.back(), 0, port, master_port, restarts);
     }
     if (watcher > 0) {
       int st = 0;
