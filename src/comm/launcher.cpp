@@ -23,6 +23,8 @@
 #include <memory>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/tcp_store.h"
 #include "core/error.h"
 
@@ -42,6 +44,7 @@ struct Child {
   int status = 0;
   bool signalled = false;  // the launcher's teardown signalled it before it exited
   int exit_order = -1;     // 0 for the first of this start's ranks to exit, 1 for the next...
+  int64_t exit_ns = 0;     // when it was seen to exit (CLOCK_REALTIME: the nodes' exits are ordered by it)
   int spare_id = -1;       // a DeadPool spare (--spares): its ATOLL_SPARE_ID, also in `rank`
 };
 
@@ -178,6 +181,9 @@ struct Attempt {
   int failed_rank = -1;      // the rank the job failed because of (-1: a signal, another node, a hang the watcher could not pin on one rank)
   std::vector<Child> kids;
   std::map<int, std::string> reports;  // this node's ranks' failure reports: rank -> "blamed ranks;why"
+  bool by_watcher = false;   // the failure is this node's watcher's verdict
+  std::vector<int> verdict;  // the ranks that verdict named
+  int verdict_node = -1;     // several nodes: the node whose watcher it was, when not this one
 };
 
 // The ranks a report blames.
@@ -324,6 +330,10 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
   int outlived = 0;     // ranks the job went on without (outlive)
   int exits = 0;        // ranks that have exited (their order: Child::exit_order)
   int replaced = 0;     // failed ranks whose slot a spare takes (--spares)
+  // DeadPool's pool as the launcher counts it: spares started, and those still waiting for a slot.
+  // Each spare that takes a slot is replaced by a new one (counted as one of --max-restarts), so
+  // that a second failure is again taken over and not restarted.
+  int spares_started = o.spares, spares_waiting = o.spares, refills = 0;
   clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false;
   auto last_store_check = clock::now();
@@ -388,12 +398,21 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
           c.exited = true;
           c.status = st;
           c.exit_order = exits++;
-          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && replaced < o.spares && failure.empty() &&
+          timespec wall{};
+          ::clock_gettime(CLOCK_REALTIME, &wall);
+          c.exit_ns = int64_t(wall.tv_sec) * 1000000000 + wall.tv_nsec;
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && c.spare_id < 0 && spares_waiting > 0 && failure.empty() &&
               !g_interrupted) {
             ++replaced;
+            --spares_waiting;
             std::fprintf(stderr, "atoll launch: rank %d (pid %d) %s; a spare takes its slot (DeadPool, %d of %d spares), "
-                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, o.spares);
+                         "the job goes on\n", c.rank, int(c.pid), describe_status(st).c_str(), replaced, spares_started);
             std::fflush(stderr);
+            if (restarts < o.max_restarts) {  // started after this loop: kids must not grow under it
+              ++restarts;
+              ++refills;
+              ++spares_waiting;
+            }
           } else if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !o.restart_group && restarts < o.max_restarts &&
               failure.empty() && !g_interrupted) {
             ++restarts;
@@ -424,12 +443,25 @@ Attempt run_attempt(const LaunchOptions& o, int attempt, TcpStore& store, TcpSto
         }
       }
     }
+    for (; refills > 0; --refills) {
+      Child c;
+      c.rank = c.spare_id = o.nproc_per_node * o.nnodes + spares_started++;
+      std::fprintf(stderr, "atoll launch: starting spare %d to refill the pool (restart %d of %d)\n", c.rank,
+                   restarts - refills + 1, o.max_restarts);
+      std::fflush(stderr);
+      kids.push_back(std::move(c));
+      kids.back().pid = spawn(first, kids.back(), 0, port, master_port, restarts);
+    }
     if (watcher > 0) {
       int st = 0;
       if (::waitpid(watcher, &st, WNOHANG) == watcher) {
         watcher = 0;
         if (WIFEXITED(st) && WEXITSTATUS(st) == 3) {
           const std::vector<int> named = read_verdict(verdict_file);
+          if (failure.empty()) {
+            a.by_watcher = true;
+            a.verdict = named;
+          }
           std::string ranks;
           for (int r : named) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
           if (named.size() == 1 && failure.empty()) {  // a failure already under way keeps its rank
@@ -513,10 +545,99 @@ void write_failure_file(const Attempt& a) {
                          c.rank, describe_status(c.status), c.signalled ? "true" : "false", by,
                          a.reports.count(c.rank) ? "true" : "false");
   }
+  // Another node's watcher wrote its own lines into its node's file; this node's gets them here.
+  if (a.verdict_node >= 0)
+    for (int r : a.verdict)
+      lines += fmt::format("{{\"rank\": {}, \"detector\": \"watcher\", \"status\": \"named as a hang's cause by node "
+                           "{}'s watcher\"}}\n",
+                           r, a.verdict_node);
   if (FILE* f = std::fopen(ff, "a")) {
     std::fputs(lines.c_str(), f);
     std::fclose(f);
   }
+}
+
+// Across nodes: what one launcher knows of a start (its ranks' ends, their failure reports, its
+// watcher's verdict), posted to the control store (launch/<k>/record/<node>) so that every node's
+// launcher judges the failure from the same evidence: the same rank named, the same failure file.
+std::string attempt_record(const Attempt& a, int node) {
+  nlohmann::json kids = nlohmann::json::array(), reports = nlohmann::json::object();
+  for (auto& c : a.kids)
+    kids.push_back({{"rank", c.rank}, {"pid", int(c.pid)}, {"exited", c.exited}, {"status", c.status},
+                    {"signalled", c.signalled}, {"exit_ns", c.exit_ns}, {"spare_id", c.spare_id}});
+  for (auto& [r, v] : a.reports) reports[std::to_string(r)] = v;
+  return nlohmann::json{{"node", node},           {"failure", a.failure}, {"failed_rank", a.failed_rank},
+                        {"by_watcher", a.by_watcher}, {"verdict", a.verdict}, {"kids", kids},
+                        {"reports", reports}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The failed start as every node sees it, from every node's record (records[n]: node n's) and the
+// failure posted first (first_posted). The node it began on is the one whose launcher saw it itself
+// (not "on another node"), the first to post it when several did. A watcher's verdict there is the
+// failure (its named rank, if one); otherwise the ranks of all nodes, ordered by when they exited,
+// go through name_culprit as one node's would. Another node's watcher or other failure is quoted
+// with its node. Nothing changes when a record is missing (a launcher that is gone).
+void agree_on_failure(Attempt& a, const std::vector<nlohmann::json>& records, const std::string& first_posted, int me) {
+  const std::string remote = "on another node: ";
+  int origin = -1;
+  for (int n = 0; n < int(records.size()); ++n) {
+    const std::string f = records[size_t(n)].value("failure", "");
+    if (f.empty() || f.rfind(remote, 0) == 0) continue;
+    if (origin < 0 || (f == first_posted && records[size_t(origin)].value("failure", "") != first_posted)) origin = n;
+  }
+  if (origin < 0) return;
+  const nlohmann::json& from = records[size_t(origin)];
+  Attempt g;
+  std::vector<std::pair<int64_t, size_t>> order;
+  for (auto& r : records) {
+    for (auto& k : r.at("kids")) {
+      Child c;
+      c.rank = k.at("rank").get<int>();
+      c.pid = k.at("pid").get<int>();
+      c.exited = k.at("exited").get<bool>();
+      c.status = k.at("status").get<int>();
+      c.signalled = k.at("signalled").get<bool>();
+      c.exit_ns = k.at("exit_ns").get<int64_t>();
+      c.spare_id = k.at("spare_id").get<int>();
+      if (c.exited) order.push_back({c.exit_ns, g.kids.size()});
+      g.kids.push_back(std::move(c));
+    }
+    for (auto& it : r.at("reports").items()) g.reports[std::stoi(it.key())] = it.value().get<std::string>();
+  }
+  std::sort(order.begin(), order.end());
+  for (size_t i = 0; i < order.size(); ++i) g.kids[order[i].second].exit_order = int(i);
+  std::string text = from.value("failure", "");
+  int failed = from.value("failed_rank", -1);
+  const bool by_watcher = from.value("by_watcher", false);
+  if (by_watcher) {
+    g.verdict = from.at("verdict").get<std::vector<int>>();
+    if (origin != me) {
+      g.verdict_node = origin;
+      if (auto at = text.find("(its message is above)"); at != std::string::npos)
+        text.replace(at, 22, fmt::format("(its message is in node {}'s output)", origin));
+    }
+  } else if (failed >= 0) {
+    const Child* first = nullptr;
+    for (auto& c : g.kids)
+      if (c.exited && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && (!first || c.exit_order < first->exit_order))
+        first = &c;
+    if (first) {
+      failed = first->rank;
+      text = fmt::format("{} (pid {}) {}", who_is(*first), first->pid, describe_status(first->status));
+    }
+  }
+  g.failure = text;
+  g.failed_rank = failed;
+  if (failed >= 0 && !by_watcher) name_culprit(g);
+  // A rank's end reads the same on every node; a watcher's or the launcher's own words say whose.
+  if (origin != me && (by_watcher || failed < 0)) g.failure = fmt::format("on node {}: {}", origin, g.failure);
+  a.failure = g.failure;
+  a.failed_rank = g.failed_rank;
+  a.kids = std::move(g.kids);
+  a.reports = std::move(g.reports);
+  a.verdict = std::move(g.verdict);
+  a.verdict_node = g.verdict_node;
 }
 
 }  // namespace
@@ -613,6 +734,7 @@ int launch(const LaunchOptions& o) {
         // A launcher that will not start again (it was interrupted) says so before it is done,
         // so that no node starts again without it.
         if (a.interrupted || g_interrupted) ctl->set(prefix + "stop", std::to_string(o.node_rank));
+        ctl->set(prefix + "record/" + std::to_string(o.node_rank), attempt_record(a, o.node_rank));
         ctl->set(prefix + "done/" + std::to_string(o.node_rank), a.failure.empty() ? "ok" : "failed");
         std::vector<std::string> keys;
         for (int n = 0; n < o.nnodes; ++n) keys.push_back(prefix + "done/" + std::to_string(n));
@@ -640,6 +762,19 @@ int launch(const LaunchOptions& o) {
         }
         if (a.failure.empty())
           if (auto f = ctl->try_get(prefix + "failed")) a.failure = "on another node: " + *f;
+        if (!a.failure.empty() && !a.interrupted) {
+          std::vector<nlohmann::json> records;
+          for (int n = 0; n < o.nnodes; ++n)
+            if (auto r = ctl->try_get(prefix + "record/" + std::to_string(n))) {
+              auto j = nlohmann::json::parse(*r, nullptr, false);
+              if (!j.is_discarded()) records.push_back(std::move(j));
+            }
+          if (int(records.size()) == o.nnodes) try {
+              agree_on_failure(a, records, ctl->try_get(prefix + "failed").value_or(""), o.node_rank);
+            } catch (const nlohmann::json::exception&) {
+              // a record of another version of atoll: this node's own view stands
+            }
+        }
         if (auto n = ctl->try_get(prefix + "stop"); n && !a.failure.empty() && !a.interrupted) {
           a.failure += fmt::format(" (node {}'s launcher was interrupted: no new start)", *n);
           a.interrupted = true;

@@ -263,4 +263,62 @@ TEST(QuorumTrainer, LaunchFtSparesStartsThePoolAndASpareTakesAKilledReplicasSlot
       << read_file((c.root / "copies.log").string());
 }
 
+// The pool is refilled: `--spares 1 --max-restarts 1`. Replica 1 is killed (-9) after its step-20
+// checkpoint and spare 3 takes its slot; the launcher starts spare 4 in its place (the one restart
+// allowed); replica 2 is killed after its step-60 checkpoint, once spare 4 waits in the pool, and
+// spare 4 takes slot 2 instead of replica 2 being started again. The job never runs a reduced
+// quorum and ends with replica 0's, spare 3's and spare 4's last files byte-identical. Without the
+// refill the second kill found the pool empty and replica 2 was started again with --resume.
+TEST(QuorumTrainer, LaunchFtRefillsTheSparePoolSoASecondKilledReplicaIsTakenOverBitwise) {
+  Corpus c;
+  const fs::path dir = c.root / "progress";
+  fs::create_directories(dir);
+  const std::string log_path = (c.root / "launch.log").string();
+  pid_t p = spawn({atoll_exe(), "launch", "--nproc-per-node", "3", "--ft", "--spares", "1", "--max-restarts", "1",
+                   "--heartbeat-timeout-ms", "600", "--", atoll_exe(), "train", c.cfg.string(),
+                   "--run.dir=" + (c.root / "run").string(), "--fault.snapshot_every=5"},
+                  {"OMP_NUM_THREADS=1", "ATOLL_PROGRESS_DIR=" + dir.string()}, log_path);
+  auto kill_after = [&](int rank, const fs::path& checkpoint, const std::string& also) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (!fs::exists(checkpoint) || read_file(log_path).find(also) == std::string::npos) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) return 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    auto rec = read_progress((dir / ("rank" + std::to_string(rank) + ".progress")).string());
+    if (!rec || rec->pid <= 0) return 0;
+    ::kill(rec->pid, SIGKILL);
+    return rec->pid;
+  };
+  const int first = kill_after(1, c.root / "run/replica1/checkpoints/step_00000020", "");
+  if (first <= 0) ::kill(p, SIGTERM);
+  ASSERT_GT(first, 0) << read_file(log_path);
+  // Spare 4 is in the pool, and the run has gone on past the first takeover.
+  const int second = kill_after(2, c.root / "run/replica2/checkpoints/step_00000060", "spare 4: waiting in the pool");
+  if (second <= 0) ::kill(p, SIGTERM);  // the launcher tears its ranks down
+  ASSERT_GT(second, 0) << read_file(log_path);
+  ASSERT_EQ(wait_for(p, 240), 0) << read_file(log_path);
+  const std::string log = read_file(log_path);
+  EXPECT_NE(log.find("atoll launch: rank 1 (pid " + std::to_string(first) +
+                     ") was killed by signal 9 (SIGKILL); a spare takes its slot (DeadPool, 1 of 1 spares)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("atoll launch: starting spare 4 to refill the pool (restart 1 of 1)"), std::string::npos) << log;
+  EXPECT_NE(log.find("atoll launch: rank 2 (pid " + std::to_string(second) +
+                     ") was killed by signal 9 (SIGKILL); a spare takes its slot (DeadPool, 2 of 2 spares)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("deadpool: spare 4 takes the place of replica 2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("starting it again"), std::string::npos) << log;
+  EXPECT_EQ(log.find("starting spare 5"), std::string::npos) << "the one restart allowed is used: " << log;
+  EXPECT_EQ(log.find("no spare left"), std::string::npos) << log;
+  EXPECT_EQ(log.find(" of 2 replicas ("), std::string::npos) << "the job ran at reduced size:\n" << log;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    std::string ref = read_file((c.root / "run/replica0/checkpoints/step_00000120" / f).string());
+    ASSERT_FALSE(ref.empty()) << f;
+    for (const char* d : {"run/replica1.spare3", "run/replica2.spare4"})
+      EXPECT_TRUE(read_file((c.root / d / "checkpoints/step_00000120" / f).string()) == ref)
+          << d << "'s " << f << " differs from replica 0's";
+  }
+}
+
 }  // namespace atl::resilience::test

@@ -292,6 +292,49 @@ TEST(Watcher, AtollLaunchWatchNamesTheHungRankInItsRestartLine) {
   fs::remove_all(dir);
 }
 
+// Across nodes the watcher's verdict reaches every launcher: two `atoll launch` on loopback, 3 ranks
+// each, rank 1 (node 0) blocked in a receive while the other five wait in the all-reduce. Node 0's
+// watcher names rank 1; node 1's (its ranks only wait, and its hang_s is long) says nothing. Node
+// 1's launcher takes rank 1 from node 0's record in the control store: its restart line names
+// failed rank 1 and whose watcher it was, and its failure file gets the watcher's line too. Before,
+// node 1 said only "on another node: ..." with no failed rank, and its file had its own ranks alone.
+TEST(Watcher, AcrossTwoNodesEveryLauncherNamesTheRankOneNodesWatcherNamed) {
+  const std::string tag = tag_for("launch_nodes");
+  const int port = comm::pick_free_port("127.0.0.1");
+  std::vector<pid_t> nodes;
+  for (int n = 0; n < 2; ++n) {
+    fs::remove_all(tag + ".progress" + std::to_string(n));
+    fs::remove(tag + ".failures" + std::to_string(n));
+    nodes.push_back(spawn({std::string(ATOLL_BINARY_DIR) + "/atoll", "launch", "--nproc-per-node", "3", "--nnodes", "2",
+                           "--node-rank", std::to_string(n), "--rdzv", "127.0.0.1:" + std::to_string(port), "--watch",
+                           "--watch-hang-s", n == 0 ? "2" : "600", "--watch-dir", tag + ".progress" + std::to_string(n),
+                           "--max-restarts", "1", "--", self_exe(), "--rank-program", "watch"},
+                          {"WATCH_STEPS=100000", "WATCH_BLOCK_RANK=1", "WATCH_BLOCK_STEP=5", "OMP_NUM_THREADS=1",
+                           "ATOLL_FAILURE_FILE=" + tag + ".failures" + std::to_string(n)},
+                          tag + ".log" + std::to_string(n)));
+  }
+  EXPECT_EQ(wait_for(nodes[0], 150), 1) << read_file(tag + ".log0");
+  EXPECT_EQ(wait_for(nodes[1], 60), 1) << read_file(tag + ".log1");
+  const std::string log0 = read_file(tag + ".log0"), log1 = read_file(tag + ".log1");
+  EXPECT_NE(log0.find("restart 1 of 1, TORCHELASTIC_RESTART_COUNT=1): failed rank 1: the watcher named a hang in "
+                      "rank 1 (its message is above)"), std::string::npos) << log0;
+  EXPECT_NE(log1.find("restart 1 of 1, TORCHELASTIC_RESTART_COUNT=1): failed rank 1: on node 0: the watcher named a "
+                      "hang in rank 1 (its message is in node 0's output)"), std::string::npos) << log1;
+  EXPECT_NE(log1.find("job failed: on node 0: the watcher named a hang in rank 1"), std::string::npos) << log1;
+  // Both files: every rank's end (the six of both starts) and the watcher's line for rank 1.
+  for (int n = 0; n < 2; ++n) {
+    const std::string ff = read_file(tag + ".failures" + std::to_string(n));
+    for (int r = 0; r < 6; ++r) EXPECT_NE(ff.find("{\"rank\": " + std::to_string(r) + ", \"status\": "), std::string::npos) << n << ": " << ff;
+    EXPECT_NE(ff.find(n == 0 ? "{\"detector\":\"watcher\",\"rank\":1," : "{\"rank\": 1, \"detector\": \"watcher\""),
+              std::string::npos) << n << ": " << ff;
+  }
+  for (int n = 0; n < 2; ++n) {
+    fs::remove(tag + ".log" + std::to_string(n));
+    fs::remove(tag + ".failures" + std::to_string(n));
+    fs::remove_all(tag + ".progress" + std::to_string(n));
+  }
+}
+
 // The judgement alone, on hand-made views.
 TEST(Watcher, JudgeNamesTheCauseOnlyWhenSomeoneHangs) {
   WatchOptions o;

@@ -60,16 +60,22 @@ struct TrainJob {
     return wait_for(start(ranks, {}, run, extra, log), 120);
   }
   // The same, started and not waited for, with options for `atoll launch` itself (before "--").
+  // env: variables to set or replace (KEY=VALUE), e.g. another ATOLL_FAILURE_FILE for each node.
   pid_t start(int ranks, const std::vector<std::string>& launch_opts, const std::string& run,
-              const std::vector<std::string>& extra, const std::string& log) {
+              const std::vector<std::string>& extra, const std::string& log, const std::vector<std::string>& env = {}) {
     std::vector<std::string> argv = {atoll_exe(), "launch", "--nproc-per-node", std::to_string(ranks)};
     argv.insert(argv.end(), launch_opts.begin(), launch_opts.end());
     for (std::string a : {std::string("--"), atoll_exe(), std::string("train"), (root / "tiny.toml").string(),
                           "--run.dir=" + (root / run).string()})
       argv.push_back(a);
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return spawn(argv, {"OMP_NUM_THREADS=1", "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()},
-                 (root / log).string());
+    std::vector<std::string> vars = env;
+    for (std::string v : {std::string("OMP_NUM_THREADS=1"), "ATOLL_FAILURE_FILE=" + (root / "failures.jsonl").string()}) {
+      bool set = false;
+      for (auto& e : env) set = set || e.compare(0, v.find('=') + 1, v, 0, v.find('=') + 1) == 0;
+      if (!set) vars.push_back(v);
+    }
+    return spawn(argv, vars, (root / log).string());
   }
   std::string log(const std::string& name) const { return read_file((root / name).string()); }
 };
