@@ -970,19 +970,27 @@ TEST(Pipeline, ThreeAndFourStagesMatchOneRank) {
 // 10 steps, the global norm of each step (and that the clip at 0.5 acts), the step-1 gradients
 // and the step-10 ones at the same parameters (the pipeline's 1e-6: the gradient arithmetic is
 // the AdamW jobs', which the optimizer does not enter); the trajectories' bounds are the caller's.
+// A norm differs by at most its gradients' difference (| |a| - |b| | <= |a - b|), so step 1's norm,
+// at equal parameters, takes the gradients' 1e-6, and steps 2-10's, taken along the two drifting
+// trajectories, the trajectories' gradient bound (an AVX2-only EPYC measured 1.09e-6 at step 10 of
+// the 8-rank Muon job, where a Xeon's rounding gave 6.8e-7).
 static std::map<std::string, std::vector<float>> expect_optimizer_matches(const PJob& j, double traj_tol,
                                                                           double params_tol) {
   Record ref = reference(j);
   auto got = expect_matches_one_rank(j, ref, traj_tol, params_tol);
   if (got.empty()) return got;
-  double norm_rel = 0, most = 0;
+  double norm_rel1 = 0, norm_rel = 0, most = 0;
   for (int s = 0; s < kSteps; ++s) {
-    norm_rel = std::max(norm_rel, std::fabs(double(got["norms"][size_t(s)]) - ref.norms[size_t(s)]) / ref.norms[size_t(s)]);
+    const double d = std::fabs(double(got["norms"][size_t(s)]) - ref.norms[size_t(s)]) / ref.norms[size_t(s)];
+    double& worst = s == 0 ? norm_rel1 : norm_rel;
+    worst = std::max(worst, d);
     most = std::max(most, double(ref.norms[size_t(s)]));
   }
-  std::printf("[pipeline %s %s world=%d] global norm rel %.2e (worst of 10 steps; largest norm %.3f, clipped at 0.5)\n",
-              j.opt.c_str(), j.dp.c_str(), j.world, norm_rel, most);
-  EXPECT_LE(norm_rel, 1e-6) << j.opt;
+  std::printf("[pipeline %s %s world=%d] global norm rel %.2e at step 1, %.2e (worst of steps 2-10; largest norm %.3f, "
+              "clipped at 0.5)\n",
+              j.opt.c_str(), j.dp.c_str(), j.world, norm_rel1, norm_rel, most);
+  EXPECT_LE(norm_rel1, 1e-6) << j.opt;
+  EXPECT_LE(norm_rel, traj_tol) << j.opt;
   EXPECT_GT(most, 0.5) << j.opt << ": the clip never acted";
   return got;
 }
@@ -1071,7 +1079,8 @@ TEST(Pipeline, WholeMatrixOptimizersOnTwoStagesTimesTwoTensorMatchOneRank) {
 // pp2 x tp2 x dp2 under the pipeline's ZeRO-1 (8 ranks): each tp rank's dp owners are the tp
 // group's agreed placement, so a stage's two tp ranks own the same matrices and their gathers pair
 // up; Muon on the owners, the Llama-style model. Per step the 1e-6 bounds (measured: loss
-// 1.1e-7, step-1 gradients 3.7e-7, step-10 ones at the same parameters 3.4e-7, norm 6.8e-7).
+// 1.1e-7, step-1 gradients 3.7e-7, step-10 ones at the same parameters 3.4e-7, norm 6.8e-7; an
+// AVX2-only EPYC's norm at step 10 1.09e-6, a trajectory figure bounded with the trajectories).
 // Along the trajectories dp's averaging of half batches adds its rounding to tp's and the
 // pipeline's, all amplified by Newton-Schulz: measured 5.5e-6 on the trajectories' gradients and
 // 1.9e-6 on the final parameters; bounded at 1e-4 / 2e-5 (about 10x: another CPU's rounding

@@ -17,6 +17,7 @@
 #include <set>
 #include <unistd.h>
 
+#include "core/threads.h"
 #include "parallel/harness.h"
 #include "rl/rl_engine.h"
 #include "tiny_model.h"
@@ -160,10 +161,15 @@ TEST(RlPartialJournal, ShadowContinuesAKilledProcessesCarriedRollouts) {
   for (const Sample& sm : want[kDeathStep].samples) carried_in += sm.token_version.front() < kDeathStep;
   ASSERT_GT(carried_in, 0) << "step " << kDeathStep << " holds no carried rollout: the takeover would test nothing";
   const int64_t die = before + 5;
+  // The dead process runs with this one's threads, as a shadow takes the dead rank's config: the
+  // bit-for-bit claim is per thread count, since OpenBLAS's fp32 products on an AVX2-only EPYC
+  // round differently at 1 and 2 threads (the carried log-probs of step 3 then differ).
   const std::string log = dir_for("log");
   const int rc = parallel::test::run_command(
       {parallel::test::self_exe(), "--gtest_filter=RlPartialJournal.RolloutProgram"},
-      {"ATOLL_RL_PJ_DIR=" + dir, "ATOLL_RL_PJ_DIE=" + std::to_string(die), "OMP_NUM_THREADS=1", "GTEST_OUTPUT="}, log,
+      {"ATOLL_RL_PJ_DIR=" + dir, "ATOLL_RL_PJ_DIE=" + std::to_string(die), "OMP_NUM_THREADS=" + std::to_string(num_threads()),
+       "GTEST_OUTPUT="},
+      log,
       60);
   EXPECT_EQ(rc, 128 + SIGKILL) << parallel::test::read_file(log);
   std::filesystem::remove(log);
