@@ -5,6 +5,7 @@
 #include "cli/command.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace atl::cli {
@@ -39,6 +40,7 @@ int run_train(int argc, char** argv) {
   ATOLL_CHECK(!path.empty(), "usage: atoll train CONFIG.toml [--section.key=value ...] [--resume | --overwrite]");
   // A reader that goes away (`atoll train ... | head`) must not end training: printing fails, that is all.
   std::signal(SIGPIPE, SIG_IGN);
+  route_stop_signals();  // before the first thread: a stop signal never lands inside a GEMM kernel
   Config cfg = Config::load(path);
   for (auto& o : overrides) cfg.set_override(o);
   Trainer trainer(cfg);

@@ -297,6 +297,9 @@ std::string SandboxEpisode::run_command(const std::vector<std::string>& argv) {
   if (pid == 0) {
     // Child: only async-signal-safe calls from here to exec.
     ::setpgid(0, 0);
+    sigset_t none;  // `atoll train` blocks SIGTERM/SIGINT in its threads (train/stop_signals.h): not here
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (lim_.isolate) isolate_mounts(root.c_str());
     // Hard one above soft: at the CPU limit the soft one's SIGXCPU comes first (and is the reason).
     auto lim = [](int r, int64_t v) {

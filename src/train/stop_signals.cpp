@@ -1,9 +1,12 @@
 #include "train/stop_signals.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <thread>
 
 namespace atl {
 namespace {
@@ -46,6 +49,20 @@ StopSignalGuard::~StopSignalGuard() {
   ::sigaction(SIGTERM, &g_old_term, nullptr);
   ::sigaction(SIGINT, &g_old_int, nullptr);
   ::sigaction(SIGPIPE, &g_old_pipe, nullptr);
+}
+
+void route_stop_signals() {
+  static std::atomic<bool> routed{false};
+  if (routed.exchange(true)) return;
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread([stop] {
+    ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+    for (;;) ::pause();  // the handler (or the default action) runs here
+  }).detach();
 }
 
 int stop_requested() { return int(g_stop); }

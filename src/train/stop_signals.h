@@ -17,6 +17,16 @@ class StopSignalGuard {
   StopSignalGuard& operator=(const StopSignalGuard&) = delete;
 };
 
+// Makes one thread of its own the only one of this process's later threads that takes SIGTERM and
+// SIGINT: called first in `atoll train`, before any thread starts, it blocks both in the caller
+// (every thread created afterwards inherits the mask) and starts a thread that leaves them
+// unblocked and sleeps. Why: a handler's frame is pushed on the receiving thread's current stack,
+// and oneDNN's AVX2 JIT GEMM (libdnnl 2.6) runs with its stack pointer moved into a heap buffer, so
+// a SIGTERM landing on a thread inside it overwrote the heap (glibc: "corrupted size vs. prev_size";
+// the rank died without its checkpoint when `atoll launch` was killed). A mask survives fork and
+// exec, so a child forked from such a thread clears it before exec (rl/sandbox.cpp). Idempotent.
+void route_stop_signals();
+
 // The signal that asked to stop (SIGTERM, SIGINT), or 0.
 int stop_requested();
 // Forgets a request (tests).

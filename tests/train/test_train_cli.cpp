@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
+#include <sstream>
+
 #include <filesystem>
 #include <fstream>
 
@@ -187,6 +191,47 @@ TEST(TrainCli, ClosedOutputPipeDoesNotStopTraining) {
   fs::path last = a / "run" / "checkpoints" / "step_00000012";
   EXPECT_TRUE(fs::exists(last)) << r.out;
   EXPECT_EQ(checkpoint_problem(last.string()), "");
+  fs::remove_all(a);
+}
+
+// Where a stop signal lands (train/stop_signals.h): a handler's frame goes on the receiving thread's
+// stack, and oneDNN's AVX2 JIT GEMM runs with its stack pointer inside a heap buffer, so a SIGTERM
+// on the training thread there corrupted the heap (1 run in ~17 of `atoll launch` killed under
+// load, on an AVX2-only EPYC). `atoll train` therefore blocks SIGTERM and SIGINT in the thread that
+// trains (and in every thread it starts) and leaves them to a thread of their own: read here from
+// /proc in a running job on two threads, then the SIGTERM still stops it with its checkpoint.
+TEST(TrainCli, StopSignalsAreTakenByAThreadThatRunsNoKernel) {
+  fs::path a = scratch("sigroute");
+  std::string data = make_data(a);
+  fs::path cfg = write_config(a, data, 100000);
+  fs::path m = a / "run" / "metrics.jsonl";
+  CmdResult r = run_shell(fmt::format(
+      "'{}' train '{}' --train.threads=2 --eval.every=0 --log.every=1 --checkpoint.every=0 > '{}/out.log' 2>&1 & "
+      "P=$!; i=0; while [ $i -lt 600 ]; do [ -f '{}' ] && [ $(wc -l < '{}') -ge 3 ] && break; sleep 0.05; "
+      "i=$((i+1)); done; echo pid=$P; for t in /proc/$P/task/*; do echo \"task ${{t##*/}} $(grep SigBlk $t/status)\"; "
+      "done; kill -TERM $P; wait $P; echo rc=$?; cat '{}/out.log'",
+      atoll_exe(), cfg.string(), a.string(), m.string(), m.string(), a.string()));
+  const size_t at = r.out.find("pid=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const long pid = std::stol(r.out.substr(at + 4));
+  int tasks = 0, takers = 0;
+  bool main_blocks = false;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    long tid = 0;
+    unsigned long long blk = 0;
+    if (std::sscanf(line.c_str(), "task %ld SigBlk: %llx", &tid, &blk) != 2) continue;
+    ++tasks;
+    const unsigned long long stop = (1ull << (SIGTERM - 1)) | (1ull << (SIGINT - 1));
+    if (tid == pid) main_blocks = (blk & stop) == stop;
+    if ((blk & stop) == 0) ++takers;
+  }
+  EXPECT_GE(tasks, 3) << r.out;  // the trainer, its OpenMP worker, the signal thread (and others)
+  EXPECT_TRUE(main_blocks) << "the training thread takes SIGTERM/SIGINT itself\n" << r.out;
+  EXPECT_GE(takers, 1) << "no thread takes SIGTERM: it would stay pending\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "rc=0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "stopped by SIGTERM after step")) << r.out;
+  EXPECT_EQ(list_checkpoints((a / "run" / "checkpoints").string()).size(), 1u) << r.out;
   fs::remove_all(a);
 }
 
