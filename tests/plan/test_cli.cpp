@@ -175,6 +175,23 @@ TEST(PlanCli, CalibrateWritesTheCpuLocalDevice) {
   EXPECT_LT(lat, 1e-2);
   ASSERT_GE(j["all_reduce_2_ranks"].size(), 2u);
   EXPECT_NE(c.out.find("intra-node all-reduce"), std::string::npos) << c.out;
+  // Sequence parallelism's all-gather and reduce-scatter, fitted from the same bench (session 11):
+  // the same ranges as the all-reduce's, by the same clock, the wall-clock fit beside them, and
+  // read back into the device the planner prices sp's pairs with.
+  const atl::plan::Device dev = atl::plan::device_from_calibration(cal.string());
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    const std::string key = std::string("intra_node_") + op;
+    ASSERT_TRUE(j.contains(key)) << key << "\n" << c.out;
+    const double pbw = j[key]["bandwidth"].get<double>(), plat = j[key]["latency"].get<double>();
+    EXPECT_GT(pbw, 1e7) << key;
+    EXPECT_LT(pbw, 2 * j["memory_bandwidth"].get<double>()) << key;
+    EXPECT_GE(plat, 0.0) << key;
+    EXPECT_LT(plat, 1e-2) << key;
+    EXPECT_GT(j[key]["wall_bandwidth"].get<double>(), 0.0) << key;  // one thread: CPU time, wall beside
+    EXPECT_NE(c.out.find(std::string("intra-node ") + op + ", 2 ranks"), std::string::npos) << c.out;
+    EXPECT_EQ(op[0] == 'a' ? dev.ag_bw : dev.rs_bw, pbw) << key;
+    EXPECT_EQ(op[0] == 'a' ? dev.ag_latency : dev.rs_latency, plat) << key;
+  }
   // The all-reduce with compute between (bench comm --gap-us): its fit, read back into the device.
   ASSERT_TRUE(j.contains("gap_wait")) << c.out;
   EXPECT_GE(j["gap_wait"]["intercept_s"].get<double>(), 0.0);
