@@ -29,6 +29,9 @@ class IsoLoCo final : public DiLoCo {
     std::vector<nn::Parameter*> mats;
     for (nn::Parameter* p : model_->parameters()) {
       if (p->shape.size() != 2) continue;
+      // pp inside the islands: the other stages' matrices are not in this rank's flat buffer
+      // (unbound, or allocated elsewhere); each stage merges its own, whole (pipeline_islands.cpp).
+      if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
       // Embedding and head rows of tokens a round never saw carry no signal; Iso-C would give
       // them the mean singular value's weight, so by default only the hidden matrices merge so.
       if (c_.merge_scope == "hidden" && resolve_role(p->role, p->shape) != ParamRole::matrix) continue;

@@ -20,10 +20,14 @@
 //  * checkpoints: the pipeline is built over the island's communicator, so its full_state()
 //    gathers the island's whole model on the island's rank 0, and save_state's gathers of the
 //    other islands' models work as without pp.
-// Refused before step 1, naming the keys: streaming and isoloco with pp (streaming's fragments are
-// cut over the whole model's blocks, which a stage does not hold; IsoLoCo per stage is
-// untested), tp or cp with pp inside the islands, and any strategy but ddp inside pipelined
-// islands (ZeRO-3's stage shards would need per-shard outer state; zero1/2 are untested).
+//  * IsoLoCo: a stage holds its matrices whole (stages cut between blocks), so each stage's ranks
+//    Iso-C-merge their own stage's matrices after the average, as one process merges them all;
+//    the tied embedding (merge_scope = "all") is merged on both stages from the same agreed
+//    pseudo-gradient (agree_over_pp runs first), so its copies stay equal.
+// Refused before step 1, naming the keys: streaming with pp (its fragments are cut over the whole
+// model's blocks, which a stage does not hold), tp or cp with pp inside the islands, and any
+// strategy but ddp inside pipelined islands (ZeRO-3's stage shards would need per-shard outer
+// state; zero1/2 are untested).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -38,9 +42,9 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
   const parallel::MeshShape& m = mesh.shape();
   pp_ = int(m.pp);
   if (pp_ == 1) return;
-  ATOLL_CHECK(c_.method == "diloco", "lowcomm.method = '{}' with parallel.pp = {} inside the islands: only diloco "
-              "runs with pp so far (streaming cuts its fragments over the whole model's blocks; isoloco per stage "
-              "is not composed)", c_.method, pp_);
+  ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco", "lowcomm.method = '{}' with parallel.pp = {} inside "
+              "the islands: diloco and isoloco run with pp so far (streaming cuts its fragments over the whole "
+              "model's blocks, which a stage does not hold)", c_.method, pp_);
   ATOLL_CHECK(m.tp == 1 && m.cp == 1, "parallel.pp = {} with parallel.tp = {} and parallel.cp = {} inside the "
               "islands: pipelined islands run data parallelism inside each stage only (tp and cp must be 1)", pp_,
               m.tp, m.cp);
