@@ -13,6 +13,12 @@ namespace atl::parallel::test {
 
 std::string atoll_exe();
 
+// Command-line overrides a, then b.
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // The value of `key` on every metrics.jsonl line that has it, in order (segment lines have none).
 std::vector<double> metric_values(const std::filesystem::path& run, const char* key = "loss");
 

@@ -44,11 +44,6 @@ std::vector<float> model_of(const fs::path& ck) {
   return v;
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // The sum of |x| over the checkpoint's parallel.codec.rank<r>.*.residual entries.
 double residual_mass(const fs::path& ck, int r) {
   double s = 0;

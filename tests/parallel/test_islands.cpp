@@ -69,11 +69,6 @@ std::vector<float> all_of(const TensorFile& f, const std::string& prefix = "") {
 }
 std::vector<float> model_of(const fs::path& ck) { return all_of(load_safetensors((ck / "model.safetensors").string())); }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 }  // namespace
 
 // Averaging the parameters of islands that each took one SGD step equals one step on the

@@ -12,8 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
-#include "launch_fixture.h"
-#include "tensor/safetensors.h"
+#include "islands_fixture.h"
 
 using namespace atl;
 using namespace atl::parallel::test;
@@ -23,48 +22,9 @@ namespace {
 
 // gpt2-tiny ties its head to the token embedding, so the last stage holds a copy of it. Two
 // micro-batches per step on both sides (the pipeline's m; one process accumulates the same two).
-struct IslandsPp : LaunchFixture {
-  IslandsPp()
-      : LaunchFixture("islands_pp",
-                      "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n"
-                      "[train]\nsteps = 6\nbatch_size = 4\nseq_len = 32\nwarmup_steps = 2\nthreads = 1\n"
-                      "grad_accum = 2\n"
-                      "[optim.adamw]\nlr = 1e-2\n[eval]\nevery = 0\n[sample]\nevery = 0\n[checkpoint]\nevery = 0\n"
-                      "keep = 100\n[log]\nevery = 1\n[hardware]\npeak_gflops = 100.0\n"
-                      "[parallel]\nislands = 2\n[lowcomm]\nmethod = \"diloco\"\ninner_steps = 3\n",
-                      4244) {}
-  int train(const std::string& run, int ranks, std::vector<std::string> extra, bool expect_fail = false) {
-    return LaunchFixture::train(run, ranks, std::move(extra), expect_fail, /*always_launch=*/true);
-  }
+struct IslandsPp : IslandsFixture {
+  IslandsPp() : IslandsFixture("islands_pp", "grad_accum = 2\n") {}
 };
-
-std::vector<float> tensors_of(const TensorFile& f, const std::string& prefix = "") {
-  std::vector<float> v;
-  for (auto& [n, t] : f.tensors)
-    if (t.dtype() == DType::f32 && n.rfind(prefix, 0) == 0) {
-      auto x = t.contiguous().to_vector();
-      v.insert(v.end(), x.begin(), x.end());
-    }
-  return v;
-}
-std::vector<float> model_of(const fs::path& ck) { return tensors_of(load_safetensors((ck / "model.safetensors").string())); }
-TensorFile optim_of(const fs::path& ck) { return load_safetensors((ck / "optimizer.safetensors").string()); }
-std::vector<float> island1_of(const fs::path& ck) { return tensors_of(optim_of(ck), "lowcomm.island1.model."); }
-
-std::vector<int64_t> wan_bytes_of(const fs::path& run, const char* key = "wan_bytes") {
-  std::ifstream f(run / "metrics.jsonl");
-  std::vector<int64_t> out;
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty())
-      if (auto j = nlohmann::json::parse(line); j.contains("sync")) out.push_back(j.at("sync").at(key).get<int64_t>());
-  return out;
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 }  // namespace
 

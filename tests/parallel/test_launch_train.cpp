@@ -39,11 +39,6 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tol * std::abs(b[i])) << what << " at entry " << i;
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 }  // namespace
 
 TEST(LaunchTrain, TwoRanksMatchOneRankAtDoubleBatch) {
