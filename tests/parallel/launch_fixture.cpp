@@ -27,25 +27,29 @@ std::vector<double> metric_values(const fs::path& run, const char* key) {
   return out;
 }
 
+void prepare_word_corpus(const fs::path& root, const std::vector<std::string>& words, uint32_t seed) {
+  {
+    std::ofstream txt(root / "corpus.txt");
+    uint32_t s = seed;
+    for (int doc = 0; doc < 200; ++doc) {
+      for (int w = 0; w < 40; ++w) {
+        s = s * 1664525u + 1013904223u;
+        txt << words[(s >> 16) % words.size()] << (w % 9 == 8 ? ".\n" : " ");
+      }
+      txt << "\n%\n";
+    }
+  }
+  int rc = run_command({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
+                        (root / "data").string(), "--val-fraction", "0.1"},
+                       {}, (root / "prepare.log").string(), 60);
+  ASSERT_EQ(rc, 0) << read_file((root / "prepare.log").string());
+}
+
 LaunchFixture::LaunchFixture(const std::string& tag, const std::string& config_tail, uint32_t seed) {
   root = fs::temp_directory_path() / ("atoll_" + tag + "_" + std::to_string(getpid()));
   fs::remove_all(root);
   fs::create_directories(root);
-  std::ofstream txt(root / "corpus.txt");
-  const char* words[] = {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"};
-  uint32_t s = seed;
-  for (int doc = 0; doc < 200; ++doc) {
-    for (int w = 0; w < 40; ++w) {
-      s = s * 1664525u + 1013904223u;
-      txt << words[(s >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-    }
-    txt << "\n%\n";
-  }
-  txt.close();
-  int rc = run_command({atoll_exe(), "data", "prepare", "--input", (root / "corpus.txt").string(), "--out",
-                        (root / "data").string(), "--val-fraction", "0.1"},
-                       {}, (root / "prepare.log").string(), 60);
-  EXPECT_EQ(rc, 0) << read_file((root / "prepare.log").string());
+  prepare_word_corpus(root, {"the", "island", "trains", "a", "model", "across", "many", "ranks", "and", "hosts"}, seed);
   cfg = root / (tag + ".toml");
   std::ofstream c(cfg);
   c << "[data]\ndir = \"" << (root / "data").string() << "\"\nauto_prepare = false\n" << config_tail;

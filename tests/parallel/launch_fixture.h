@@ -13,6 +13,10 @@ namespace atl::parallel::test {
 
 std::string atoll_exe();
 
+// A corpus of 200 documents of 40 words drawn from `words` by an LCG from `seed` (a sentence every
+// 9 words), written to root/corpus.txt and prepared by `atoll data prepare` into root/data.
+void prepare_word_corpus(const std::filesystem::path& root, const std::vector<std::string>& words, uint32_t seed);
+
 // Command-line overrides a, then b.
 inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -34,6 +34,7 @@
 #include "autograd/ops.h"
 #include "core/threads.h"
 #include "harness.h"
+#include "launch_fixture.h"
 #include "models/moe/moe_model.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
@@ -423,23 +424,7 @@ void expect_rel(const std::vector<float>& a, const std::vector<float>& b, double
 
 // A small corpus prepared with `atoll data prepare` into s.root/data.
 void prepare_corpus(const Scratch& s) {
-  {
-    std::ofstream txt(s.root / "corpus.txt");
-    const char* words[] = {"experts", "route", "tokens", "to", "ranks", "and", "back", "again", "each", "step"};
-    uint32_t x = 777;
-    for (int doc = 0; doc < 200; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        x = x * 1664525u + 1013904223u;
-        txt << words[(x >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-  }
-  ASSERT_EQ(run_command({std::string(ATOLL_BINARY_DIR) + "/atoll", "data", "prepare", "--input",
-                         (s.root / "corpus.txt").string(), "--out", (s.root / "data").string(), "--val-fraction", "0.1"},
-                        {}, (s.root / "prepare.log").string(), 60),
-            0)
-      << read_file((s.root / "prepare.log").string());
+  prepare_word_corpus(s.root, {"experts", "route", "tokens", "to", "ranks", "and", "back", "again", "each", "step"}, 777);
 }
 
 std::vector<float> run_losses(const Scratch& s, const std::string& run) {

@@ -34,6 +34,7 @@
 
 #include "core/threads.h"
 #include "harness.h"
+#include "launch_fixture.h"
 #include "models/moe/moe_model.h"
 #include "nn/recompute.h"
 #include "parallel/context_parallel.h"
@@ -247,23 +248,7 @@ fs::path train_config(const Scratch& s, const std::string& run, const std::strin
 }
 
 void prepare_corpus(const Scratch& s) {
-  {
-    std::ofstream txt(s.root / "corpus.txt");
-    const char* words[] = {"rings", "carry", "keys", "and", "values", "while", "experts", "take", "tokens", "home"};
-    uint32_t x = 4242;
-    for (int doc = 0; doc < 200; ++doc) {
-      for (int w = 0; w < 40; ++w) {
-        x = x * 1664525u + 1013904223u;
-        txt << words[(x >> 16) % 10] << (w % 9 == 8 ? ".\n" : " ");
-      }
-      txt << "\n%\n";
-    }
-  }
-  ASSERT_EQ(run_command({std::string(ATOLL_BINARY_DIR) + "/atoll", "data", "prepare", "--input",
-                         (s.root / "corpus.txt").string(), "--out", (s.root / "data").string(), "--val-fraction", "0.1"},
-                        {}, (s.root / "prepare.log").string(), 60),
-            0)
-      << read_file((s.root / "prepare.log").string());
+  prepare_word_corpus(s.root, {"rings", "carry", "keys", "and", "values", "while", "experts", "take", "tokens", "home"}, 4242);
 }
 
 }  // namespace
