@@ -208,16 +208,17 @@ int64_t LowComm::wan_bytes(int64_t numel) const {
   return exchange_->wire_bytes((numel + k - 1) / k, islands_);
 }
 
-nlohmann::json LowComm::record(const std::string& what, int64_t numel, double blocked_s, double sync_s) {
+nlohmann::json LowComm::record(const std::string& what, int64_t numel, double blocked_s, double sync_s,
+                               const std::vector<int64_t>* stage_numels) {
   auto now = Clock::now();
   window_blocked_s_ += blocked_s;
   double wall = std::chrono::duration<double>(now - window_start_).count();
   int64_t mine = wan_bytes(numel);
   if (stage_numel_.empty()) {
     job_wan_bytes_ += mine * (world_ ? world_->size() : 1);  // every rank sends its equal share
-  } else {  // pp inside the islands (DiLoCo: the whole stage each sync): each stage its own size
+  } else {  // pp inside the islands: each stage its own size (DiLoCo: the whole stage each sync)
     int64_t per_pipeline = 0;
-    for (int64_t n : stage_numel_) per_pipeline += wan_bytes(n);
+    for (int64_t n : stage_numels ? *stage_numels : stage_numel_) per_pipeline += wan_bytes(n);
     job_wan_bytes_ += per_pipeline * (world_->size() / pp_);
   }
   nlohmann::json j = {{"what", what},

@@ -169,8 +169,13 @@ class LowComm {
   void agree_over_tp(Tensor& delta, const Ranges& scope = {}, const std::string& key = "pseudo_gradient");
   // pp inside the islands (pipeline_islands.cpp): the tied embedding's averaged pseudo-gradient
   // on the last stage made the first stage's bits, so the two copies step alike whatever the
-  // exchange did to them. delta is laid out as flat_ (ddp inside: each rank holds its stage whole).
-  void agree_over_pp(Tensor& delta);
+  // exchange did to them. delta is laid out as flat_ (ddp inside: each rank holds its stage whole),
+  // or as `pieces` of it (a streaming fragment's buffer: the tied ranges are in fragment 0 on both
+  // stages, and every stage calls it for that fragment alike: it is a collective over pp).
+  void agree_over_pp(Tensor& delta, const std::vector<Piece>* pieces = nullptr);
+  // pp inside the islands: n on every stage of the island's pipeline, in pp rank order (a
+  // collective over pp; {n} without pp).
+  std::vector<int64_t> numel_per_stage(int64_t n) const;
   // The group whose ranks hold different parts of the outer state inside an island: the island
   // under ZeRO-3 / HSDP, the tp group under tp, null when every rank holds all of it.
   comm::Communicator* outer_state_group() const;
@@ -180,8 +185,10 @@ class LowComm {
   void set_local_values(const Tensor& v);
   // The ranges local_values() packs ({{0, n}} for the whole model), for matrices_within().
   std::vector<std::pair<int64_t, int64_t>> local_ranges() const;  // what start_average(numel) sends from this rank
-  // One sync's record; blocked_s is the time the inner steps waited for it.
-  nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s);
+  // One sync's record; blocked_s is the time the inner steps waited for it. Under pp,
+  // stage_numels: what each stage sent in this sync (null: every stage its whole stage, DiLoCo).
+  nlohmann::json record(const std::string& what, int64_t numel, double blocked_s, double sync_s,
+                        const std::vector<int64_t>* stage_numels = nullptr);
 
   LowCommConfig c_;
   comm::Communicator* world_;

@@ -24,10 +24,16 @@
 //    Iso-C-merge their own stage's matrices after the average, as one process merges them all;
 //    the tied embedding (merge_scope = "all") is merged on both stages from the same agreed
 //    pseudo-gradient (agree_over_pp runs first), so its copies stay equal.
-// Refused before step 1, naming the keys: streaming with pp (its fragments are cut over the whole
-// model's blocks, which a stage does not hold), tp or cp with pp inside the islands, and any
-// strategy but ddp inside pipelined islands (ZeRO-3's stage shards would need per-shard outer
-// state; zero1/2 are untested).
+//  * Streaming DiLoCo: the fragments are cut over the whole model's blocks by their index (block b
+//    in fragment b mod P, as without pp), so a stage holds the blocks of each fragment it has and
+//    the parts outside the blocks go with fragment 0 on whichever stage holds them (the first's
+//    embeddings, the last's final norm and tied copy). A stage may hold none of a fragment: its
+//    exchange is then empty on that stage's ranks in every island alike. Every stage keeps the
+//    same schedule, so fragment 0's tied copy is agreed over pp in the same step on all stages;
+//    the pending exchanges are saved per pp rank (outer_state_group() is the pp group).
+// Refused before step 1, naming the keys: tp or cp with pp inside the islands, and any strategy
+// but ddp inside pipelined islands (ZeRO-3's stage shards would need per-shard outer state;
+// zero1/2 are untested).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -42,9 +48,9 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
   const parallel::MeshShape& m = mesh.shape();
   pp_ = int(m.pp);
   if (pp_ == 1) return;
-  ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco", "lowcomm.method = '{}' with parallel.pp = {} inside "
-              "the islands: diloco and isoloco run with pp so far (streaming cuts its fragments over the whole "
-              "model's blocks, which a stage does not hold)", c_.method, pp_);
+  ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco" || c_.method == "streaming",
+              "lowcomm.method = '{}' with parallel.pp = {} inside the islands: diloco, isoloco and streaming run "
+              "with pp", c_.method, pp_);
   ATOLL_CHECK(m.tp == 1 && m.cp == 1, "parallel.pp = {} with parallel.tp = {} and parallel.cp = {} inside the "
               "islands: pipelined islands run data parallelism inside each stage only (tp and cp must be 1)", pp_,
               m.tp, m.cp);
@@ -70,16 +76,21 @@ void LowComm::attach_pipeline(const std::string& strategy) {
       tied_.emplace_back(v - base, v - base + q->value.numel());
     }
   // Every stage's size, for the job's bytes on the wire (the stages send different amounts).
+  stage_numel_ = numel_per_stage(flat_.numel());
+}
+
+std::vector<int64_t> LowComm::numel_per_stage(int64_t n) const {
+  if (!pp_comm_) return {n};
   Tensor mine = Tensor::empty({2}), all = Tensor::empty({2 * int64_t(pp_)});
-  const int64_t n = flat_.numel();
   mine.f32()[0] = float(n >> 24);  // two exact halves: f32 holds integers below 2^24
   mine.f32()[1] = float(n & ((int64_t(1) << 24) - 1));
   pp_comm_->all_gather(mine, all);
-  for (int s = 0; s < pp_; ++s)
-    stage_numel_.push_back((int64_t(all.f32()[2 * s]) << 24) + int64_t(all.f32()[2 * s + 1]));
+  std::vector<int64_t> out;
+  for (int s = 0; s < pp_; ++s) out.push_back((int64_t(all.f32()[2 * s]) << 24) + int64_t(all.f32()[2 * s + 1]));
+  return out;
 }
 
-void LowComm::agree_over_pp(Tensor& delta) {
+void LowComm::agree_over_pp(Tensor& delta, const std::vector<Piece>* pieces) {
   if (!pp_comm_ || !pipe_ || pipe_->tied().empty()) return;
   int64_t n = 0;
   for (nn::Parameter* q : pipe_->tied()) {
@@ -89,14 +100,24 @@ void LowComm::agree_over_pp(Tensor& delta) {
   }
   Tensor buf = Tensor::empty({n});
   const int r = pp_comm_->rank();
+  // Where a tied flat range lies in delta: at itself, or inside the piece of `pieces` holding it.
+  auto at = [&](int64_t lo, int64_t hi) -> float* {
+    if (!pieces) return delta.f32() + lo;
+    int64_t pos = 0;
+    for (const Piece& q : *pieces) {
+      if (lo >= q.flat && hi <= q.flat + q.len) return delta.f32() + pos + (lo - q.flat);
+      pos += q.len;
+    }
+    fail("lowcomm: the tied flat range [{}, {}) is not in this fragment's buffer on pp rank {}", lo, hi, r);
+  };
   float* b = buf.f32();
   if (r == 0)
-    for (const auto& [lo, hi] : tied_) b = std::copy(delta.f32() + lo, delta.f32() + hi, b);
+    for (const auto& [lo, hi] : tied_) b = std::copy(at(lo, hi), at(lo, hi) + (hi - lo), b);
   pp_comm_->broadcast(buf, 0);
   if (r != pp_ - 1) return;
   const float* i = buf.f32();
   for (const auto& [lo, hi] : tied_) {
-    std::copy(i, i + (hi - lo), delta.f32() + lo);
+    std::copy(i, i + (hi - lo), at(lo, hi));
     i += hi - lo;
   }
 }

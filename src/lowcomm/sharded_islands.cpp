@@ -135,6 +135,7 @@ void LowComm::scatter_whole(const Tensor& whole, Tensor& buf, const std::vector<
 }
 
 comm::Communicator* LowComm::outer_state_group() const {
+  if (pp_ > 1) return pp_comm_;  // each stage its own (pipeline_islands.cpp)
   if (!owned_.empty()) return island_comm_.get();
   if (tp_ > 1) return tp_comm_;
   return nullptr;

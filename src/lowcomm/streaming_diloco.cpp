@@ -46,27 +46,31 @@ class StreamingDiLoCo final : public LowComm {
   };
 
   void on_attach() override {
-    // A parameter's place in the flat buffer; each block's parameters are contiguous.
-    std::vector<Range> blocks;
-    std::vector<bool> in_block(size_t(flat_.numel()), false);
+    // A parameter's place in the flat buffer; each block's parameters are contiguous. Under pp a
+    // stage's buffer holds its blocks only (the others' parameters are elsewhere or unbound): a
+    // block keeps its index in the whole model, so its fragment is the one it has without pp.
+    std::vector<std::pair<size_t, Range>> blocks;  // (index in the model, flat range)
     const float* base = flat_.f32();
-    for (nn::Module* b : model_->blocks()) {
+    const size_t n_blocks = model_->blocks().size();
+    for (size_t bi = 0; bi < n_blocks; ++bi) {
       int64_t lo = INT64_MAX, hi = 0;
-      for (nn::Parameter* p : b->parameters()) {
+      for (nn::Parameter* p : model_->blocks()[bi]->parameters()) {
+        if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
         int64_t o = p->value.f32() - base;
         lo = std::min(lo, o);
         hi = std::max(hi, o + p->value.numel());
       }
-      if (hi > lo) blocks.push_back({lo, hi});
+      if (hi > lo) blocks.push_back({bi, {lo, hi}});
     }
     const int64_t P = c_.fragments;
-    ATOLL_CHECK(P <= std::max<int64_t>(1, int64_t(blocks.size())),
+    ATOLL_CHECK(P <= std::max<int64_t>(1, int64_t(n_blocks)),
                 "lowcomm.fragments = {}: model family '{}' has {} blocks to split into fragments", P, model_->family(),
-                blocks.size());
+                n_blocks);
     frags_.assign(size_t(P), {});
-    for (size_t b = 0; b < blocks.size(); ++b) frags_[b % size_t(P)].push_back(blocks[b]);
+    for (auto& [bi, r] : blocks) frags_[bi % size_t(P)].push_back(r);
     // Everything outside the blocks (embeddings, head, final norm) goes with fragment 0.
-    std::vector<Range> all_blocks = blocks;
+    std::vector<Range> all_blocks;
+    for (auto& b : blocks) all_blocks.push_back(b.second);
     std::sort(all_blocks.begin(), all_blocks.end(), [](auto& a, auto& b) { return a.lo < b.lo; });
     int64_t at = 0;
     for (auto& r : all_blocks) {
@@ -87,6 +91,12 @@ class StreamingDiLoCo final : public LowComm {
       held_.push_back(std::move(h));
       mats_.push_back(matrices_within(mine));
     }
+    // pp: what every stage sends of each fragment (the job's bytes on the wire; a collective).
+    if (pp_ > 1)
+      for (int64_t p = 0; p < P; ++p) stage_frag_numel_.push_back(numel_per_stage(frag_numel(p)));
+  }
+  const std::vector<int64_t>* stage_sizes(int64_t p) const {
+    return stage_frag_numel_.empty() ? nullptr : &stage_frag_numel_[size_t(p)];
   }
 
   // This rank's part of fragment p: all of it, or under ZeRO-3 / HSDP its owned chunks of it.
@@ -107,7 +117,8 @@ class StreamingDiLoCo final : public LowComm {
       if (pd.finish) pd.finish();
       apply(pd);
       ++outer_steps_;
-      out.push_back(record(fmt::format("fragment {}", pd.frag), pd.buf.numel(), since(t0), since(pd.started)));
+      out.push_back(record(fmt::format("fragment {}", pd.frag), pd.buf.numel(), since(t0), since(pd.started),
+                           stage_sizes(pd.frag)));
       pending_.pop_front();
     }
     // Fragments whose round ends with this step: start their exchange.
@@ -125,7 +136,7 @@ class StreamingDiLoCo final : public LowComm {
         pd.finish = nullptr;
         apply(pd);
         ++outer_steps_;
-        out.push_back(record(fmt::format("fragment {}", p), pd.buf.numel(), since(t0), since(t0)));
+        out.push_back(record(fmt::format("fragment {}", p), pd.buf.numel(), since(t0), since(t0), stage_sizes(p)));
       } else {
         pending_.push_back(std::move(pd));
       }
@@ -137,6 +148,8 @@ class StreamingDiLoCo final : public LowComm {
   void apply(Pending& pd) {
     // tp: the replicated parameters' means made tp rank 0's (as DiLoCo; a no-op without tp).
     agree_over_tp(pd.buf, scopes_[size_t(pd.frag)], fmt::format("fragment{}", pd.frag));
+    // pp: the tied embedding's copies are in fragment 0 on the first and last stages.
+    if (pd.frag == 0) agree_over_pp(pd.buf, &held_[0]);
     const float* d = pd.buf.f32();
     float *x = flat_.f32(), *g = global_.f32(), *b = mom_.f32();
     const float a = float(c_.mixing);
@@ -193,6 +206,7 @@ class StreamingDiLoCo final : public LowComm {
   std::vector<Ranges> scopes_;               // each fragment's flat ranges
   std::vector<std::vector<Piece>> held_;     // what this rank holds of each, in its buffer's order
   std::vector<std::vector<comm::MatrixSpan>> mats_;  // the whole matrices in each buffer (GIFT)
+  std::vector<std::vector<int64_t>> stage_frag_numel_;  // pp: [fragment][stage] what each stage sends
   std::deque<Pending> pending_;
 };
 }  // namespace
