@@ -159,6 +159,8 @@ TEST(IslandsPipeline, StreamingWithPp2InsideTwoIslandsFollowsStreamingWithoutPpA
   const auto ja = wan_bytes_of(f.root / "plain", "wan_bytes_job"), jb = wan_bytes_of(f.root / "pp", "wan_bytes_job");
   ASSERT_EQ(ja.size(), jb.size());
   ASSERT_GE(ja.size(), 3u);
+  std::printf("job bytes across after %zu fragment syncs: %lld without pp, %lld with pp2\n", ja.size(),
+              (long long)ja.back(), (long long)jb.back());
   EXPECT_GT(jb.back(), ja.back()) << "the tied copy crosses on the last stage too";
   EXPECT_LT(jb.back(), ja.back() * 3 / 2) << "a stage sent more than its pieces";
   // Stopped at step 4 with fragment 1's exchange in flight, resumed: bit for bit.
