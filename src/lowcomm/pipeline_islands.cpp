@@ -63,9 +63,12 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
 void LowComm::attach_pipeline(const std::string& strategy) {
   if (pp_ == 1) return;
   ATOLL_CHECK(pipe_, "lowcomm: parallel.pp = {} inside the islands, but no pipeline was attached", pp_);
-  ATOLL_CHECK(strategy == "ddp", "parallel.strategy = '{}' with parallel.pp = {} inside the islands: a pipelined "
-              "island's stages replicate over dp (parallel.strategy = 'ddp'); zero1/2/3 and hsdp inside pipelined "
-              "islands are not composed", strategy, pp_);
+  // ZeRO-1/2 shard only the inner optimizer's state: every rank still holds its stage's parameters
+  // whole, which is all the exchange and the outer state see.
+  ATOLL_CHECK(strategy == "ddp" || strategy == "zero1" || strategy == "zero2",
+              "parallel.strategy = '{}' with parallel.pp = {} inside the islands: a pipelined island's stages hold "
+              "their parameters whole (ddp, zero1 or zero2); zero3 and hsdp inside pipelined islands are not "
+              "composed (their stage shards would need per-shard outer state)", strategy, pp_);
   const int r = pp_comm_ ? pp_comm_->rank() : 0;
   const float* base = flat_.f32();
   if (r == 0 || r == pp_ - 1)

@@ -212,6 +212,31 @@ TEST(IslandsPipeline, StoppedAndResumedUnderPpIsBitExact) {
   EXPECT_NE(f.log("cut").find("resume with parallel.pp = 2"), std::string::npos) << f.log("cut");
 }
 
+// ZeRO-1 and ZeRO-2 inside pipelined islands (session 12): they shard the inner AdamW's state
+// (and ZeRO-2 the gradients) over each stage's dp ranks, the parameters stay whole on every rank,
+// so the exchange and the outer state are DiLoCo's under ddp. 2 islands of pp 2 x dp 2 (8 ranks)
+// against 2 islands of 2 ddp ranks without pp, the same global batch: the DiLoCo test's bounds
+// (dp's average of two half batches adds one rounding to the pipeline's).
+TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPp) {
+  IslandsPp f;
+  ASSERT_EQ(f.train("ddp", 4, {"--checkpoint.every=6"}), 0);
+  const auto a = metric_values(f.root / "ddp");
+  ASSERT_EQ(a.size(), 6u);
+  const auto pa = model_of(f.ckpt("ddp", 6));
+  for (const char* z : {"zero1", "zero2"}) {
+    ASSERT_EQ(f.train(z, 8, {"--parallel.pp=2", std::string("--parallel.strategy=") + z, "--checkpoint.every=3"}), 0);
+    const std::string log = f.log(z);
+    EXPECT_NE(log.find(std::string("(pp = 2) x ") + z + " over dp = 2"), std::string::npos) << log;
+    const auto b = metric_values(f.root / z);
+    ASSERT_EQ(b.size(), 6u) << z;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << z << " step " << i + 1;
+    const double d = rel_diff(model_of(f.ckpt(z, 6)), pa);
+    std::printf("DiLoCo over 2 islands of pp2 x %s (dp 2) vs of 2 ddp ranks: parameters %.2e relative apart\n", z, d);
+    EXPECT_LT(d, 1e-4) << z;
+    for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt(z, step)), model_of(f.ckpt(z, step))), 0.0) << z;
+  }
+}
+
 TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   IslandsPp f;
   struct Case {
@@ -221,8 +246,8 @@ TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
     const char* says;
   };
   for (const Case& c : {Case{"tp", 8, {"--parallel.pp=2", "--parallel.tp=2"}, "with parallel.tp = 2 and parallel.cp = 1"},
-                        Case{"zero1", 8, {"--parallel.pp=2", "--parallel.strategy=zero1"},
-                             "parallel.strategy = 'zero1' with parallel.pp = 2 inside the islands"}}) {
+                        Case{"zero3", 8, {"--parallel.pp=2", "--parallel.strategy=zero3"},
+                             "parallel.strategy = 'zero3' with parallel.pp = 2 inside the islands"}}) {
     EXPECT_NE(f.train(c.run, c.ranks, c.args, true), 0) << c.run;
     const std::string log = f.log(c.run);
     EXPECT_NE(log.find(c.says), std::string::npos) << log;
