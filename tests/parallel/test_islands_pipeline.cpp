@@ -217,7 +217,7 @@ TEST(IslandsPipeline, StoppedAndResumedUnderPpIsBitExact) {
 // so the exchange and the outer state are DiLoCo's under ddp. 2 islands of pp 2 x dp 2 (8 ranks)
 // against 2 islands of 2 ddp ranks without pp, the same global batch: the DiLoCo test's bounds
 // (dp's average of two half batches adds one rounding to the pipeline's).
-TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPp) {
+TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPpAndResume) {
   IslandsPp f;
   ASSERT_EQ(f.train("ddp", 4, {"--checkpoint.every=6"}), 0);
   const auto a = metric_values(f.root / "ddp");
@@ -235,6 +235,17 @@ TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPp) {
     EXPECT_LT(d, 1e-4) << z;
     for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt(z, step)), model_of(f.ckpt(z, step))), 0.0) << z;
   }
+  // ZeRO-1's sharded AdamW state and the per-stage outer state through a stop mid-round: resumed,
+  // bit for bit the uninterrupted zero1 run.
+  const std::vector<std::string> z1 = {"--parallel.pp=2", "--parallel.strategy=zero1", "--checkpoint.every=3"};
+  ASSERT_EQ(f.train("cut", 8, with(z1, {"--train.stop_after=4"})), 0);
+  ASSERT_EQ(f.train("cut", 8, with(z1, {"--resume"})), 0);
+  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("zero1", 6))), 0.0);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("zero1", 6))), 0.0);
+  const auto c = metric_values(f.root / "zero1"), e = metric_values(f.root / "cut");
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << "zero1 resumed, step " << i + 1;
 }
 
 TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
