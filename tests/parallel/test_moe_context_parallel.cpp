@@ -5,7 +5,8 @@
 //    routes its own spans' tokens to both ranks' experts): per-step losses, gradient norms,
 //    balance losses and the final parameters over 10 AdamW steps equal one process running each
 //    data-parallel rank's whole rows as a micro-batch;
-//  - what does not compose (cp x tp, cp with token dropping) is refused before step 1, naming keys;
+//  - cp 2 x tp 2 through the trainer follows one rank;
+//  - what does not compose (cp with token dropping) is refused before step 1, naming keys;
 //  - `atoll train` with a moe preset and parallel.cp = 2 follows one rank.
 //
 // The balance loss is a function of the whole row (the per-expert counts and the token total);
@@ -303,8 +304,42 @@ TEST(MoEContextParallel, TrainerRunsCp2AndFollowsOneRank) {
   }
 }
 
+// cp 2 x tp 2 through the trainer (4 ranks, sequence parallelism on): each cp rank's spans are
+// split again over its tp pair, the routers' counts and token totals summed over tp and then cp
+// (nn/moe.cpp), the experts' and attention's matrices split over tp. Against one rank, 4 steps:
+// the bounds of the cp test above, as tp's partial-product sums add a few ulps per step as cp's
+// block merge does (tests/parallel/test_tensor_parallel.cpp measures ~1e-7 per step).
+TEST(MoEContextParallel, TrainerRunsCp2TimesTp2AndFollowsOneRank) {
+  Scratch s;
+  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
+  {
+    Config one = Config::load(train_config(s, "one", "", "").string());
+    Trainer(one).run(false);
+  }
+  fs::path cfg = train_config(s, "cptp", "", "cp = 2\ntp = 2\n");
+  const std::string tag = (s.root / "cptp").string() + "_log";
+  auto codes = run_rank_programs(4, "MoEContextParallel.RankProgram", {"ATOLL_MOE_CP_TRAIN_CFG=" + cfg.string()}, tag,
+                                 120);
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
+  const std::string log0 = read_file(tag + ".log0");
+  EXPECT_NE(log0.find("tp=2"), std::string::npos) << log0;
+  EXPECT_NE(log0.find("cp=2"), std::string::npos) << log0;
+  const auto one = read_metrics((s.root / "one" / "metrics.jsonl").string()),
+             got = read_metrics((s.root / "cptp" / "metrics.jsonl").string());
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    std::printf("cp2 x tp2 step %zu: loss %.9g vs %.9g, balance %.9g vs %.9g\n", i + 1, double(got[i]["loss"]),
+                double(one[i]["loss"]), double(got[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]));
+    EXPECT_NEAR(double(got[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << "step " << i + 1;
+    EXPECT_NEAR(double(got[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << "step " << i + 1;
+    EXPECT_NEAR(double(got[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
+  }
+}
+
 // What does not compose yet is refused before step 1, naming the keys: cp with token dropping
-// (2 ranks), cp x tp (4 ranks).
+// (2 ranks).
 TEST(MoEContextParallel, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   Scratch s;
   struct Bad {
@@ -313,8 +348,7 @@ TEST(MoEContextParallel, WhatDoesNotComposeIsRefusedBeforeStepOne) {
     std::string model, parallel, want;
   };
   const Bad bad[] = {{"drop", 2, "drop_tokens = true\n", "cp = 2\n",
-                      "parallel.cp = 2 with model.drop_tokens = true"},
-                     {"tp", 4, "", "cp = 2\ntp = 2\n", "parallel.cp = 2 with parallel.tp = 2"}};
+                      "parallel.cp = 2 with model.drop_tokens = true"}};
   for (const Bad& b : bad) {
     fs::path cfg = train_config(s, b.name, b.model, b.parallel);
     const std::string tag = (s.root / b.name).string() + "_log";

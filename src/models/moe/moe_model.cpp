@@ -189,10 +189,8 @@ std::vector<MoELayer*> MoEModel::moe_layers() const {
 
 void MoEModel::set_context_attention(const ContextAttention* cp) {
   if (cp && cp->ranks() > 1) {
-    // cp x tp would split each cp rank's share again over tp (as GPT's does); the routers' sums
-    // would then run over both groups, which is written (nn/moe.cpp) but not tested: refused.
-    ATOLL_CHECK(!tp_, "parallel.cp = {} with parallel.tp = {}: the moe family runs context parallelism without "
-                "tensor parallelism only (set parallel.tp = 1, or use cp with ep)", cp->ranks(), tp_->size());
+    // cp x tp splits each cp rank's share again over tp (sequence parallelism, as GPT's does):
+    // the routers' counts and token totals are summed over tp, then over cp (nn/moe.cpp).
     // Capacity is a rank's share of its own tokens served first come, first served in token
     // order; over a split row it would need the whole row's order, which no rank sees.
     ATOLL_CHECK(!c_.moe.drop_tokens, "parallel.cp = {} with model.drop_tokens = true: the capacity and its first "
