@@ -275,67 +275,48 @@ TEST(MoEContextParallel, Cp2WithFullRecomputeFollowsOneProcess) { job_equals_ref
 
 TEST(MoEContextParallel, Ep2TimesCp2OnFourRanksFollowsOneProcess) { job_equals_reference(4, 2, "none"); }
 
-// `atoll train` with parallel.cp = 2 on 2 ranks: the losses, balance and z losses of one rank on
-// the same batches (the trainer reports each metric averaged over the ranks, as above).
-TEST(MoEContextParallel, TrainerRunsCp2AndFollowsOneRank) {
+// `atoll train` on `world` ranks with the [parallel] lines `parallel` against one rank on the same
+// batches: 4 steps' losses within 1e-6 relative, balance and z losses within 1e-6 (the trainer
+// reports each metric averaged over the ranks, as above); each of `layout` in rank 0's log.
+static void expect_trainer_follows_one_rank(const std::string& run, int world, const std::string& parallel,
+                                            const std::vector<std::string>& layout) {
   Scratch s;
   ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
   {
     Config one = Config::load(train_config(s, "one", "", "").string());
     Trainer(one).run(false);
   }
-  fs::path cfg = train_config(s, "cp", "", "cp = 2\n");
-  const std::string tag = (s.root / "cp").string() + "_log";
-  auto codes = run_rank_programs(2, "MoEContextParallel.RankProgram", {"ATOLL_MOE_CP_TRAIN_CFG=" + cfg.string()}, tag,
-                                 120);
-  for (size_t r = 0; r < codes.size(); ++r)
-    ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
-  EXPECT_NE(read_file(tag + ".log0").find("cp=2"), std::string::npos) << read_file(tag + ".log0");
-  const auto one = read_metrics((s.root / "one" / "metrics.jsonl").string()),
-             cp = read_metrics((s.root / "cp" / "metrics.jsonl").string());
-  ASSERT_EQ(one.size(), 4u);
-  ASSERT_EQ(cp.size(), 4u);
-  for (size_t i = 0; i < one.size(); ++i) {
-    std::printf("step %zu: loss %.9g vs %.9g, balance %.9g vs %.9g\n", i + 1, double(cp[i]["loss"]),
-                double(one[i]["loss"]), double(cp[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]));
-    EXPECT_NEAR(double(cp[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << "step " << i + 1;
-    EXPECT_NEAR(double(cp[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << "step " << i + 1;
-    EXPECT_NEAR(double(cp[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
-  }
-}
-
-// cp 2 x tp 2 through the trainer (4 ranks, sequence parallelism on): each cp rank's spans are
-// split again over its tp pair, the routers' counts and token totals summed over tp and then cp
-// (nn/moe.cpp), the experts' and attention's matrices split over tp. Against one rank, 4 steps:
-// the bounds of the cp test above, as tp's partial-product sums add a few ulps per step as cp's
-// block merge does (tests/parallel/test_tensor_parallel.cpp measures ~1e-7 per step).
-TEST(MoEContextParallel, TrainerRunsCp2TimesTp2AndFollowsOneRank) {
-  Scratch s;
-  ASSERT_NO_FATAL_FAILURE(prepare_corpus(s));
-  {
-    Config one = Config::load(train_config(s, "one", "", "").string());
-    Trainer(one).run(false);
-  }
-  fs::path cfg = train_config(s, "cptp", "", "cp = 2\ntp = 2\n");
-  const std::string tag = (s.root / "cptp").string() + "_log";
-  auto codes = run_rank_programs(4, "MoEContextParallel.RankProgram", {"ATOLL_MOE_CP_TRAIN_CFG=" + cfg.string()}, tag,
-                                 120);
+  fs::path cfg = train_config(s, run, "", parallel);
+  const std::string tag = (s.root / run).string() + "_log";
+  auto codes = run_rank_programs(world, "MoEContextParallel.RankProgram", {"ATOLL_MOE_CP_TRAIN_CFG=" + cfg.string()},
+                                 tag, 120);
   for (size_t r = 0; r < codes.size(); ++r)
     ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << read_file(tag + ".log" + std::to_string(r));
   const std::string log0 = read_file(tag + ".log0");
-  EXPECT_NE(log0.find("tp=2"), std::string::npos) << log0;
-  EXPECT_NE(log0.find("cp=2"), std::string::npos) << log0;
+  for (const std::string& l : layout) EXPECT_NE(log0.find(l), std::string::npos) << l << "\n" << log0;
   const auto one = read_metrics((s.root / "one" / "metrics.jsonl").string()),
-             got = read_metrics((s.root / "cptp" / "metrics.jsonl").string());
+             got = read_metrics((s.root / run / "metrics.jsonl").string());
   ASSERT_EQ(one.size(), 4u);
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < one.size(); ++i) {
-    std::printf("cp2 x tp2 step %zu: loss %.9g vs %.9g, balance %.9g vs %.9g\n", i + 1, double(got[i]["loss"]),
+    std::printf("%s step %zu: loss %.9g vs %.9g, balance %.9g vs %.9g\n", run.c_str(), i + 1, double(got[i]["loss"]),
                 double(one[i]["loss"]), double(got[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]));
-    EXPECT_NEAR(double(got[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << "step " << i + 1;
-    EXPECT_NEAR(double(got[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << "step " << i + 1;
-    EXPECT_NEAR(double(got[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << "step " << i + 1;
+    EXPECT_NEAR(double(got[i]["loss"]), double(one[i]["loss"]), 1e-6 * double(one[i]["loss"])) << run << " step " << i + 1;
+    EXPECT_NEAR(double(got[i]["moe_balance_loss"]), double(one[i]["moe_balance_loss"]), 1e-6) << run << " step " << i + 1;
+    EXPECT_NEAR(double(got[i]["moe_z_loss"]), double(one[i]["moe_z_loss"]), 1e-6) << run << " step " << i + 1;
   }
+}
+
+// parallel.cp = 2 on 2 ranks.
+TEST(MoEContextParallel, TrainerRunsCp2AndFollowsOneRank) { expect_trainer_follows_one_rank("cp", 2, "cp = 2\n", {"cp=2"}); }
+
+// cp 2 x tp 2 through the trainer (4 ranks, sequence parallelism on): each cp rank's spans are
+// split again over its tp pair, the routers' counts and token totals summed over tp and then cp
+// (nn/moe.cpp), the experts' and attention's matrices split over tp. The cp test's bounds, as
+// tp's partial-product sums add a few ulps per step as cp's block merge does
+// (tests/parallel/test_tensor_parallel.cpp measures ~1e-7 per step).
+TEST(MoEContextParallel, TrainerRunsCp2TimesTp2AndFollowsOneRank) {
+  expect_trainer_follows_one_rank("cptp", 4, "cp = 2\ntp = 2\n", {"cp=2", "tp=2", "sequence parallel on"});
 }
 
 // What does not compose yet is refused before step 1, naming the keys: cp with token dropping
