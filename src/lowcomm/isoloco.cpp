@@ -31,7 +31,7 @@ class IsoLoCo final : public DiLoCo {
       if (p->shape.size() != 2) continue;
       // pp inside the islands: the other stages' matrices are not in this rank's flat buffer
       // (unbound, or allocated elsewhere); each stage merges its own, whole (pipeline_islands.cpp).
-      if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
+      if (!in_flat(p)) continue;
       // Embedding and head rows of tokens a round never saw carry no signal; Iso-C would give
       // them the mean singular value's weight, so by default only the hidden matrices merge so.
       if (c_.merge_scope == "hidden" && resolve_role(p->role, p->shape) != ParamRole::matrix) continue;

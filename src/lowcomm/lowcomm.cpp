@@ -157,9 +157,7 @@ std::vector<comm::MatrixSpan> LowComm::matrices_within(const std::vector<std::pa
   const float* base = flat_.f32();
   for (nn::Parameter* p : model_->parameters()) {
     if (p->shape.size() != 2) continue;
-    // Under pp a rank's flat buffer holds its stage's parameters only; the others are unbound or
-    // (after sync_full_model) allocated elsewhere.
-    if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
+    if (!in_flat(p)) continue;  // another stage's (pp)
     const int64_t o = p->value.f32() - base, n = p->shape[0] * p->shape[1];
     int64_t at = 0;
     for (const auto& [lo, hi] : ranges) {

@@ -148,6 +148,11 @@ class LowComm {
   // mats: the whole matrices inside buf (for GIFT), e.g. matrices_within().
   std::function<void()> start_average(const Tensor& buf, const std::string& key,
                                       const std::vector<comm::MatrixSpan>& mats = {});
+  // Whether p's values are in this rank's flat buffer (under pp the other stages' parameters are
+  // unbound here, or after sync_full_model allocated elsewhere).
+  bool in_flat(const nn::Parameter* p) const {
+    return p->value.defined() && p->value.f32() >= flat_.f32() && p->value.f32() < flat_.f32() + flat_.numel();
+  }
   // The model's 2-D parameters that lie wholly inside the concatenation of the flat ranges
   // [lo, hi) (in order), as spans of that concatenation.
   std::vector<comm::MatrixSpan> matrices_within(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;

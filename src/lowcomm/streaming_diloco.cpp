@@ -55,7 +55,7 @@ class StreamingDiLoCo final : public LowComm {
     for (size_t bi = 0; bi < n_blocks; ++bi) {
       int64_t lo = INT64_MAX, hi = 0;
       for (nn::Parameter* p : model_->blocks()[bi]->parameters()) {
-        if (!p->value.defined() || p->value.f32() < base || p->value.f32() >= base + flat_.numel()) continue;
+        if (!in_flat(p)) continue;
         int64_t o = p->value.f32() - base;
         lo = std::min(lo, o);
         hi = std::max(hi, o + p->value.numel());
