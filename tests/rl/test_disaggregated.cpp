@@ -25,6 +25,7 @@
 #include "rl/disaggregated.h"
 #include "rl/rl_engine.h"
 #include "tiny_model.h"
+#include "two_turn_samples.h"
 
 namespace atl::rl {
 namespace {
@@ -160,17 +161,7 @@ TEST(RlDisaggregated, PayloadRoundTripsAndTheHashSeesOneBit) {
 // Multi-turn episodes (session 11): each sample's reply mask and turns travel with its tokens, so
 // the trainer's re-packed batch masks the replies' targets as the rollout rank's did.
 TEST(RlDisaggregated, PayloadCarriesTheRepliesMasks) {
-  std::vector<Sample> s(2);
-  s[0].prompt = encode("3+4=");
-  s[0].completion = encode("8");
-  s[0].completion.push_back(kEndMarker);
-  for (int32_t id : encode("<=7")) s[0].completion.push_back(id);
-  s[0].env = {0, 0, 1, 1, 0};
-  s[0].stopped = true;
-  s[0].turns = 2;
-  s[1].prompt = encode("2+2=");
-  s[1].completion = encode("4");
-  s[1].stopped = true;
+  const std::vector<Sample> s = rltest::two_turn_samples();
   const RolloutBatch b = pack_rollouts(s);
   const RolloutBatch d = decode_rollouts(encode_rollouts(b, 5), nullptr);
   ASSERT_EQ(d.B, 2);

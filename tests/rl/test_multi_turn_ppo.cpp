@@ -32,6 +32,7 @@
 #include "rl/policy_loss.h"
 #include "rl/rl_engine.h"
 #include "tiny_model.h"
+#include "two_turn_samples.h"
 #include "train/trainer.h"
 
 namespace atl::rl {
@@ -43,18 +44,8 @@ constexpr float kBeta = 0.1f, kGamma = 0.9f, kLam = 0.8f;
 // Row 1: "2+2=" then "4" <end>, reward 0.1. Every per-token input holds a value at every position,
 // the replies' and the prompts' included (`junk` picks them), so a read of one shows.
 RolloutBatch two_turn_batch(float junk) {
-  std::vector<Sample> s(2);
-  s[0].prompt = encode("3+4=");
-  s[0].completion = encode("8");
-  s[0].completion.push_back(kEndMarker);
-  for (int32_t id : encode("<=7")) s[0].completion.push_back(id);
-  s[0].env = {0, 0, 1, 1, 0};
-  s[0].stopped = true;
-  s[0].turns = 2;
+  std::vector<Sample> s = rltest::two_turn_samples();
   s[0].reward.total = 1.1;
-  s[1].prompt = encode("2+2=");
-  s[1].completion = encode("4");
-  s[1].stopped = true;
   s[1].reward.total = 0.1;
   s[1].group = 1;
   RolloutBatch b = pack_rollouts(s);
