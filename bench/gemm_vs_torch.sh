@@ -30,7 +30,8 @@ A = [json.load(open(f"{d}/atoll{r}.json")) for r in range(1, n + 1)]
 T = [json.load(open(f"{d}/torch{r}.json")) for r in range(1, n + 1)]
 # fp32: per shape the library the fp32 setting takes there (auto picks OpenBLAS or oneDNN by layout).
 p32 = "fp32_gflops"
-p16 = {"onednn-amx": "bf16 onednn", "avx512_bf16": "bf16 avx512_bf16"}.get(A[0]["bf16_path"], "bf16 portable")
+p16 = ("bf16 onednn" if A[0]["bf16_path"].startswith("onednn") else
+       {"avx512_bf16": "bf16 avx512_bf16"}.get(A[0]["bf16_path"], "bf16 portable"))
 alt = [k for k in A[0]["sizes"][0] if k.startswith(("fp32 ", "bf16 ", "int8")) and k not in (p32, p16)]
 print(f"atoll paths in use: fp32 {A[0].get('fp32_gemm', '?')}, {p16} (isa {A[0]['isa']}); PyTorch {T[0]['torch']}; "
       f"medians of {n} rounds")

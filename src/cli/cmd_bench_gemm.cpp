@@ -178,9 +178,9 @@ int run_bench_gemm(int argc, char** argv) {
     sizes.push_back(row);
   }
   const std::string bf16_path = cpu::gemm_bf16_path();
-  const std::string bf16_col = bf16_path == "onednn-amx"    ? "bf16 onednn"
-                               : bf16_path == "avx512_bf16" ? "bf16 avx512_bf16"
-                                                            : "bf16 portable";
+  const std::string bf16_col = bf16_path.rfind("onednn", 0) == 0 ? "bf16 onednn"
+                               : bf16_path == "avx512_bf16"     ? "bf16 avx512_bf16"
+                                                                : "bf16 portable";
   double peak32 = 0;  // fp32's library is chosen per product (gemm_f32_select.cpp)
   for (size_t i = 0; i < sizes.size(); ++i) {  // the paths in use, under the names the trainer and tests read
     auto& row = sizes[i];
@@ -205,6 +205,7 @@ int run_bench_gemm(int argc, char** argv) {
     j["isa"] = cpu::isa_name(cpu::active_isa());
     j["bf16_path"] = bf16_path;
     j["fp32_gemm"] = cpu::gemm_f32_setting();  // per shape, "fp32_gflops" is the library this setting takes
+    j["bf16_gemm"] = cpu::gemm_bf16_setting();
     j["fp32_gflops"] = peak32;
     j["bf16_gflops"] = peak16;
     j["threads"] = num_threads();

@@ -17,7 +17,7 @@ namespace atl {
 namespace fs = std::filesystem;
 
 GemmPeakKey current_gemm_peak_key(int threads) {
-  return {cpu::cpu_features().model, cpu::isa_name(cpu::active_isa()), threads, cpu::gemm_f32_setting()};
+  return {cpu::cpu_features().model, cpu::isa_name(cpu::active_isa()), threads, cpu::gemm_f32_setting(), cpu::gemm_bf16_setting()};
 }
 
 std::string gemm_peak_cache_path() {
@@ -31,7 +31,8 @@ namespace {
 
 bool same_key(const nlohmann::json& e, const GemmPeakKey& k) {
   return e.value("cpu", std::string()) == k.cpu && e.value("isa", std::string()) == k.isa &&
-         e.value("threads", -1) == k.threads && e.value("fp32_lib", std::string()) == k.fp32_lib;
+         e.value("threads", -1) == k.threads && e.value("fp32_lib", std::string()) == k.fp32_lib &&
+         e.value("bf16_lib", std::string()) == k.bf16_lib;
 }
 
 // The file's entries; throws with the reason when it exists but is not a peak cache.
@@ -62,6 +63,7 @@ void save_gemm_peak(const std::string& path, const GemmPeakKey& key, double fp32
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   kept.push_back({{"cpu", key.cpu}, {"isa", key.isa}, {"threads", key.threads}, {"fp32_lib", key.fp32_lib},
+                  {"bf16_lib", key.bf16_lib},
                   {"fp32_gflops", fp32_gflops},
                   {"bf16_gflops", bf16_gflops}, {"bf16_path", bf16_path}, {"saved", when}});
   const fs::path p(path);

@@ -6,8 +6,9 @@
 // The cache is one JSON file: ATOLL_PEAK_CACHE if set, else $XDG_CACHE_HOME/atoll/gemm_peaks.json,
 // else ~/.cache/atoll/gemm_peaks.json. An entry is keyed by the CPU model (cpuid's brand string),
 // the active ISA path, the thread count and the fp32 library setting (hardware.gemm_f32 /
-// ATOLL_GEMM_F32: the fp32 peak is that library's), and holds the fp32 and bf16 peaks of the GEMM
-// paths in use. Entries saved before the library was recorded match no key (re-measured).
+// ATOLL_GEMM_F32: the fp32 peak is that library's) and the bf16 kernel setting (hardware.gemm_bf16
+// / ATOLL_GEMM_BF16), and holds the fp32 and bf16 peaks of the GEMM paths in use. Entries saved
+// before a setting was recorded match no key (re-measured).
 #pragma once
 #include <optional>
 #include <string>
@@ -18,9 +19,10 @@ struct GemmPeakKey {
   std::string cpu, isa;
   int threads = 0;
   std::string fp32_lib = "auto";
+  std::string bf16_lib = "auto";  // hardware.gemm_bf16 / ATOLL_GEMM_BF16: the bf16 peak is that kernel's
 };
 
-// This process's key: the detected CPU, the active path, `threads` threads, the fp32 library setting.
+// This process's key: the detected CPU, the active path, `threads` threads, the GEMM settings.
 GemmPeakKey current_gemm_peak_key(int threads);
 std::string gemm_peak_cache_path();
 

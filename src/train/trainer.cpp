@@ -272,6 +272,10 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   // fp32 GEMM library: the measured rule, or one forced (hardware.gemm_f32, ATOLL_GEMM_F32).
   log::info("{}", cpu::select_gemm_f32(cfg.get_string("hardware.gemm_f32", "auto", cpu::gemm_f32_choices()),
                                        "hardware.gemm_f32 (" + cfg.where("hardware.gemm_f32") + ")"));
+  // bf16 GEMM kernel: oneDNN where the CPU has bf16 instructions, or one forced (hardware.gemm_bf16,
+  // ATOLL_GEMM_BF16).
+  log::info("{}", cpu::select_gemm_bf16(cfg.get_string("hardware.gemm_bf16", "auto", cpu::gemm_bf16_choices()),
+                                        "hardware.gemm_bf16 (" + cfg.where("hardware.gemm_bf16") + ")"));
   // Unknown keys are reported once everything that reads the config has read it.
   cfg.finish();
   I.config_text = cfg.source();
@@ -415,7 +419,8 @@ TrainResult Trainer::run(bool resume) {
     if (auto c = cached_gemm_peak(cache, key, o.matmul_dtype, &note)) {
       peak = *c;
       peak_dtype = o.matmul_dtype == "bf16" ? "bf16" : "fp32";
-      peak_from = fmt::format("cached for {}, {} threads, fp32 gemm {} in {}", key.isa, key.threads, key.fp32_lib, cache);
+      peak_from = fmt::format("cached for {}, {} threads, fp32 gemm {}, bf16 gemm {} in {}", key.isa, key.threads,
+                              key.fp32_lib, key.bf16_lib, cache);
     } else {
       peak = measure_gemm_peak_gflops();
       peak_from = note.empty() ? "measured now; `atoll bench gemm --save` caches it" : "measured now; " + note;

@@ -67,7 +67,9 @@ TEST(BenchGemmCli, AtollIsaForcesEachSupportedPath) {
       ++supported;
       nlohmann::json j = nlohmann::json::parse(out);
       EXPECT_EQ(j.at("isa").get<std::string>(), isa);
-      const std::string want = std::string(isa) == "amx" ? "onednn-amx" : std::string(isa) == "avx512_bf16" ? "avx512_bf16" : "portable";
+      const std::string want = std::string(isa) == "amx"           ? "onednn-amx"
+                               : std::string(isa) == "avx512_bf16" ? "onednn-avx512_bf16"
+                                                                   : "portable";
       EXPECT_EQ(j.at("bf16_path").get<std::string>(), want);
       EXPECT_TRUE(has) << isa << " accepted, but /proc/cpuinfo does not list it";
     } else {

@@ -246,6 +246,87 @@ TEST(GemmF32Select, ForcesEachLibraryAndAutoFollowsTheRule) {
   cpu::set_gemm_f32("auto");
 }
 
+// Under each ISA with bf16 instructions, every bf16 entry point (plain, batched, biased) takes the
+// kernel the setting names, bit for bit the direct call; below AVX-512 BF16 a forced kernel is
+// refused naming where the setting came from, an unknown name is refused listing the choices, and
+// ATOLL_GEMM_BF16 wins over the config.
+TEST(GemmBf16Select, ForcesEachKernelOnEveryEntryPointAndRefusesWhereItCannotRun) {
+  const Isa saved = cpu::active_isa();
+  // K past atoll's 768-deep k block: below it atoll's kernel and oneDNN's avx512_core_bf16 one add
+  // in the same order and agree bit for bit, so only a deeper product tells which one ran.
+  const int64_t M = 96, N = 160, K = 1536, batch = 3;
+  auto Af = randn(size_t(batch * M * K), 31), Bf = randn(size_t(batch * K * N), 32);
+  auto A = round_bf16(Af), B = round_bf16(Bf);
+  std::vector<float> bias = randn(size_t(N), 33);
+  int checked = 0;
+  for (Isa i : {Isa::avx512_bf16, Isa::amx}) {
+    if (!cpu::isa_supported(i)) continue;
+    cpu::set_isa(i);
+    {
+      std::vector<float> x(size_t(M * N)), y(x.size());
+      cpu::gemm_bf16_avx512(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, x.data(), N);
+      cpu::gemm_bf16_onednn(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, y.data(), N);
+      if (x == y) std::printf("note: under %s the two kernels agree bit for bit here; only the path names tell them apart\n",
+                              cpu::isa_name(i));
+    }
+    for (const char* lib : {"atoll", "onednn"}) {
+      const std::string want = std::string(lib) == "atoll" ? "avx512_bf16" : i == Isa::amx ? "onednn-amx" : "onednn-avx512_bf16";
+      EXPECT_EQ(cpu::select_gemm_bf16(lib, "hardware.gemm_bf16"), "bf16 gemm: " + want) << lib;
+      EXPECT_STREQ(cpu::gemm_bf16_setting(), lib);
+      EXPECT_EQ(cpu::gemm_bf16_path(), want);
+      const Bf16Gemm f = std::string(lib) == "atoll" ? Bf16Gemm(cpu::gemm_bf16_avx512) : Bf16Gemm(cpu::gemm_bf16_onednn);
+      std::vector<float> out(size_t(batch * M * N), NAN), direct(out.size(), NAN);
+      cpu::gemm_bf16(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, out.data(), N);
+      f(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, direct.data(), N);
+      EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + M * N), std::vector<float>(direct.begin(), direct.begin() + M * N))
+          << lib << " " << cpu::isa_name(i);
+      cpu::gemm_bf16_batched(false, false, M, N, K, 0.5f, A.data(), K, M * K, B.data(), N, K * N, 0.f, out.data(), N,
+                             M * N, batch);
+      for (int64_t b = 0; b < batch; ++b)
+        f(false, false, M, N, K, 0.5f, A.data() + b * M * K, K, B.data() + b * K * N, N, 0.f, direct.data() + b * M * N, N);
+      if (std::string(lib) == "atoll") EXPECT_EQ(out, direct) << "batched, " << cpu::isa_name(i);
+      else EXPECT_LT(rel_l2(out, direct), 1e-6) << "batched, " << cpu::isa_name(i);  // one batched primitive may block differently
+      std::vector<float> biased(size_t(M * N), NAN), plus(size_t(M * N));
+      cpu::gemm_bf16_bias(false, false, M, N, K, A.data(), K, B.data(), N, bias.data(), biased.data(), N);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) plus[size_t(r * N + c)] = bias[size_t(c)];
+      f(false, false, M, N, K, 1.f, A.data(), K, B.data(), N, 1.f, plus.data(), N);
+      EXPECT_LT(rel_l2(biased, plus), 1e-6) << "biased, " << lib;  // oneDNN adds the bias in its epilogue, last
+      ++checked;
+    }
+  }
+  if (cpu::isa_supported(Isa::avx512)) {
+    cpu::set_isa(Isa::avx512);
+    try {
+      cpu::select_gemm_bf16("atoll", "hardware.gemm_bf16 (t.toml:5)");
+      ADD_FAILURE() << "a bf16 kernel was accepted on a path without AVX-512 BF16";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("t.toml:5"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("needs AVX-512 BF16"), std::string::npos) << e.what();
+    }
+    EXPECT_NE(cpu::select_gemm_bf16("auto", "hardware.gemm_bf16").find("portable"), std::string::npos);
+  }
+  try {
+    cpu::select_gemm_bf16("mkl", "hardware.gemm_bf16 (t.toml:6)");
+    ADD_FAILURE() << "an unknown kernel name was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.toml:6"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("atoll or onednn"), std::string::npos) << "lists the choices: " << e.what();
+  }
+  cpu::set_isa(saved);
+  if (cpu::active_isa() >= Isa::avx512_bf16) {
+    ::setenv("ATOLL_GEMM_BF16", "atoll", 1);
+    EXPECT_NE(cpu::select_gemm_bf16("onednn", "hardware.gemm_bf16").find("avx512_bf16 (ATOLL_GEMM_BF16)"),
+              std::string::npos);
+    EXPECT_STREQ(cpu::gemm_bf16_setting(), "atoll");  // the env var wins
+    ::setenv("ATOLL_GEMM_BF16", "blas", 1);
+    EXPECT_THROW(cpu::select_gemm_bf16("auto", "hardware.gemm_bf16"), Error);
+    ::unsetenv("ATOLL_GEMM_BF16");
+  }
+  cpu::set_gemm_bf16("auto");
+  if (checked == 0) std::printf("[ SKIPPED  ] the kernel choice: this CPU has no AVX-512 BF16 (only the refusals ran)\n");
+}
+
 // The override: each supported path is taken when forced, and dispatching through gemm_bf16
 // then gives that path's result; an unknown or unsupported path is refused with the reason.
 TEST(IsaOverride, ForcesEverySupportedPath) {
@@ -266,14 +347,12 @@ TEST(IsaOverride, ForcesEverySupportedPath) {
     ++forced;
     EXPECT_EQ(cpu::active_isa(), i);
     const std::string path = cpu::gemm_bf16_path();
-    EXPECT_EQ(path, i == Isa::amx ? "onednn-amx" : i == Isa::avx512_bf16 ? "avx512_bf16" : "portable");
+    EXPECT_EQ(path, i == Isa::amx ? "onednn-amx" : i == Isa::avx512_bf16 ? "onednn-avx512_bf16" : "portable");
     std::vector<float> out(ref.size(), NAN), direct(ref.size(), NAN);
     cpu::gemm_bf16(false, false, M, N, K, 1.f, Ah.data(), K, Bh.data(), N, 0.f, out.data(), N);
     EXPECT_LT(rel_l2(out, ref), 1e-5) << cpu::isa_name(i);
     // Dispatch really took that path: bit-identical to calling it directly.
-    const Bf16Gemm f = i == Isa::amx           ? Bf16Gemm(cpu::gemm_bf16_onednn)
-                       : i == Isa::avx512_bf16 ? Bf16Gemm(cpu::gemm_bf16_avx512)
-                                               : Bf16Gemm(cpu::gemm_bf16_portable);
+    const Bf16Gemm f = i >= Isa::avx512_bf16 ? Bf16Gemm(cpu::gemm_bf16_onednn) : Bf16Gemm(cpu::gemm_bf16_portable);
     f(false, false, M, N, K, 1.f, Ah.data(), K, Bh.data(), N, 0.f, direct.data(), N);
     EXPECT_EQ(out, direct) << cpu::isa_name(i);
     EXPECT_NE(cpu::isa_summary().find(std::string("kernels: ") + cpu::isa_name(i)), std::string::npos)

@@ -111,14 +111,21 @@ TEST(MixedPrecision, Bf16TrainingTracksFp32For100StepsOnEveryPath) {
     // the gap is bf16's alone.
     const std::vector<float> ref = train(DType::f32);
     ASSERT_LT(ref.back(), ref.front() * 0.66f) << "fp32 did not learn: the comparison would be vacuous";
-    const std::vector<float> l16 = train(DType::bf16);
-    float worst = 0;
-    for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(l16[s] - ref[s]) / ref.front());
-    std::printf("bf16 on %s (%s): loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst gap %.4f of the starting loss\n",
-                cpu::isa_name(i), cpu::gemm_bf16_path(), l16.front(), l16.back(), ref.front(), ref.back(), worst);
-    EXPECT_LT(worst, 0.01f) << cpu::isa_name(i);
-    EXPECT_GT(worst, 0.0f) << cpu::isa_name(i) << ": bf16 changed nothing";
-    EXPECT_LT(l16.back(), l16.front() * 0.66f) << cpu::isa_name(i);
+    // Each bf16 GEMM kernel the path can run: oneDNN (the default) and atoll's own.
+    std::vector<std::string> kernels = {"auto"};
+    if (i >= cpu::Isa::avx512_bf16) kernels = {"onednn", "atoll"};
+    for (const std::string& k : kernels) {
+      cpu::set_gemm_bf16(k);
+      const std::vector<float> l16 = train(DType::bf16);
+      float worst = 0;
+      for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(l16[s] - ref[s]) / ref.front());
+      std::printf("bf16 on %s (%s): loss %.4f -> %.4f (fp32 %.4f -> %.4f), worst gap %.4f of the starting loss\n",
+                  cpu::isa_name(i), cpu::gemm_bf16_path(), l16.front(), l16.back(), ref.front(), ref.back(), worst);
+      EXPECT_LT(worst, 0.01f) << cpu::isa_name(i) << " " << k;
+      EXPECT_GT(worst, 0.0f) << cpu::isa_name(i) << " " << k << ": bf16 changed nothing";
+      EXPECT_LT(l16.back(), l16.front() * 0.66f) << cpu::isa_name(i) << " " << k;
+    }
+    cpu::set_gemm_bf16("auto");
   }
   EXPECT_GE(paths, 1);
   cpu::set_isa(saved);

@@ -38,6 +38,8 @@ TEST(GemmPeakCache, EntriesAreKeyedByCpuPathAndThreadsAndReplacedInPlace) {
   save_gemm_peak(file, {"Some CPU", "avx512", 1, "openblas"}, 90.0, 200.0, "onednn-amx");
   EXPECT_EQ(cached_gemm_peak(file, {"Some CPU", "avx512", 1, "openblas"}, "f32"), 90.0);
   EXPECT_EQ(cached_gemm_peak(file, a, "f32"), 100.0);
+  // So is the bf16 kernel: atoll's own kernel's peak is not oneDNN's.
+  EXPECT_FALSE(cached_gemm_peak(file, {"Some CPU", "avx512", 1, "auto", "atoll"}, "bf16").has_value());
   save_gemm_peak(file, a, 110.0, 210.0, "onednn-amx");  // re-measured: replaces, keeps b
   EXPECT_EQ(cached_gemm_peak(file, a, "f32"), 110.0);
   EXPECT_EQ(cached_gemm_peak(file, b, "f32"), 150.0);
@@ -49,6 +51,13 @@ TEST(GemmPeakCache, EntriesAreKeyedByCpuPathAndThreadsAndReplacedInPlace) {
     std::ofstream(file) << j.dump();
   }
   EXPECT_FALSE(cached_gemm_peak(file, a, "f32").has_value());
+  save_gemm_peak(file, a, 120.0, 220.0, "onednn-amx");
+  {
+    nlohmann::json j = nlohmann::json::parse(slurp(file));
+    for (auto& e : j["entries"]) e.erase("bf16_lib");
+    std::ofstream(file) << j.dump();
+  }
+  EXPECT_FALSE(cached_gemm_peak(file, a, "bf16").has_value()) << "an entry from before the bf16 kernel was recorded";
   EXPECT_THROW(save_gemm_peak(file, a, 0.0, 1.0, "x"), Error);
   fs::remove_all(root);
 }
@@ -86,7 +95,7 @@ TEST(GemmPeakCache, TrainReadsThePeakOfItsPathAndThreadsFromTheCache) {
                           (root / "tiny.toml").string() + " --overwrite";
   CmdResult r = run_shell(cmd);
   ASSERT_EQ(r.exit_code(), 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "fp32 GEMM peak 12345.0 GFLOP/s (cached for avx2, 2 threads, fp32 gemm auto in " + file))
+  EXPECT_TRUE(contains(r.out, "fp32 GEMM peak 12345.0 GFLOP/s (cached for avx2, 2 threads, fp32 gemm auto, bf16 gemm auto in " + file))
       << r.out;
   // Another fp32 library has no entry either: its peak is another library's.
   r = run_shell("ATOLL_GEMM_F32=openblas " + cmd);

@@ -1,7 +1,8 @@
 // Dense matrix products on the CPU. Each entry point picks its path from the ISA detected at run
 // time (kernels/cpu/isa.h): fp32 through OpenBLAS (cblas_sgemm) or oneDNN by a rule on the operand
-// layout (gemm_f32_select.cpp); bf16 operands with fp32
-// accumulation on AMX tiles (oneDNN), AVX-512 BF16 (atoll's kernel) or widened to fp32; int8 with
+// layout (gemm_f32_select.cpp); bf16 operands with fp32 accumulation through oneDNN (AMX tiles or
+// AVX-512 BF16) or atoll's AVX-512 BF16 kernel (gemm_bf16_select.cpp), widened to fp32 on CPUs
+// without bf16 instructions; int8 with
 // exact int32 accumulation on AMX-INT8 / AVX-512 VNNI (oneDNN). The path-specific functions are
 // callable directly so that tests cover every path a machine has.
 // All matrices are row-major; ld* are row strides in elements.
@@ -39,19 +40,27 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 // bf16 operands, fp32 accumulation and output.
+// Which kernel the bf16 entry points (gemm_bf16, _bias, _batched) use where the CPU has AVX-512
+// BF16: "auto" (oneDNN, the measured faster), "atoll" (atoll's kernel) or "onednn". Below AVX-512
+// BF16 every setting widens to fp32, and select_gemm_bf16 refuses a forced one there (naming
+// `where`; hardware.gemm_bf16, or ATOLL_GEMM_BF16, which takes precedence).
+const std::vector<std::string>& gemm_bf16_choices();
+std::string select_gemm_bf16(const std::string& name, const std::string& where);
+void set_gemm_bf16(const std::string& name);
+const char* gemm_bf16_setting();  // the current setting's name: "auto", "atoll" or "onednn"
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): on the amx path oneDNN adds the bias
-// in its epilogue, elsewhere C is filled with the bias and accumulated into (one more pass).
+// C[M,N] = op(A) · op(B) + bias (bias[N] added to every row): oneDNN adds the bias in its
+// epilogue, the other paths fill C with the bias and accumulate into it (one more pass).
 void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
                     const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
 void gemm_bf16_bias_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
                            const bf16* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
 
 // The same over `batch` matrices at fixed element strides (sa, sb, sc): one oneDNN batched
-// matmul on the amx path, atoll's AVX-512 BF16 kernel per matrix (matrices spread over the
-// threads) on avx512_bf16, widened to fp32 per matrix elsewhere. The _onednn form is callable
+// matmul, or atoll's AVX-512 BF16 kernel (or the widened product) per matrix with the matrices
+// spread over the threads. The _onednn form is callable
 // directly, and onednn_matmul_impl names the kernel oneDNN picks for a dense bf16 product.
 void gemm_bf16_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
                        int64_t lda, int64_t sa, const bf16* B, int64_t ldb, int64_t sb, float beta, float* C,
@@ -89,7 +98,8 @@ void gemm_s8_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 void gemm_s8_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
                        const int8_t* B, int64_t ldb, int32_t* C, int64_t ldc);
 
-// The path each entry point takes under the active ISA, e.g. "onednn-amx", "avx512_bf16", "portable".
+// The path each entry point takes under the active ISA and settings: gemm_bf16_path is
+// "onednn-amx", "onednn-avx512_bf16", "avx512_bf16" (atoll's kernel) or "portable" (widened).
 const char* gemm_path();
 const char* gemm_bf16_path();
 const char* gemm_s8_path();

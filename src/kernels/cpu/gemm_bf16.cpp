@@ -3,8 +3,8 @@
 // micro kernel) built on AVX-512 BF16's VDPBF16PS, which multiplies pairs of bf16 along k and
 // accumulates in fp32; so both operands are packed with consecutive k values interleaved in each
 // 32-bit lane. CPUs without the instruction widen to fp32 and use the BLAS: the same products
-// (bf16 × bf16 is exact in fp32), only the summation order differs. AMX machines go through
-// oneDNN instead (gemm_onednn.cpp); gemm_bf16 picks by the run-time ISA (isa.h).
+// (bf16 × bf16 is exact in fp32), only the summation order differs. Which path a product takes
+// (this kernel, oneDNN's matmul or the widened one) is decided in gemm_bf16_select.cpp.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -164,50 +164,6 @@ void gemm_bf16_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
     for (int64_t c = 0; c < n; ++c) dst[c] = bf16_to_float(src[c]);
   }
   gemm_openblas(ta, tb, M, N, K, alpha, Af, std::max<int64_t>(acols, 1), Bf, std::max<int64_t>(bcols, 1), beta, C, ldc);
-}
-
-const char* gemm_bf16_path() {
-  switch (active_isa()) {
-    case Isa::amx: return "onednn-amx";
-    case Isa::avx512_bf16: return "avx512_bf16";
-    default: return "portable";
-  }
-}
-
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  switch (active_isa()) {
-    case Isa::amx: return gemm_bf16_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    case Isa::avx512_bf16: return gemm_bf16_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    default: return gemm_bf16_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-}
-
-void gemm_bf16_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-                       int64_t sa, const bf16* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
-                       int64_t sc, int64_t batch) {
-  if (M == 0 || N == 0 || batch == 0) return;
-  if (active_isa() == Isa::amx)
-    return gemm_bf16_batched_onednn(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
-  // One matrix per thread: each call below then runs on its own thread (nested OpenMP regions
-  // are serial), which suits the small per-head products attention makes.
-  const bool avx512 = active_isa() == Isa::avx512_bf16;
-#pragma omp parallel for schedule(dynamic, 1) if(parallel : batch > 1 && batch * M * N * K >= detail::kMinParallelWork)
-  for (int64_t i = 0; i < batch; ++i) {
-    if (avx512) gemm_bf16_avx512(ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
-    else gemm_bf16_portable(ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
-  }
-}
-
-void gemm_bf16_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
-                    int64_t ldb, const float* bias, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (active_isa() == Isa::amx) return gemm_bf16_bias_onednn(ta, tb, M, N, K, A, lda, B, ldb, bias, C, ldc);
-#pragma omp parallel for schedule(static) if(parallel : M * N >= detail::kMinParallelWork)
-  for (int64_t i = 0; i < M; ++i) std::memcpy(C + i * ldc, bias, size_t(N) * sizeof(float));
-  gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
 }
 
 }  // namespace atl::cpu
