@@ -114,7 +114,7 @@ void LowComm::attach(nn::Model& model, const std::string& strategy, const parall
   mom_ = Tensor::zeros({x.numel()});
   if (tp)
     for (nn::Parameter* p : model.parameters())
-      if (!tp->sharded(p)) {
+      if (!tp->sharded(p) && in_flat(p)) {  // under pp: the stage's own
         const int64_t at = p->value.f32() - flat_.f32();
         replicated_.emplace_back(at, at + p->value.numel());
       }
@@ -217,7 +217,7 @@ nlohmann::json LowComm::record(const std::string& what, int64_t numel, double bl
   } else {  // pp inside the islands: each stage its own size (DiLoCo: the whole stage each sync)
     int64_t per_pipeline = 0;
     for (int64_t n : stage_numels ? *stage_numels : stage_numel_) per_pipeline += wan_bytes(n);
-    job_wan_bytes_ += per_pipeline * (world_->size() / pp_);
+    job_wan_bytes_ += per_pipeline * (world_->size() / (pp_ * tp_));
   }
   nlohmann::json j = {{"what", what},
                       {"outer_step", outer_steps_},

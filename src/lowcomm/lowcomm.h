@@ -214,6 +214,7 @@ class LowComm {
   // on this stage (first and last stage only), and every stage's local numel (for job bytes).
   int pp_ = 1;
   comm::Communicator* pp_comm_ = nullptr;
+  comm::Communicator* stage_comm_ = nullptr;  // pp, or pp x tp: the ranks holding one pipeline's pieces
   const parallel::PipelineParallel* pipe_ = nullptr;
   std::vector<std::pair<int64_t, int64_t>> tied_;
   std::vector<int64_t> stage_numel_;

@@ -31,9 +31,15 @@
 //    exchange is then empty on that stage's ranks in every island alike. Every stage keeps the
 //    same schedule, so fragment 0's tied copy is agreed over pp in the same step on all stages;
 //    the pending exchanges are saved per pp rank (outer_state_group() is the pp group).
-// Refused before step 1, naming the keys: tp or cp with pp inside the islands, and any strategy
-// but ddp inside pipelined islands (ZeRO-3's stage shards would need per-shard outer state;
-// zero1/2 are untested).
+//  * tp x pp (session 13): a rank holds its tp shard of its stage. Nothing new in the exchange
+//    (the ranks of one (stage, tp) coordinate average their own piece, as under tp alone); the
+//    replicated parameters agreed over tp are the stage's (lowcomm.cpp keeps those inside the
+//    flat buffers); the tied copies are agreed over pp per tp shard (the pp axis joins ranks of
+//    one tp coordinate, which hold the same vocabulary rows); the outer state and Streaming's
+//    pending exchanges are per (stage, tp) rank: the island's pp x tp group gathers them
+//    (lowcomm.pptp.rank<r>.*, r its rank there).
+// Refused before step 1, naming the keys: cp with pp inside the islands, Iso-C under pp x tp, and
+// ZeRO-3 / HSDP inside pipelined islands (their stage shards would need per-shard outer state).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -51,11 +57,14 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
   ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco" || c_.method == "streaming",
               "lowcomm.method = '{}' with parallel.pp = {} inside the islands: diloco, isoloco and streaming run "
               "with pp", c_.method, pp_);
-  ATOLL_CHECK(m.tp == 1 && m.cp == 1, "parallel.pp = {} with parallel.tp = {} and parallel.cp = {} inside the "
-              "islands: pipelined islands run data parallelism inside each stage only (tp and cp must be 1)", pp_,
-              m.tp, m.cp);
+  ATOLL_CHECK(m.cp == 1, "parallel.pp = {} with parallel.cp = {} inside the islands: pipelined islands run data "
+              "and tensor parallelism inside each stage only (cp must be 1)", pp_, m.cp);
+  ATOLL_CHECK(m.tp == 1 || c_.method != "isoloco", "lowcomm.method = 'isoloco' with parallel.pp = {} and parallel.tp "
+              "= {} inside the islands: Iso-C under pp x tp is not composed (diloco and streaming are)", pp_, m.tp);
   if (!world_) return;
   pp_comm_ = mesh.axis("pp");
+  // The island's model-parallel block: under tp each (stage, tp shard) holds its own piece.
+  stage_comm_ = m.tp > 1 ? mesh.group({"pp", "tp"}) : pp_comm_;
   // The stage's data-parallel ranks hold the same parameters: they split the stage's exchange.
   share_ = parallel::data_parallel_comm(mesh);
 }
@@ -83,13 +92,14 @@ void LowComm::attach_pipeline(const std::string& strategy) {
 }
 
 std::vector<int64_t> LowComm::numel_per_stage(int64_t n) const {
-  if (!pp_comm_) return {n};
-  Tensor mine = Tensor::empty({2}), all = Tensor::empty({2 * int64_t(pp_)});
+  if (!stage_comm_) return {n};
+  const int k = stage_comm_->size();  // pp, or pp x tp: every piece of one pipeline
+  Tensor mine = Tensor::empty({2}), all = Tensor::empty({2 * int64_t(k)});
   mine.f32()[0] = float(n >> 24);  // two exact halves: f32 holds integers below 2^24
   mine.f32()[1] = float(n & ((int64_t(1) << 24) - 1));
-  pp_comm_->all_gather(mine, all);
+  stage_comm_->all_gather(mine, all);
   std::vector<int64_t> out;
-  for (int s = 0; s < pp_; ++s) out.push_back((int64_t(all.f32()[2 * s]) << 24) + int64_t(all.f32()[2 * s + 1]));
+  for (int s = 0; s < k; ++s) out.push_back((int64_t(all.f32()[2 * s]) << 24) + int64_t(all.f32()[2 * s + 1]));
   return out;
 }
 

@@ -135,7 +135,7 @@ void LowComm::scatter_whole(const Tensor& whole, Tensor& buf, const std::vector<
 }
 
 comm::Communicator* LowComm::outer_state_group() const {
-  if (pp_ > 1) return pp_comm_;  // each stage its own (pipeline_islands.cpp)
+  if (pp_ > 1) return stage_comm_;  // each stage (and tp shard) its own (pipeline_islands.cpp)
   if (!owned_.empty()) return island_comm_.get();
   if (tp_ > 1) return tp_comm_;
   return nullptr;
@@ -146,7 +146,8 @@ void LowComm::save_outer(std::vector<std::pair<std::string, Tensor>>& extra, nlo
   st["shards"] = owned_.empty() ? 1 : (island_comm_ ? island_comm_->size() : 1);
   st["pp"] = pp_;
   if (pp_ > 1) {  // per stage (pipeline_islands.cpp): the island's pp group gathers it for the writer
-    gather_rank_tensors(pp_comm_, {{"global", global_}, {"momentum", mom_}}, "lowcomm.pp.", extra);
+    gather_rank_tensors(stage_comm_, {{"global", global_}, {"momentum", mom_}}, tp_ > 1 ? "lowcomm.pptp." : "lowcomm.pp.",
+                        extra);
     return;
   }
   if (tp_ == 1 && owned_.empty()) {
@@ -178,8 +179,9 @@ void LowComm::load_outer(const TensorFile& ours, const nlohmann::json& st, const
               "resume with the saved layout", what, shards, here);
   std::string p = "lowcomm.";
   if (!owned_.empty()) p = fmt::format("lowcomm.shard.rank{}.", island_comm_ ? island_comm_->rank() : 0);
+  else if (pp_ > 1)
+    p = fmt::format("lowcomm.{}.rank{}.", tp_ > 1 ? "pptp" : "pp", stage_comm_ ? stage_comm_->rank() : 0);
   else if (tp_ > 1) p = fmt::format("lowcomm.tp.rank{}.", tp_comm_ ? tp_comm_->rank() : 0);
-  else if (pp_ > 1) p = fmt::format("lowcomm.pp.rank{}.", pp_comm_ ? pp_comm_->rank() : 0);
   const Tensor& g = ours.get(p + "global");
   ATOLL_CHECK(g.numel() == global_.numel(), "{}: {}global has {} elements, this rank's model {}{}", what, p, g.numel(),
               global_.numel(), pp_ > 1 ? " (its stage: resume with the saved parallel.pp_layers)" : "");

@@ -2,8 +2,8 @@
 // atoll train`: DiLoCo over 2 islands each running a 2-stage pipeline (4 ranks) follows DiLoCo
 // over 2 islands of one rank on the same global batch, and IsoLoCo likewise; the islands agree
 // bitwise after each outer step; the outer state is per stage in the checkpoint; the tied embedding's two copies
-// stay equal; a stopped and resumed run is bit-exact; what does not compose is refused before
-// step 1, naming the keys.
+// stay equal; a stopped and resumed run is bit-exact; tp inside the stages follows too; what does
+// not compose is refused before step 1, naming the keys.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -252,6 +252,66 @@ TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPpAndRe
   for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << "zero1 resumed, step " << i + 1;
 }
 
+// tp inside the stages of pipelined islands (session 13): 2 islands of pp 2 x tp 2 (8 ranks)
+// against 2 islands of one rank, the same global batch; the DiLoCo test's bounds (tp's row-parallel
+// sums add roundings of the same size as the pipeline's). The outer state is per (stage, tp shard),
+// four pieces gathered by the island's pp x tp group; a run stopped mid-round resumes bit for bit.
+TEST(IslandsPipeline, DiLoCoWithPp2TimesTp2InsideTwoIslandsFollowsOneRankIslandsAndResumes) {
+  IslandsPp f;
+  const std::vector<std::string> pptp = {"--parallel.pp=2", "--parallel.tp=2", "--checkpoint.every=3"};
+  ASSERT_EQ(f.train("plain", 2, {"--checkpoint.every=6"}), 0);
+  ASSERT_EQ(f.train("pp", 8, pptp), 0);
+  ASSERT_NO_FATAL_FAILURE((void)pp_run_follows(f, "DiLoCo (pp2 x tp2)"));
+  for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt("pp", step)), model_of(f.ckpt("pp", step))), 0.0) << step;
+  const TensorFile opt = optim_of(f.ckpt("pp", 6));
+  int64_t outer = 0;
+  for (int r = 0; r < 4; ++r) {
+    const Tensor* g = opt.find("lowcomm.pptp.rank" + std::to_string(r) + ".global");
+    ASSERT_NE(g, nullptr) << "rank " << r << " of the pp x tp group";
+    EXPECT_NE(opt.find("lowcomm.pptp.rank" + std::to_string(r) + ".momentum"), nullptr) << r;
+    outer += g->numel();
+  }
+  EXPECT_EQ(opt.find("lowcomm.pp.rank0.global"), nullptr) << "the pp-only names are not used under pp x tp";
+  // Four pieces of one model: more than the model (the tp-replicated norms and biases, the tied
+  // copy), less than twice it.
+  const size_t n = model_of(f.ckpt("pp", 6)).size();
+  EXPECT_GT(outer, int64_t(n));
+  EXPECT_LT(outer, 2 * int64_t(n));
+  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--train.stop_after=4"})), 0);
+  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--resume"})), 0);
+  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
+  const auto c = metric_values(f.root / "pp"), e = metric_values(f.root / "cut");
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << "resumed, step " << i + 1;
+}
+
+// Streaming DiLoCo with tp inside the stages (the Streaming test's settings, 8 ranks): it follows
+// the run without pp and tp by the same bounds, and stopped at step 4 with exchanges in flight on
+// (stage, tp) pieces, resumes bit for bit; the pending exchanges are saved per pp x tp rank.
+TEST(IslandsPipeline, StreamingWithPp2TimesTp2InsideTwoIslandsFollowsAndResumes) {
+  IslandsPp f;
+  const std::vector<std::string> st = {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1",
+                                       "--lowcomm.mixing=0.5", "--checkpoint.every=3"};
+  const std::vector<std::string> pptp = with(st, {"--parallel.pp=2", "--parallel.tp=2"});
+  ASSERT_EQ(f.train("plain", 2, st), 0);
+  ASSERT_EQ(f.train("pp", 8, pptp), 0);
+  ASSERT_NO_FATAL_FAILURE((void)pp_run_follows(f, "Streaming (pp2 x tp2)"));
+  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--train.stop_after=4"})), 0);
+  const TensorFile opt = optim_of(f.ckpt("cut", 4));
+  int pending = 0;
+  for (int r = 0; r < 4; ++r) pending += opt.find("lowcomm.pending.rank" + std::to_string(r) + ".0") != nullptr;
+  EXPECT_GE(pending, 2) << "the stage holding fragment 1 has a pending exchange on each of its tp ranks";
+  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--resume"})), 0);
+  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
+  const auto b = metric_values(f.root / "pp"), e = metric_values(f.root / "cut");
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(e[i], b[i]) << "step " << i + 1;
+}
+
 TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   IslandsPp f;
   struct Case {
@@ -260,7 +320,7 @@ TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
     std::vector<std::string> args;
     const char* says;
   };
-  for (const Case& c : {Case{"tp", 8, {"--parallel.pp=2", "--parallel.tp=2"}, "with parallel.tp = 2 and parallel.cp = 1"},
+  for (const Case& c : {Case{"cp", 8, {"--parallel.pp=2", "--parallel.cp=2"}, "with parallel.cp = 2 inside the islands"},
                         Case{"zero3", 8, {"--parallel.pp=2", "--parallel.strategy=zero3"},
                              "parallel.strategy = 'zero3' with parallel.pp = 2 inside the islands"}}) {
     EXPECT_NE(f.train(c.run, c.ranks, c.args, true), 0) << c.run;
