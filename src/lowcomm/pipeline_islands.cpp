@@ -38,7 +38,9 @@
 //    one tp coordinate, which hold the same vocabulary rows); the outer state and Streaming's
 //    pending exchanges are per (stage, tp) rank: the island's pp x tp group gathers them
 //    (lowcomm.pptp.rank<r>.*, r its rank there).
-// Refused before step 1, naming the keys: cp with pp inside the islands, Iso-C under pp x tp, and
+//  * cp x pp (session 13): a stage's cp ranks hold it whole and share its exchange as its dp ranks
+//    do (data_parallel_comm is dp x cp), as cp inside islands without pp; nothing else changes.
+// Refused before step 1, naming the keys: Iso-C under pp x tp, and
 // ZeRO-3 / HSDP inside pipelined islands (their stage shards would need per-shard outer state).
 #include <fmt/format.h>
 
@@ -57,8 +59,6 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
   ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco" || c_.method == "streaming",
               "lowcomm.method = '{}' with parallel.pp = {} inside the islands: diloco, isoloco and streaming run "
               "with pp", c_.method, pp_);
-  ATOLL_CHECK(m.cp == 1, "parallel.pp = {} with parallel.cp = {} inside the islands: pipelined islands run data "
-              "and tensor parallelism inside each stage only (cp must be 1)", pp_, m.cp);
   ATOLL_CHECK(m.tp == 1 || c_.method != "isoloco", "lowcomm.method = 'isoloco' with parallel.pp = {} and parallel.tp "
               "= {} inside the islands: Iso-C under pp x tp is not composed (diloco and streaming are)", pp_, m.tp);
   if (!world_) return;

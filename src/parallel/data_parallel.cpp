@@ -80,7 +80,8 @@ void check_mesh_supported(const MeshShape& m, const nn::Model& model) {
   // pp x cp (x tp): every stage's blocks run ring attention over the stage's cp group (pipeline.h).
   // Islands (m.island > 1) are trained by src/lowcomm over island sub-communicators, with data,
   // context and tensor parallelism inside each island (lowcomm/tensor_parallel_islands.cpp,
-  // sharded_islands.cpp) and pipelines of ddp stages (lowcomm/pipeline_islands.cpp), which
+  // sharded_islands.cpp) and pipelines of ddp/zero1/zero2 stages, with tp or cp inside them
+  // (lowcomm/pipeline_islands.cpp), which
   // refuses the layouts it does not compose with pp, naming their keys.
 }
 

@@ -2,7 +2,7 @@
 // atoll train`: DiLoCo over 2 islands each running a 2-stage pipeline (4 ranks) follows DiLoCo
 // over 2 islands of one rank on the same global batch, and IsoLoCo likewise; the islands agree
 // bitwise after each outer step; the outer state is per stage in the checkpoint; the tied embedding's two copies
-// stay equal; a stopped and resumed run is bit-exact; tp inside the stages follows too; what does
+// stay equal; a stopped and resumed run is bit-exact; tp or cp inside the stages follows too; what does
 // not compose is refused before step 1, naming the keys.
 #include <gtest/gtest.h>
 
@@ -312,6 +312,47 @@ TEST(IslandsPipeline, StreamingWithPp2TimesTp2InsideTwoIslandsFollowsAndResumes)
   for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(e[i], b[i]) << "step " << i + 1;
 }
 
+// cp inside the stages of pipelined islands (session 13): every stage's blocks run ring attention
+// over the stage's cp group (docs/pipeline.md), whose ranks hold the stage whole and share its
+// exchange as dp ranks do. 2 islands of pp 2 x cp 2 (8 ranks) against 2 islands of one rank:
+// the DiLoCo test's bounds (cp's merged softmax blocks add roundings of the same size as the
+// pipeline's; the cp islands test takes the same). Then with Iso-C on each stage's matrices.
+TEST(IslandsPipeline, DiLoCoWithPp2TimesCp2InsideTwoIslandsFollowsOneRankIslandsAndResumes) {
+  IslandsPp f;
+  const std::vector<std::string> ppcp = {"--parallel.pp=2", "--parallel.cp=2", "--checkpoint.every=3"};
+  ASSERT_EQ(f.train("plain", 2, {"--checkpoint.every=6"}), 0);
+  ASSERT_EQ(f.train("pp", 8, ppcp), 0);
+  ASSERT_NO_FATAL_FAILURE((void)pp_run_follows(f, "DiLoCo (pp2 x cp2)"));
+  for (int step : {3, 6}) EXPECT_EQ(rel_diff(island1_of(f.ckpt("pp", step)), model_of(f.ckpt("pp", step))), 0.0) << step;
+  // The cp ranks share each stage's exchange: rank 0 sends half its stage per outer step.
+  const auto w = wan_bytes_of(f.root / "pp");
+  ASSERT_EQ(w.size(), 2u);
+  const TensorFile opt = optim_of(f.ckpt("pp", 6));
+  const Tensor* g0 = opt.find("lowcomm.pp.rank0.global");
+  ASSERT_NE(g0, nullptr);
+  // (2 islands: the ring sends half a buffer twice, i.e. the buffer; 4 bytes an element.)
+  EXPECT_EQ(w[0], 4 * ((g0->numel() + 1) / 2)) << "each cp rank sends half its stage, not all of it";
+  ASSERT_EQ(f.train("cut", 8, with(ppcp, {"--train.stop_after=4"})), 0);
+  ASSERT_EQ(f.train("cut", 8, with(ppcp, {"--resume"})), 0);
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
+}
+
+// IsoLoCo and Streaming DiLoCo over islands of pp 2 x cp 2, each against itself over islands of
+// one rank (their own tests' settings; the same bounds).
+TEST(IslandsPipeline, IsoLoCoAndStreamingWithPp2TimesCp2InsideTwoIslandsFollowOneRankIslands) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> methods = {
+      {"IsoLoCo (all matrices, pp2 x cp2)", {"--lowcomm.method=isoloco", "--lowcomm.merge_scope=all"}},
+      {"Streaming (pp2 x cp2)", {"--lowcomm.method=streaming", "--lowcomm.fragments=2", "--lowcomm.overlap_steps=1",
+                                 "--lowcomm.mixing=0.5"}}};
+  for (const auto& [what, args] : methods) {
+    IslandsPp f;
+    ASSERT_EQ(f.train("plain", 2, with(args, {"--checkpoint.every=6"})), 0);
+    ASSERT_EQ(f.train("pp", 8, with(args, {"--parallel.pp=2", "--parallel.cp=2", "--checkpoint.every=6"})), 0);
+    ASSERT_NO_FATAL_FAILURE((void)pp_run_follows(f, what));
+  }
+}
+
 TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
   IslandsPp f;
   struct Case {
@@ -320,7 +361,8 @@ TEST(IslandsPipeline, WhatDoesNotComposeIsRefusedBeforeStepOne) {
     std::vector<std::string> args;
     const char* says;
   };
-  for (const Case& c : {Case{"cp", 8, {"--parallel.pp=2", "--parallel.cp=2"}, "with parallel.cp = 2 inside the islands"},
+  for (const Case& c : {Case{"hsdp", 8, {"--parallel.pp=2", "--parallel.strategy=hsdp", "--parallel.hsdp_shard_size=2"},
+                             "parallel.strategy = 'hsdp' with parallel.pp = 2 inside the islands"},
                         Case{"zero3", 8, {"--parallel.pp=2", "--parallel.strategy=zero3"},
                              "parallel.strategy = 'zero3' with parallel.pp = 2 inside the islands"}}) {
     EXPECT_NE(f.train(c.run, c.ranks, c.args, true), 0) << c.run;
