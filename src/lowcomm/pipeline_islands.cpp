@@ -40,7 +40,9 @@
 //    (lowcomm.pptp.rank<r>.*, r its rank there).
 //  * cp x pp (session 13): a stage's cp ranks hold it whole and share its exchange as its dp ranks
 //    do (data_parallel_comm is dp x cp), as cp inside islands without pp; nothing else changes.
-// Refused before step 1, naming the keys: Iso-C under pp x tp, and
+//    IsoLoCo under pp x tp: the stage's tp group gathers its split matrices whole (isoloco.cpp),
+//    over the stage's matrices only, as without tp.
+// Refused before step 1, naming the keys:
 // ZeRO-3 / HSDP inside pipelined islands (their stage shards would need per-shard outer state).
 #include <fmt/format.h>
 
@@ -59,8 +61,6 @@ void LowComm::setup_pipeline(parallel::Mesh& mesh) {
   ATOLL_CHECK(c_.method == "diloco" || c_.method == "isoloco" || c_.method == "streaming",
               "lowcomm.method = '{}' with parallel.pp = {} inside the islands: diloco, isoloco and streaming run "
               "with pp", c_.method, pp_);
-  ATOLL_CHECK(m.tp == 1 || c_.method != "isoloco", "lowcomm.method = 'isoloco' with parallel.pp = {} and parallel.tp "
-              "= {} inside the islands: Iso-C under pp x tp is not composed (diloco and streaming are)", pp_, m.tp);
   if (!world_) return;
   pp_comm_ = mesh.axis("pp");
   // The island's model-parallel block: under tp each (stage, tp shard) holds its own piece.

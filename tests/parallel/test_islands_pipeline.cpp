@@ -338,6 +338,17 @@ TEST(IslandsPipeline, DiLoCoWithPp2TimesCp2InsideTwoIslandsFollowsOneRankIslands
   EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
 }
 
+// IsoLoCo over islands of pp 2 x tp 2: each stage's tp group gathers its split matrices of the
+// averaged pseudo-gradient whole, every tp rank merges them alike and keeps its piece (isoloco.cpp);
+// against IsoLoCo over islands of one rank, the IsoLoCo test's bounds.
+TEST(IslandsPipeline, IsoLoCoWithPp2TimesTp2InsideTwoIslandsFollowsOneRankIslands) {
+  IslandsPp f;
+  const std::vector<std::string> iso = {"--lowcomm.method=isoloco", "--lowcomm.merge_scope=all", "--checkpoint.every=6"};
+  ASSERT_EQ(f.train("plain", 2, iso), 0);
+  ASSERT_EQ(f.train("pp", 8, with(iso, {"--parallel.pp=2", "--parallel.tp=2"})), 0);
+  ASSERT_NO_FATAL_FAILURE((void)pp_run_follows(f, "IsoLoCo (all matrices, pp2 x tp2)"));
+}
+
 // IsoLoCo and Streaming DiLoCo over islands of pp 2 x cp 2, each against itself over islands of
 // one rank (their own tests' settings; the same bounds).
 TEST(IslandsPipeline, IsoLoCoAndStreamingWithPp2TimesCp2InsideTwoIslandsFollowOneRankIslands) {
