@@ -112,6 +112,19 @@ static double pp_run_follows(const IslandsPp& f, const std::string& what) {
   return d;
 }
 
+// Resumes run "cut" (stopped mid-round before this call) with `args` on `ranks` ranks and checks it
+// ends as the uninterrupted run `full`: bit for bit the final model, island 1's copy and every
+// step's loss.
+static void resume_matches(IslandsPp& f, int ranks, const std::vector<std::string>& args, const std::string& full) {
+  ASSERT_EQ(f.train("cut", ranks, with(args, {"--resume"})), 0);
+  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
+  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt(full, 6))), 0.0);
+  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt(full, 6))), 0.0);
+  const auto c = metric_values(f.root / full), e = metric_values(f.root / "cut");
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << full << " resumed, step " << i + 1;
+}
+
 // IsoLoCo over pipelined islands: each stage Iso-C-merges its own matrices after the average.
 // merge_scope = "all" puts the tied embedding through Iso-C too, on both stages (its last-stage
 // copy from the agreed pseudo-gradient), so the checkpoint's comparison of the two copies (the
@@ -243,13 +256,7 @@ TEST(IslandsPipeline, ZeroOneAndTwoInsidePipelinedIslandsFollowDdpWithoutPpAndRe
   // bit for bit the uninterrupted zero1 run.
   const std::vector<std::string> z1 = {"--parallel.pp=2", "--parallel.strategy=zero1", "--checkpoint.every=3"};
   ASSERT_EQ(f.train("cut", 8, with(z1, {"--train.stop_after=4"})), 0);
-  ASSERT_EQ(f.train("cut", 8, with(z1, {"--resume"})), 0);
-  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
-  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("zero1", 6))), 0.0);
-  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("zero1", 6))), 0.0);
-  const auto c = metric_values(f.root / "zero1"), e = metric_values(f.root / "cut");
-  ASSERT_EQ(e.size(), 6u);
-  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << "zero1 resumed, step " << i + 1;
+  resume_matches(f, 8, z1, "zero1");
 }
 
 // tp inside the stages of pipelined islands (session 13): 2 islands of pp 2 x tp 2 (8 ranks)
@@ -278,13 +285,7 @@ TEST(IslandsPipeline, DiLoCoWithPp2TimesTp2InsideTwoIslandsFollowsOneRankIslands
   EXPECT_GT(outer, int64_t(n));
   EXPECT_LT(outer, 2 * int64_t(n));
   ASSERT_EQ(f.train("cut", 8, with(pptp, {"--train.stop_after=4"})), 0);
-  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--resume"})), 0);
-  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
-  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
-  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
-  const auto c = metric_values(f.root / "pp"), e = metric_values(f.root / "cut");
-  ASSERT_EQ(e.size(), 6u);
-  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(e[i], c[i]) << "resumed, step " << i + 1;
+  resume_matches(f, 8, pptp, "pp");
 }
 
 // Streaming DiLoCo with tp inside the stages (the Streaming test's settings, 8 ranks): it follows
@@ -303,13 +304,7 @@ TEST(IslandsPipeline, StreamingWithPp2TimesTp2InsideTwoIslandsFollowsAndResumes)
   int pending = 0;
   for (int r = 0; r < 4; ++r) pending += opt.find("lowcomm.pending.rank" + std::to_string(r) + ".0") != nullptr;
   EXPECT_GE(pending, 2) << "the stage holding fragment 1 has a pending exchange on each of its tp ranks";
-  ASSERT_EQ(f.train("cut", 8, with(pptp, {"--resume"})), 0);
-  EXPECT_NE(f.log("cut").find("resumed from"), std::string::npos) << f.log("cut");
-  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
-  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
-  const auto b = metric_values(f.root / "pp"), e = metric_values(f.root / "cut");
-  ASSERT_EQ(e.size(), 6u);
-  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(e[i], b[i]) << "step " << i + 1;
+  resume_matches(f, 8, pptp, "pp");
 }
 
 // cp inside the stages of pipelined islands (session 13): every stage's blocks run ring attention
@@ -333,9 +328,7 @@ TEST(IslandsPipeline, DiLoCoWithPp2TimesCp2InsideTwoIslandsFollowsOneRankIslands
   // (2 islands: the ring sends half a buffer twice, i.e. the buffer; 4 bytes an element.)
   EXPECT_EQ(w[0], 4 * ((g0->numel() + 1) / 2)) << "each cp rank sends half its stage, not all of it";
   ASSERT_EQ(f.train("cut", 8, with(ppcp, {"--train.stop_after=4"})), 0);
-  ASSERT_EQ(f.train("cut", 8, with(ppcp, {"--resume"})), 0);
-  EXPECT_EQ(rel_diff(model_of(f.ckpt("cut", 6)), model_of(f.ckpt("pp", 6))), 0.0);
-  EXPECT_EQ(rel_diff(island1_of(f.ckpt("cut", 6)), island1_of(f.ckpt("pp", 6))), 0.0);
+  resume_matches(f, 8, ppcp, "pp");
 }
 
 // IsoLoCo over islands of pp 2 x tp 2: each stage's tp group gathers its split matrices of the
