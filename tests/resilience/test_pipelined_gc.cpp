@@ -283,7 +283,7 @@ TEST(PipelinedGC, AStragglerIsNotWaitedForCatchesUpAndAllRanksEndBitwiseEqual) {
 }
 
 // "Stop a rank": rank 3 of 4 stops itself (SIGSTOP) at step 5 of 20. The other three finish all
-// 20 steps without it (it is missing from every decode after step 4); continued after they are
+// 20 steps (computing every one from step 5) without it (it is missing from every decode after step 4); continued after they are
 // gone, it catches up from the messages they left in its socket and ends with their parameters.
 TEST(PipelinedGC, ARankStoppedMidRunIsNotNeededAndCatchesUpWhenContinued) {
   const std::string tag = (fs::temp_directory_path() / ("atoll_pgc_stop_" + std::to_string(::getpid()))).string();
@@ -308,7 +308,13 @@ TEST(PipelinedGC, ARankStoppedMidRunIsNotNeededAndCatchesUpWhenContinued) {
   const std::string hash = field(logs[0], "params ");
   ASSERT_FALSE(hash.empty()) << logs[0];
   for (int r = 0; r < world; ++r) EXPECT_EQ(field(logs[size_t(r)], "params "), hash) << logs[size_t(r)];
-  for (int r = 0; r < 3; ++r) EXPECT_NE(logs[size_t(r)].find("computed 20 of 20"), std::string::npos) << logs[size_t(r)];
+  // From step 5 on every step needs all three live ranks (any 3 of 4 decode, s = 1), so each
+  // computes all 16 of them; before it, with all four alive, a rank that fell behind under load
+  // may find a step already decoded by the other three and skip it (seen: 19 of 20 in CI).
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(logs[size_t(r)].find(" of 20 steps"), std::string::npos) << logs[size_t(r)];
+    EXPECT_GE(std::atoi(field(logs[size_t(r)], "computed ").c_str()), 16) << logs[size_t(r)];
+  }
   EXPECT_LT(std::atoi(field(logs[3], "computed ").c_str()), 20) << logs[3];
 }
 
