@@ -24,7 +24,7 @@ nlohmann::json DiLoCo::sync(int64_t step) {
   for (int64_t i = 0; i < n; ++i) d[i] = g[i] - x[i];
   if (mats_.empty()) mats_ = matrices_within(local_ranges());
   start_average(delta_, "pseudo_gradient", mats_)();
-  agree_over_tp(delta_);
+  agree_over_tp(delta_, {{0, flat_.numel()}}, "pseudo_gradient");
   agree_over_pp(delta_);
   merge(delta_);
   outer_sgd(global_.f32(), mom_.f32(), delta_.f32(), n, c_);

@@ -170,8 +170,9 @@ class LowComm {
   // tp inside the islands (tensor_parallel_islands.cpp): the averaged pseudo-gradient of the
   // parameters every tp rank holds whole made the same bits on all of them (tp rank 0's), so
   // that the outer step keeps them equal whatever order the exchange summed them in. delta is
-  // laid out as held(scope); scope: the whole model by default (DiLoCo), a fragment (streaming).
-  void agree_over_tp(Tensor& delta, const Ranges& scope = {}, const std::string& key = "pseudo_gradient");
+  // laid out as held(scope); scope: the whole model (DiLoCo), a fragment (streaming; empty where
+  // the rank's stage holds none of it, which agrees nothing).
+  void agree_over_tp(Tensor& delta, const Ranges& scope, const std::string& key);
   // pp inside the islands (pipeline_islands.cpp): the tied embedding's averaged pseudo-gradient
   // on the last stage made the first stage's bits, so the two copies step alike whatever the
   // exchange did to them. delta is laid out as flat_ (ddp inside: each rank holds its stage whole),

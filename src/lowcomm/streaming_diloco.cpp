@@ -147,10 +147,8 @@ class StreamingDiLoCo final : public LowComm {
 
   void apply(Pending& pd) {
     // tp: the replicated parameters' means made tp rank 0's (as DiLoCo; a no-op without tp).
-    // A stage holding none of the fragment (pp) has nothing to agree, on each of its tp ranks alike;
-    // agree_over_tp reads an empty scope as the whole model, which this buffer is not.
-    if (!scopes_[size_t(pd.frag)].empty())
-      agree_over_tp(pd.buf, scopes_[size_t(pd.frag)], fmt::format("fragment{}", pd.frag));
+    // (A stage holding none of the fragment, under pp, has an empty scope: nothing to agree.)
+    agree_over_tp(pd.buf, scopes_[size_t(pd.frag)], fmt::format("fragment{}", pd.frag));
     // pp: the tied embedding's copies are in fragment 0 on the first and last stages.
     if (pd.frag == 0) agree_over_pp(pd.buf, &held_[0]);
     const float* d = pd.buf.f32();

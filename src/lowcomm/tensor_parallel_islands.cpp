@@ -42,9 +42,8 @@ void LowComm::setup_tensor_parallel(parallel::Mesh& mesh) {
   dp_comm_ = share_;
 }
 
-void LowComm::agree_over_tp(Tensor& delta, const Ranges& scope_in, const std::string& key) {
-  if (!tp_comm_ || tp_comm_->size() == 1 || replicated_.empty()) return;
-  const Ranges scope = scope_in.empty() ? Ranges{{0, flat_.numel()}} : scope_in;
+void LowComm::agree_over_tp(Tensor& delta, const Ranges& scope, const std::string& key) {
+  if (!tp_comm_ || tp_comm_->size() == 1 || replicated_.empty() || scope.empty()) return;
   // The replicated parameters inside the scope, whole: the same list on every tp rank (the same
   // parameters, shapes and order). Under ZeRO-3 this rank holds pieces of them cut at places
   // that differ by tp rank when the tp split is uneven (tensor_parallel_fsdp.cpp), so they are
