@@ -26,6 +26,10 @@ void read_fault_options(Config& c, TrainOptions& o) {
               "fault.snapshot_copies ({}) = {} needs fault.snapshot_every > 0 (the snapshots it copies)",
               c.where("fault.snapshot_copies"), o.fault_snapshot_copies);
   o.fault_spare = c.get_bool("fault.spare", o.fault_spare);
+  o.fault_commit_hashes = c.get_bool("fault.commit_hashes", o.fault_commit_hashes);
+  ATOLL_CHECK(!o.fault_commit_hashes || o.fault_tolerance == "quorum",
+              "fault.commit_hashes ({}) records quorum commits and needs fault.tolerance = \"quorum\"",
+              c.where("fault.commit_hashes"));
   o.fault_progress = c.get_bool("fault.progress", o.fault_progress);
   o.fault_campaign = c.get_string("fault.campaign", o.fault_campaign);  // train/fault_campaign_hook.h
   ATOLL_CHECK(o.fault_campaign.empty() || std::filesystem::is_regular_file(o.fault_campaign),

@@ -573,6 +573,10 @@ TrainResult Trainer::run(bool resume) {
                           {"tokens_per_s", tps}, {"mfu", mfu},      {"step_ms", dt * 1e3}, {"opt_ms", opt_s * 1e3},
                           {"tokens", (step + 1) * tokens_per_step}};
     if (!sync.is_null()) rec["sync"] = sync;
+    if (I.ft && o.fault_commit_hashes) {
+      rec["param_hash"] = parameter_hash(*I.model);
+      rec["committed_unix_s"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    }
     if (I.dcp) rec.update(I.dcp->record());
     if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_rss_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say

@@ -56,6 +56,11 @@ struct TrainOptions {
   int64_t fault_snapshot_every = 0;
   int64_t fault_snapshot_copies = 1;  // 2: also in the replica after next (resilience/deadpool.h)
   bool fault_spare = false;
+  // commit_hashes: in quorum mode, each committed step's metrics record carries the weights' hash
+  // and the wall-clock time of the commit ("param_hash", "committed_unix_s"), so that a soak can
+  // check every replica committed the same weights at every step (bench/ft_soak.sh). Off by
+  // default: it hashes the whole model every step.
+  bool fault_commit_hashes = false;
   // progress: publish RUN_DIR/progress/rank<R>.progress (or under ATOLL_PROGRESS_DIR) for the
   // external watcher, `atoll watch` (resilience/progress_record.h).
   bool fault_progress = true;

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "comm/tcp_store.h"
@@ -37,7 +39,7 @@ TEST(QuorumTrainer, AKilledReplicaComesBackHealedAndAllEndWithBitwiseEqualCheckp
   Lighthouse lh(lo);
   auto replica = [&](int r, bool resume) {
     std::vector<std::string> argv = {atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
-                                     "--fault.tolerance=quorum"};
+                                     "--fault.tolerance=quorum", "--fault.commit_hashes=true"};
     if (resume) argv.push_back("--resume");
     return spawn(argv,
                  {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "ATOLL_LIGHTHOUSE=127.0.0.1:" + std::to_string(lh.port()),
@@ -76,6 +78,40 @@ TEST(QuorumTrainer, AKilledReplicaComesBackHealedAndAllEndWithBitwiseEqualCheckp
                   ref)
           << "replica " << r << "'s " << f << " differs from replica 0's";
   }
+  // fault.commit_hashes (what bench/ft_soak.sh checks): every committed step's record carries the
+  // weights' hash and the commit's wall-clock time; the replicas that committed a step agree on it,
+  // the returned replica from its healed step on, and the hash moves with the weights.
+  std::map<int64_t, std::string> ref;
+  double last_t = 0;
+  for (auto& rec : records_with(c.root / "run/replica0/metrics.jsonl", "param_hash")) {
+    ref[rec["step"].get<int64_t>()] = rec["param_hash"].get<std::string>();
+    EXPECT_GE(rec["committed_unix_s"].get<double>(), last_t);
+    last_t = rec["committed_unix_s"].get<double>();
+  }
+  EXPECT_EQ(ref.size(), 120u);
+  std::set<std::string> distinct;
+  for (auto& [s, h] : ref) distinct.insert(h);
+  EXPECT_EQ(distinct.size(), ref.size()) << "one hash for different weights";
+  size_t compared = 0;
+  for (int r : {1, 2})
+    for (auto& rec : records_with(c.root / ("run/replica" + std::to_string(r)) / "metrics.jsonl", "param_hash")) {
+      EXPECT_EQ(rec["param_hash"].get<std::string>(), ref[rec["step"].get<int64_t>()])
+          << "replica " << r << " at step " << rec["step"];
+      ++compared;
+    }
+  EXPECT_GT(compared, 200u);  // replica 2's 120 steps and replica 1's before and after its death
+}
+
+TEST(QuorumTrainer, CommitHashesWithoutQuorumModeAreRefusedNamingTheKey) {
+  Corpus c;
+  const std::string log = (c.root / "refused.log").string();
+  pid_t p = spawn({atoll_exe(), "train", c.cfg.string(), "--run.dir=" + (c.root / "run").string(),
+                   "--fault.commit_hashes=true"},
+                  {"OMP_NUM_THREADS=1"}, log);
+  EXPECT_NE(wait_for(p, 60), 0);
+  EXPECT_NE(read_file(log).find("fault.commit_hashes (command line (--fault.commit_hashes)) records quorum commits"), std::string::npos)
+      << read_file(log);
+  EXPECT_FALSE(fs::exists(c.root / "run/metrics.jsonl"));
 }
 
 // DeadPool through `atoll train`: 3 replicas sending their state to the next one's memory every 5
