@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/server_threads.h"
 
 namespace atl::comm {
 
@@ -204,7 +205,7 @@ struct TcpStoreServer::Impl {
   std::set<int> dead;
   bool stopping = false;
   std::set<int> client_fds;
-  std::vector<std::thread> threads;
+  ServerThreads threads;  // one per client connection, joined as they finish
   std::thread acceptor;
 
   bool has_all(const std::vector<std::string>& keys) {
@@ -304,7 +305,7 @@ struct TcpStoreServer::Impl {
         return;
       }
       client_fds.insert(fd);
-      threads.emplace_back([this, fd] { serve(fd); });
+      threads.start([this, fd] { serve(fd); });
     }
   }
 };
@@ -339,12 +340,7 @@ TcpStoreServer::~TcpStoreServer() {
   char c = 0;
   (void)!::write(impl_->wake[1], &c, 1);
   impl_->acceptor.join();
-  std::vector<std::thread> ts;
-  {
-    std::lock_guard<std::mutex> lk(impl_->mu);
-    ts.swap(impl_->threads);
-  }
-  for (auto& t : ts) t.join();
+  impl_->threads.join_all();
   ::close(impl_->listen_fd);
   ::close(impl_->wake[0]);
   ::close(impl_->wake[1]);

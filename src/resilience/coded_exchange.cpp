@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/server_threads.h"
 #include "resilience/line_socket.h"
 
 namespace atl::resilience {
@@ -37,7 +38,7 @@ struct CodedExchange::Impl {
   };
   std::vector<std::unique_ptr<Peer>> peers;
   std::vector<int> in_fds;
-  std::vector<std::thread> readers;
+  ServerThreads readers;
   std::thread acceptor;
 
   void deliver(int64_t step, int from, std::vector<float> v) {
@@ -87,7 +88,7 @@ CodedExchange::CodedExchange(comm::Communicator& comm, const std::string& host) 
   I.listen_fd = listen_on(host, port);
   I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
     I.in_fds.push_back(fd);
-    I.readers.emplace_back([&I, fd] { I.read_loop(fd); });
+    I.readers.start([&I, fd] { I.read_loop(fd); });
   });
   Tensor ports = Tensor::zeros({int64_t(I.size)}, DType::i64), mine = Tensor::zeros({1}, DType::i64);
   mine.data<int64_t>()[0] = port;
@@ -139,7 +140,7 @@ CodedExchange::~CodedExchange() {
   ::shutdown(I.listen_fd, SHUT_RDWR);
   ::close(I.listen_fd);
   I.acceptor.join();
-  for (auto& t : I.readers) t.join();
+  I.readers.join_all();
 }
 
 int CodedExchange::rank() const { return impl_->rank; }

@@ -17,6 +17,7 @@
 
 #include "comm/tcp_store.h"
 #include "core/log.h"
+#include "core/server_threads.h"
 #include "resilience/line_socket.h"
 
 namespace atl::resilience {
@@ -54,7 +55,7 @@ struct Lighthouse::Impl {
   std::vector<std::pair<int, std::string>> members;  // (id, nonce) of the last quorum
   bool formed_once = false, stop = false;
   std::thread acceptor, monitor;
-  std::vector<std::thread> conns;
+  ServerThreads conns;  // one per connection, joined as they finish
   std::vector<int> conn_fds;
   // DeadPool.
   std::deque<std::pair<int, std::string>> waiting;  // spares (id, nonce), oldest first
@@ -314,7 +315,7 @@ Lighthouse::Lighthouse(const LighthouseOptions& o) : impl_(std::make_unique<Impl
   I.store = std::make_unique<comm::TcpStoreServer>(o.host, 0);
   I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
     I.conn_fds.push_back(fd);
-    I.conns.emplace_back([&I, fd] { I.serve(fd); });
+    I.conns.start([&I, fd] { I.serve(fd); });
   });
   // Heartbeats that stop arriving change nothing by themselves: this notices them.
   I.monitor = std::thread([&I] {
@@ -338,7 +339,7 @@ Lighthouse::~Lighthouse() {
   ::close(I.listen_fd);
   I.acceptor.join();
   I.monitor.join();
-  for (auto& t : I.conns) t.join();
+  I.conns.join_all();
 }
 
 int Lighthouse::port() const { return impl_->port; }

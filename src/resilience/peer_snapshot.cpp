@@ -14,6 +14,7 @@
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/server_threads.h"
 #include "resilience/line_socket.h"
 
 namespace atl::resilience {
@@ -32,7 +33,7 @@ struct SnapshotHolder::Impl {
   int64_t received = 0, rejected = 0;
   bool stop = false;
   std::thread acceptor;
-  std::vector<std::thread> conns;
+  ServerThreads conns;  // one per connection (a snapshot each), joined as they finish
   std::vector<int> conn_fds;
 
   void serve(int fd) {
@@ -101,7 +102,7 @@ SnapshotHolder::SnapshotHolder(const std::string& host, int port) : impl_(std::m
   I.listen_fd = listen_on(host, I.port);
   I.acceptor = accept_loop(I.listen_fd, I.mu, I.stop, [&I](int fd) {
     I.conn_fds.push_back(fd);
-    I.conns.emplace_back([&I, fd] { I.serve(fd); });
+    I.conns.start([&I, fd] { I.serve(fd); });
   });
 }
 
@@ -115,7 +116,7 @@ SnapshotHolder::~SnapshotHolder() {
   ::shutdown(I.listen_fd, SHUT_RDWR);
   ::close(I.listen_fd);
   I.acceptor.join();
-  for (auto& t : I.conns) t.join();
+  I.conns.join_all();
 }
 
 int SnapshotHolder::port() const { return impl_->port; }
