@@ -53,6 +53,7 @@ std::string CheckpointStore::save(int64_t step, const Checkpoint& ck) {
     if (e.step <= step) older.push_back(e);
   std::set<int64_t> keep_always = protected_;
   keep_always.insert(step);
+  if (certified_ >= 0) keep_always.insert(certified_);
   for (auto& v : retention_victims(older, keep_, keep_always)) fs::remove_all(v.path);
   return final_dir;
 }

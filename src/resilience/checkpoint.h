@@ -37,6 +37,10 @@ class CheckpointStore {
   const std::string& dir() const { return dir_; }
   // Retention never removes this step (the checkpoint a run resumed from).
   void protect(int64_t step) { protected_.insert(step); }
+  // Retention never removes this step either: the newest checkpoint with a clean replay
+  // certificate (resilience/scout_replay.h), which a certified resume needs however many uncertified
+  // ones were written after it. Replaces the previous one.
+  void keep_certified(int64_t step) { certified_ = step; }
 
   // Verifies the manifest's checksums, then decodes. Throws naming the bad file.
   static Checkpoint load(const std::string& path);
@@ -47,6 +51,7 @@ class CheckpointStore {
   std::string dir_;
   int keep_;
   std::set<int64_t> protected_;
+  int64_t certified_ = -1;
 };
 
 }  // namespace atl

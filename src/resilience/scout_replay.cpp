@@ -69,6 +69,7 @@ ReplayFinding judge_replays(const std::vector<std::vector<int64_t>>& rows, int w
         for (auto& c : s)
           if (c.hash != best->first) {
             add_unique(f.sdc, c.by);
+            if (c.by == j) f.corrupt_shares.push_back(j);
             why.push_back(fmt::format("rank {}'s {} of share {} differs from {} of {} computations", c.by,
                                       c.by == j ? "own computation" : "replay", j, best->second, s.size()));
           }
@@ -150,10 +151,16 @@ ReplayCertificate ReplayCertificate::from_json(const nlohmann::json& j) {
   return c;
 }
 
+void CertificateChain::resume(int64_t step, bool clean) {
+  prev_clean_ = clean;
+  since_ = step;
+  audited_ = corrupt_ = 0;
+  finding_.clear();
+}
+
 void CertificateChain::audited(int64_t step, const ReplayFinding& f) {
-  (void)step;
   ++audited_;
-  if (!f.sdc.empty() || !f.inconclusive.empty()) {
+  if (!f.corrupt_shares.empty() || !f.inconclusive.empty()) {
     if (corrupt_++ == 0) finding_ = fmt::format("step {}: {}", step, f.message);
   }
 }

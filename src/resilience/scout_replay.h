@@ -48,6 +48,8 @@ struct ReplayOptions {
 
 struct ReplayFinding {
   std::vector<int> sdc;           // ranks whose computations their share's majority outvoted
+  std::vector<int> corrupt_shares;  // shares whose owner's own computation was outvoted: the step's
+                                    // reduced gradient holds a bad share (a bad replay alone does not)
   std::vector<int> stragglers;    // ranks slow at their own share, fast elsewhere
   std::vector<int> slow_shares;   // shares slow wherever computed (the data)
   std::vector<int> inconclusive;  // shares whose computations differ without a strict majority
@@ -73,9 +75,13 @@ struct ReplayCertificate {
   static ReplayCertificate from_json(const nlohmann::json& j);
 };
 
-// Accumulates audits between checkpoints.
+// Accumulates audits between checkpoints. A step is corrupt when a share that went into its update
+// was outvoted (corrupt_shares) or could not be judged (inconclusive); a witness's bad replay names
+// that witness but leaves the state clean.
 class CertificateChain {
  public:
+  // Continue a chain from a checkpoint at `step` (resumed): clean if its certificate was.
+  void resume(int64_t step, bool clean);
   void audited(int64_t step, const ReplayFinding& f);
   // The certificate for a checkpoint at `step`; starts the next interval.
   ReplayCertificate certify(int64_t step);

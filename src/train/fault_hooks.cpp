@@ -31,6 +31,23 @@ void read_fault_options(Config& c, TrainOptions& o) {
               "fault.commit_hashes ({}) records quorum commits and needs fault.tolerance = \"quorum\"",
               c.where("fault.commit_hashes"));
   o.fault_progress = c.get_bool("fault.progress", o.fault_progress);
+  o.fault_replay_every = c.get_int("fault.replay_every", o.fault_replay_every, 0, 1 << 30);
+  o.fault_replay_where = c.where("fault.replay_every");
+  o.fault_replay_witnesses = c.get_int("fault.replay_witnesses", o.fault_replay_witnesses, 1, 64);
+  o.fault_replay_repair = c.get_bool("fault.replay_repair", o.fault_replay_repair);
+  o.fault_resume_certified = c.get_bool("fault.resume_certified", o.fault_resume_certified);
+  ATOLL_CHECK(!o.fault_resume_certified || o.fault_replay_every == 1,
+              "fault.resume_certified ({}) needs fault.replay_every = 1 (it is {}): a replay certificate is clean "
+              "only when every step since the last clean one was replayed",
+              c.where("fault.resume_certified"), o.fault_replay_every);
+  o.fault_flip_grad_at_step = c.get_int("fault.flip_grad_at_step", 0, 0);
+  o.fault_flip_grad_rank = c.get_int("fault.flip_grad_rank", 0, 0, 1 << 20);
+  o.fault_flip_grad_every_attempt = c.get_bool("fault.flip_grad_every_attempt", false);
+  ATOLL_CHECK(o.fault_flip_grad_at_step == 0 ||
+                  (o.fault_replay_every > 0 && o.fault_flip_grad_at_step % o.fault_replay_every == 0),
+              "fault.flip_grad_at_step ({}) = {} injects a corruption for the replay to find: it must be a replayed "
+              "step (a multiple of fault.replay_every = {})",
+              c.where("fault.flip_grad_at_step"), o.fault_flip_grad_at_step, o.fault_replay_every);
   o.fault_campaign = c.get_string("fault.campaign", o.fault_campaign);  // train/fault_campaign_hook.h
   ATOLL_CHECK(o.fault_campaign.empty() || std::filesystem::is_regular_file(o.fault_campaign),
               "fault.campaign ({}) = '{}': no such file", c.where("fault.campaign"), o.fault_campaign);

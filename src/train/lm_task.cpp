@@ -2,6 +2,7 @@
 // prepared shards, next-token cross-entropy, validation loss, and text sampled from the model when
 // it generates (nn::TokenGenerator).
 #include <filesystem>
+#include <map>
 
 #include "core/log.h"
 #include "data/corpus.h"
@@ -97,6 +98,28 @@ class LanguageModelTask final : public Task {
     train_->set_state(ds);
   }
 
+  bool can_replay() const override { return epochs_ == 0; }
+  void start_replay(const nlohmann::json& state, int share, int world) override {
+    DataLoaderState ds = DataLoaderState::from_json(state);
+    ATOLL_CHECK(ds.world_size == world, "replay: the data position is of a job of {} ranks, not {}", ds.world_size, world);
+    ds.rank = share;  // ranks of one job move in lockstep: the same epoch and position
+    auto& l = replay_[share];
+    if (!l)  // one loader per replayed share, kept: a witness replays the same shares every time
+      l = std::make_unique<DataLoader>(o_.data_dir, "train", int(o_.batch_size), int(o_.seq_len), share, world,
+                                       uint64_t(o_.seed));
+    l->set_state(ds);
+    replaying_ = l.get();
+  }
+  const Batch& next_replay_batch() override {
+    ATOLL_CHECK(replaying_, "replay: next_replay_batch before start_replay");
+    if (!replay_batch_.input.defined()) {
+      replay_batch_.input = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
+      replay_batch_.target = Tensor::empty({o_.batch_size, o_.seq_len}, DType::i32);
+    }
+    replaying_->next_batch(replay_batch_.input.i32(), replay_batch_.target.i32());
+    return replay_batch_;
+  }
+
  private:
   static const nn::TokenModel& token_model(const nn::Model& model) {
     auto* t = dynamic_cast<const nn::TokenModel*>(&model);
@@ -124,6 +147,9 @@ class LanguageModelTask final : public Task {
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<DataLoader> train_, val_;
   Batch batch_;
+  std::map<int, std::unique_ptr<DataLoader>> replay_;  // by share
+  DataLoader* replaying_ = nullptr;
+  Batch replay_batch_;
 };
 
 TaskRegistrar lm("lm", [](Config& cfg, const TrainOptions& o) -> std::unique_ptr<Task> {

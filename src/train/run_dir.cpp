@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "resilience/checkpoint_select.h"
+#include "resilience/scout_replay.h"
 
 namespace atl {
 namespace fs = std::filesystem;
@@ -192,15 +193,15 @@ RunDirState prepare_run_dir(const std::string& run_dir, bool resume, const RunDi
   return st;
 }
 
-std::string resume_checkpoint(const std::string& ck_dir, bool verbose) {
-  ResumeChoice rc = choose_resume_checkpoint(ck_dir);
+std::string resume_checkpoint(const std::string& ck_dir, bool verbose, bool certified) {
+  ResumeChoice rc = certified ? resilience::choose_certified_checkpoint(ck_dir) : choose_resume_checkpoint(ck_dir);
   if (!rc.chosen) {
     if (rc.rejected.empty()) return "";
     std::string why;
     for (auto& r : rc.rejected) why += "\n  " + r;
-    fail("--resume: no complete, verified checkpoint in '{}' to continue from:{}\nnothing was changed; move the bad "
+    fail("--resume: no complete, verified{} checkpoint in '{}' to continue from:{}\nnothing was changed; move the bad "
          "checkpoints away to start from an older one, or start over with --overwrite (which moves them aside)",
-         ck_dir, why);
+         certified ? " and certified (fault.resume_certified)" : "", ck_dir, why);
   }
   if (verbose) {
     for (auto& r : rc.rejected) log::warn("--resume: skipping {}", r);

@@ -50,8 +50,9 @@ RunDirState prepare_run_dir(const std::string& run_dir, bool resume, const RunDi
 // The checkpoint --resume continues from: the newest complete, verified one under ck_dir,
 // whatever `latest` says (verbose: say which were skipped and why). Empty when ck_dir holds no
 // checkpoint at all; fails, listing why, when it holds some and none of them is usable, so that a
-// run is never restarted from scratch over its own checkpoints.
-std::string resume_checkpoint(const std::string& ck_dir, bool verbose);
+// run is never restarted from scratch over its own checkpoints. certified: the newest whose replay
+// certificate is also clean ([fault] resume_certified, resilience/scout_replay.h).
+std::string resume_checkpoint(const std::string& ck_dir, bool verbose, bool certified = false);
 
 // Loading a checkpoint's optimizer state into the configured optimizer failed: fails saying so
 // plainly when the checkpoint was written by another optimizer, else with the original error.

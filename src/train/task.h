@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "comm/communicator.h"
@@ -65,6 +66,13 @@ class Task {
   // A factor on the learning-rate schedule for the step whose batch was just taken (a task with
   // phases, RL after a supervised warm start, runs them at different rates).
   virtual float lr_multiplier() const { return 1.0f; }
+  // SCOUT's cross-replay ([fault] replay_every, train/replay_hook.h): the micro-batches that data
+  // rank `share` of `world` reads from `state` (this rank's data_state() where the step began), so
+  // that this rank can recompute another rank's share of a step. can_replay: whether the task can;
+  // start_replay positions the replay reader, next_replay_batch reads on (valid until the next call).
+  virtual bool can_replay() const { return false; }
+  virtual void start_replay(const nlohmann::json& state, int share, int world) {}
+  virtual const Batch& next_replay_batch() { throw std::logic_error(name() + " cannot replay another rank's data"); }
   // Tensors of the task's own state (RL's frozen reference), saved in checkpoints beside the
   // optimizer's under names that begin "task."; load_tensors gets them back on resume (a name
   // missing from an older checkpoint is the task's to handle).

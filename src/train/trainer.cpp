@@ -38,6 +38,7 @@
 #include "train/memory_budget.h"
 #include "train/metrics.h"
 #include "train/preflight.h"
+#include "train/replay_hook.h"
 #include "train/run_dir.h"
 #include "train/stop_signals.h"
 #include "train/task.h"
@@ -149,6 +150,7 @@ struct Trainer::Impl {
   std::unique_ptr<QuorumHook> ft;  // issue 14: [fault] tolerance = "quorum"
   std::unique_ptr<SignatureHook> sig;  // issue 14: [fault] signatures
   std::unique_ptr<CampaignHook> campaign;  // issue 14: [fault] campaign
+  std::unique_ptr<ReplayHook> replay;  // issue 14: [fault] replay_every (SCOUT's cross-replay)
   std::string init_param_hash, config_canonical;
 
   Checkpoint make_checkpoint(int64_t step) {
@@ -168,6 +170,7 @@ struct Trainer::Impl {
     if (lowcomm) lowcomm->save_state(ck.model, ck.optimizer, ck.state);  // collective: every island's state
     lowcomm::save_gradient_codec(*dp, comm.get(), ck.optimizer, ck.state);  // after lowcomm's island gathers
     task->save_tensors(ck.optimizer);  // "task." entries (RL's reference), beside the optimizer's
+    if (replay) ck.state["replay_certificate"] = replay->chain().certify(step).to_json();  // in the manifest's checksum
     return ck;
   }
 
@@ -353,11 +356,27 @@ TrainResult Trainer::run(bool resume) {
   // issue 14: what `atoll watch` reads; a quorum replica is a world of one, named by its replica id.
   ProgressRecordGuard progress(o, I.ft ? I.ft->task_env().rank : I.rank, I.ft ? I.ft->task_env().world : I.world);
   CheckpointStore store((fs::path(o.run_dir) / "checkpoints").string(), int(o.ckpt_keep));
+  if (o.fault_replay_every > 0) {  // issue 14: SCOUT's cross-replay (train/replay_hook.h)
+    ATOLL_CHECK(I.comm && I.world > 1, "fault.replay_every ({}) replays each rank's share on other ranks: it needs a "
+                "distributed run (atoll launch, 2 ranks or more)", o.fault_replay_where);
+    ATOLL_CHECK(I.pc.strategy == "ddp" && !I.tp && !I.pipe && !I.lowcomm && !I.experts && !I.dcp && !I.ft &&
+                    I.pc.mesh.cp == 1 && I.pc.mesh.dp() == I.world,
+                "fault.replay_every ({}) replays a rank's share of a step on ranks that hold the whole model: plain "
+                "data parallelism only (parallel.strategy = \"ddp\", no tp, pp, cp, ep, islands, quorum or "
+                "data.varlen_tokens; this run has strategy \"{}\", mesh {})",
+                o.fault_replay_where, I.pc.strategy, I.pc.mesh.describe());
+    ATOLL_CHECK(I.task->can_replay(), "fault.replay_every ({}): task '{}' cannot read another rank's data again{}",
+                o.fault_replay_where, I.task->name(), I.task->batches_left() >= 0 ? " (finite data, data.epochs)" : "");
+    ATOLL_CHECK(o.fault_flip_grad_rank < I.world, "fault.flip_grad_rank = {} is not a rank of this {}-rank job",
+                o.fault_flip_grad_rank, I.world);
+    I.replay = std::make_unique<ReplayHook>(o, *I.comm);
+  }
   int64_t start = 0;
   std::string resumed_from;
   if (resume) {
-    // issue 10: the newest complete, verified checkpoint, whatever `latest` says.
-    std::string chosen = resume_checkpoint(store.dir(), I.rank == 0);
+    // issue 10: the newest complete, verified checkpoint, whatever `latest` says (with
+    // fault.resume_certified, the newest whose replay certificate is clean).
+    std::string chosen = resume_checkpoint(store.dir(), I.rank == 0, o.fault_resume_certified);
     if (auto p = &chosen; !chosen.empty()) {
       resumed_from = *p;
       Checkpoint ck = CheckpointStore::load(*p);  // every rank reads it (run_dir must be shared)
@@ -382,6 +401,9 @@ TrainResult Trainer::run(bool resume) {
       std::copy(rs.begin(), rs.end(), st.begin());
       I.sample_rng.set_state(st);
       I.task->set_data_state(ck.state.at("train_data"), I.data_env());
+      if (I.replay)  // the chain goes on from the checkpoint's certificate: none is not clean
+        I.replay->chain().resume(start, ck.state.contains("replay_certificate") &&
+                                            resilience::ReplayCertificate::from_json(ck.state["replay_certificate"]).clean);
       log::info("resumed from {} at step {}", *p, start);
       store.protect(start);  // issue 10: retention keeps the checkpoint this run stands on
     } else {
@@ -492,9 +514,13 @@ TrainResult Trainer::run(bool resume) {
       resilience::PhaseScope data(resilience::Phase::data);
       return join ? join->next_batch([&]() -> const Batch& { return I.task->next_batch(); }) : I.task->next_batch();
     };
+    // issue 14: an audited step holds its gradient sync back to hash its own share first.
+    const bool audit = I.replay && I.replay->due(step);
+    int attempt = 0;
     // Forward and backward over this rank's micro-batches; the gradients end averaged over the ranks.
     auto compute = [&] {
       I.dp->zero_grad();
+      if (audit) I.replay->own_start();
       if (I.experts) I.experts->zero_grad();
       if (o.fault_nan_at_step == step + 1) I.model->flat_values().f32()[0] = std::numeric_limits<float>::quiet_NaN();
       // bf16 weight copies made once for all micro-steps (autograd/weight_cast_cache.h); not under
@@ -519,12 +545,13 @@ TrainResult Trainer::run(bool resume) {
       const bool tp_first = I.tp && I.tp->sums_before(*I.dp);  // tp x ZeRO-2 (tensor_parallel.h)
       for (int64_t m = 0; !I.pipe && m < o.grad_accum; ++m) {
         const Batch& batch = next_batch();
-        I.dp->set_sync(m + 1 == o.grad_accum && !tp_first);  // no gradient sync on accumulation micro-steps
+        I.dp->set_sync(m + 1 == o.grad_accum && !tp_first && !audit);  // no gradient sync on accumulation micro-steps
         Tensor loss = I.task->loss(*I.model, batch);
         loss_sum += loss.item();
         backward(loss, (join ? join->seed() : 1.f) / float(o.grad_accum));  // a joined rank contributes 0
       }
       if (I.sig) I.sig->backward_done();
+      if (audit) I.replay->own_done(*I.model, step + 1, attempt);  // before the all-reduce
       if (tp_first) I.tp->finish_backward();
       I.dp->finish_backward();
       if (I.experts) I.experts->finish_backward();
@@ -554,8 +581,14 @@ TrainResult Trainer::run(bool resume) {
       // a discarded step is redone (same data); a replica behind the others healed first.
       if (!I.ft->step(step, compute, loss, apply)) continue;
     } else {
-      if (I.sig) I.sig->step_start(*I.model);
-      loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
+      for (;; ++attempt) {
+        if (audit) I.replay->replay_witnesses(*I.model, *I.dp, *I.task, o.grad_accum);  // the witnessed shares, first
+        if (I.sig) I.sig->step_start(*I.model);
+        loss = join ? join->average_loss(compute()) : I.dp->average(compute());  // the job's mean loss
+        if (!audit || I.replay->judge(step + 1, attempt, last_good_ckpt > 0 ? store.latest().value_or("") : ""))
+          break;
+        I.task->set_data_state(I.replay->data_position(), I.data_env());  // discarded: the same data again
+      }
       if (I.sig) I.sig->check(*I.comm, step + 1, loss, *I.model);
       apply();
       if (I.campaign) I.campaign->after_update(*I.model, *I.task);
@@ -578,6 +611,10 @@ TrainResult Trainer::run(bool resume) {
       rec["committed_unix_s"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     }
     if (I.dcp) rec.update(I.dcp->record());
+    if (audit) {
+      rec["replay_ms"] = I.replay->replay_ms();
+      if (auto r = I.replay->record(); !r.is_null()) rec["replay"] = r;
+    }
     if (I.budget.budget_gb > 0) rec["peak_rss_mb"] = double(peak_rss_bytes()) / (1024.0 * 1024.0);
     for (const auto& [k, v] : I.model->step_metrics()) rec[k] = I.dp->average(v);  // an MoE's balance loss, say
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
@@ -625,6 +662,7 @@ TrainResult Trainer::run(bool resume) {
       Checkpoint ck = I.make_checkpoint(step + 1);  // on every rank: gathering is collective
       if (I.rank == 0) {
         if (I.campaign) I.campaign->before_checkpoint(step + 1);  // a checkpoint_io_error due here
+        if (I.replay && ck.state["replay_certificate"].value("clean", false)) store.keep_certified(step + 1);
         std::string p;
         try {
           p = store.save(step + 1, ck);

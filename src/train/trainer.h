@@ -64,6 +64,18 @@ struct TrainOptions {
   // progress: publish RUN_DIR/progress/rank<R>.progress (or under ATOLL_PROGRESS_DIR) for the
   // external watcher, `atoll watch` (resilience/progress_record.h).
   bool fault_progress = true;
+  // replay_every: SCOUT's cross-replay of every N-th step (0 = off; DDP): each rank's gradient share
+  // recomputed by replay_witnesses other ranks before the update (train/replay_hook.h). With
+  // replay_repair a step whose share did not reproduce is computed again (a second time: the run
+  // stops naming the rank); resume_certified: --resume takes the newest checkpoint whose replay
+  // certificate is clean (needs replay_every = 1: a certificate covers only audited steps).
+  int64_t fault_replay_every = 0, fault_replay_witnesses = 2;
+  bool fault_replay_repair = true, fault_resume_certified = false;
+  std::string fault_replay_where;  // where replay_every was set, for errors
+  // Test injection for the replay: at this step rank flip_grad_rank flips one bit of its own
+  // gradient share before the all-reduce (on the first computation only, or on every one).
+  int64_t fault_flip_grad_at_step = 0, fault_flip_grad_rank = 0;
+  bool fault_flip_grad_every_attempt = false;
   // campaign: a fault-injection campaign file fired inside this run (train/fault_campaign_hook.h).
   std::string fault_campaign;
   // [train] dtype: "bf16" multiplies in bf16 with fp32 master weights (mixed precision).
