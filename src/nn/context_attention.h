@@ -23,6 +23,9 @@ class ContextAttention {
   // The spans of a row of length T that this rank holds, in the order its local tokens keep them
   // (increasing positions). Positions are global: RoPE and learned positions use them.
   virtual std::vector<Span> spans(int64_t T) const = 0;
+  // The same for any rank of the group (the whole row's layout: an MoE router's capacity is
+  // served first come, first served in the row's order, nn/moe.cpp).
+  virtual std::vector<Span> spans_of(int64_t rank, int64_t T) const = 0;
   // Attention of this rank's queries qkv [B, Tl, (H+2KV)*hd] (Tl = the spans' total) over the
   // whole row of length T -> [B, Tl, H*hd]; causal over global positions, doc_ids [B, T] i32 (the
   // whole row's, may be undefined) masks packed documents as ops::attention does.

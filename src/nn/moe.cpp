@@ -86,7 +86,63 @@ std::vector<Parameter*> MoELayer::sharded_experts() const {
   return {own_gate_up_.get(), own_down_.get()};
 }
 
-Routing MoELayer::route(const Tensor& x2) const {
+namespace {
+// Token dropping under context parallelism: how many of each expert's assignments on this rank
+// (sorted by expert, then by (token, slot): `sorted`, from `start`) are within the capacity when
+// the whole rows' assignments are served first come, first served in the rows' order (row, then
+// position, then slot), as one rank holding the rows serves them. A rank's tokens are its spans of
+// each row in increasing positions, so its assignments to an expert are in that global order, and
+// the kept ones a prefix: each (row, span) block's position in the order is the sum of the counts
+// of the blocks before it, over every rank (one sum over the cp group: integers, exact).
+std::vector<int64_t> context_kept(const ContextAttention& cx, const std::vector<int32_t>& experts,
+                                  const std::vector<int32_t>& sorted, const std::vector<int64_t>& start, int64_t N,
+                                  int64_t k, int64_t E, int64_t rows, int64_t cap) {
+  const int64_t cp = cx.ranks(), Tl = N / rows, T = Tl * cp;
+  ATOLL_CHECK(rows > 0 && N % rows == 0, "moe: {} tokens are not {} rows", N, rows);
+  // Every rank's spans, in the row's order: block g of a row is the g-th span by position.
+  std::vector<Span> all;
+  const std::vector<Span> mine = cx.spans(T);
+  for (int64_t q = 0; q < cp; ++q)
+    for (const Span& s : cx.spans_of(q, T)) all.push_back(s);
+  std::sort(all.begin(), all.end());
+  const int64_t G = int64_t(all.size());
+  // This rank's local position -> the block it falls in.
+  std::vector<int32_t> block_of(static_cast<size_t>(Tl));
+  int64_t p = 0;
+  for (const Span& s : mine) {
+    int64_t g = 0;
+    while (g < G && all[size_t(g)].first != s.first) ++g;
+    ATOLL_CHECK(g < G, "moe: span [{}, {}) is not in the row's layout", s.first, s.first + s.second);
+    for (int64_t i = 0; i < s.second; ++i) block_of[size_t(p++)] = int32_t(g);
+  }
+  ATOLL_CHECK(p == Tl, "moe: this rank's spans hold {} positions, its rows {}", p, Tl);
+  auto blk = [&](int64_t a) {  // (row, block) index of assignment a
+    const int64_t n = a / k;
+    return (n / Tl) * G + block_of[size_t(n % Tl)];
+  };
+  std::vector<int64_t> count(size_t(rows * G * E), 0);  // [row, block, expert]
+  for (int64_t a = 0; a < N * k; ++a) ++count[size_t(blk(a) * E + experts[size_t(a)])];
+  cx.sum_over_ranks(count);
+  std::vector<int64_t> before(count.size(), 0);  // assignments of earlier blocks, per expert
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t b = 1; b < rows * G; ++b)
+      before[size_t(b * E + e)] = before[size_t((b - 1) * E + e)] + count[size_t((b - 1) * E + e)];
+  std::vector<int64_t> kept(size_t(E), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t cur = -1, within = 0;
+    for (int64_t i = start[size_t(e)]; i < start[size_t(e + 1)]; ++i) {
+      const int64_t b = blk(sorted[size_t(i)]);
+      within = b == cur ? within + 1 : 0;
+      cur = b;
+      if (before[size_t(b * E + e)] + within >= cap) break;  // the rest come later still
+      ++kept[size_t(e)];
+    }
+  }
+  return kept;
+}
+}  // namespace
+
+Routing MoELayer::route(const Tensor& x2, int64_t rows) const {
   const int64_t N = x2.size(0), E = c_.n_experts, k = c_.top_k;
   Routing r;
   r.logits = ops::linear_t(x2, gate->value);
@@ -104,11 +160,14 @@ Routing MoELayer::route(const Tensor& x2) const {
   std::vector<int32_t> sorted(size_t(N * k));
   std::vector<int64_t> pos(start.begin(), start.end() - 1);
   for (int64_t a = 0; a < N * k; ++a) sorted[size_t(pos[size_t(r.experts[size_t(a)])]++)] = int32_t(a);
-  const int64_t cap = c_.drop_tokens ? int64_t(std::ceil(c_.capacity_factor * double(N * k) / double(E))) : N * k;
+  // Capacity is over the whole rows (the cp group's tokens together, as on one rank).
+  const int64_t cp = context ? context->ranks() : 1;
+  const int64_t cap = c_.drop_tokens ? int64_t(std::ceil(c_.capacity_factor * double(N * cp * k) / double(E))) : N * k;
   r.kept.assign(size_t(E), 0);
+  if (c_.drop_tokens && cp > 1) r.kept = context_kept(*context, r.experts, sorted, start, N, k, E, rows, cap);
   std::vector<int32_t> order, token;
   for (int64_t e = 0; e < E; ++e) {
-    r.kept[size_t(e)] = std::min(cap, r.counts[size_t(e)]);
+    if (!(c_.drop_tokens && cp > 1)) r.kept[size_t(e)] = std::min(cap, r.counts[size_t(e)]);
     for (int64_t i = 0; i < r.kept[size_t(e)]; ++i) {
       int32_t a = sorted[size_t(start[size_t(e)] + i)];
       order.push_back(a);
@@ -162,7 +221,11 @@ Tensor MoELayer::forward_impl(const Tensor& x, const ExpertFn* expert) const {
   ATOLL_CHECK(x.size(-1) == C, "{}: input width {} is not the layer's {}", name(), x.size(-1), C);
   const int64_t N = x.numel() / C;
   Tensor x2 = ops::reshape(x, {N, C});
-  Routing r = route(x2);
+  ATOLL_CHECK(!(c_.drop_tokens && context && context->ranks() > 1 && tp_ && tp_->sequence_sharded()),
+              "{}: model.drop_tokens = true with parallel.cp = {} and parallel.tp: under sequence parallelism the "
+              "capacity is each tp rank's own tokens', which with cp is not one rank's; set model.drop_tokens = false "
+              "or parallel.tp = 1", name(), context->ranks());
+  Routing r = route(x2, x.dim() == 3 ? x.size(0) : 1);
   const int64_t M = r.order.numel();
 
   Tensor rows = ops::index_select(x2, 0, r.token);                                // [M, C] by expert

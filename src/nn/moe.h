@@ -143,7 +143,9 @@ class MoELayer : public Module {
   Tensor experts(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const;
   // The same as a loop of one ops::linear per expert (expert_gemm = "loop").
   Tensor experts_loop(const Tensor& rows, const std::vector<int64_t>& offsets, int64_t first) const;
-  Routing route(const Tensor& x2) const;
+  // x2: [N, C], `rows` sequences of N / rows tokens (under context parallelism with token dropping
+  // the capacity is served in the whole rows' order, which needs the row boundaries).
+  Routing route(const Tensor& x2, int64_t rows = 1) const;
 
   // Coefficient-weighted aux + z loss of the last forward (a scalar in its graph), and its parts.
   const Tensor& aux_loss() const { return aux_total_; }

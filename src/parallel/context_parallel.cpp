@@ -264,6 +264,9 @@ RingAttention::RingAttention(comm::Communicator* cp_group, bool balanced)
       balanced_(balanced) {}
 
 std::vector<nn::Span> RingAttention::spans(int64_t T) const { return context_spans(T, cp_, rank_, balanced_); }
+std::vector<nn::Span> RingAttention::spans_of(int64_t rank, int64_t T) const {
+  return context_spans(T, cp_, int(rank), balanced_);
+}
 
 Tensor RingAttention::attention(const Tensor& qkv, int64_t H, int64_t KV, int64_t hd, int64_t T, bool causal,
                                 const Tensor& doc_ids) const {

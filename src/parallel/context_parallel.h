@@ -41,6 +41,7 @@ class RingAttention final : public nn::ContextAttention {
   RingAttention(comm::Communicator* cp_group, bool balanced = true);
   int64_t ranks() const override { return cp_; }
   std::vector<nn::Span> spans(int64_t T) const override;
+  std::vector<nn::Span> spans_of(int64_t rank, int64_t T) const override;
   Tensor attention(const Tensor& qkv, int64_t H, int64_t KV, int64_t hd, int64_t T, bool causal,
                    const Tensor& doc_ids) const override;
   double loss_share(int64_t kept_local) const override;

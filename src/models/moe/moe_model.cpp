@@ -191,11 +191,8 @@ void MoEModel::set_context_attention(const ContextAttention* cp) {
   if (cp && cp->ranks() > 1) {
     // cp x tp splits each cp rank's share again over tp (sequence parallelism, as GPT's does):
     // the routers' counts and token totals are summed over tp, then over cp (nn/moe.cpp).
-    // Capacity is a rank's share of its own tokens served first come, first served in token
-    // order; over a split row it would need the whole row's order, which no rank sees.
-    ATOLL_CHECK(!c_.moe.drop_tokens, "parallel.cp = {} with model.drop_tokens = true: the capacity and its first "
-                "come, first served dropping are defined over the whole row, which a cp rank does not hold; set "
-                "model.drop_tokens = false (no-drop routing) with context parallelism", cp->ranks());
+    // Token dropping: the capacity is the whole rows', served in the rows' order across the cp
+    // group (nn/moe.cpp, context_kept).
   }
   context_ = cp && cp->ranks() > 1 ? cp : nullptr;
   for (MoEBlock* b : layers) {
