@@ -148,8 +148,15 @@ void QuorumReplica::retire_comm() {
   auto w = comm_->barrier_async();
   auto t0 = Clock::now();
   while (!w->done() && ms_since(t0) < 2000) std::this_thread::sleep_for(Millis(1));
-  if (!w->done()) log::warn("replica {}: an aborted collective has not returned after 2 s", o_.replica_id);
-  retired_.push_back(std::move(comm_));
+  if (!w->done()) {
+    log::warn("replica {}: an aborted collective has not returned after 2 s", o_.replica_id);
+    retired_.push_back(std::move(comm_));  // kept, never destroyed: its worker may still be in the backend
+    return;
+  }
+  // The worker has left the backend: the old communicator goes now, with its threads, its peers'
+  // sockets and its store connection (kept, a job reconfigured a thousand times held a thousand of
+  // each, here and in the launcher's store).
+  comm_.reset();
 }
 
 void QuorumReplica::join_quorum(ReplicaState& state) {

@@ -140,20 +140,22 @@ Trace reference(int dp, const std::string& recompute, bool drop = false) {
   return tr;
 }
 
-// A rank: ATOLL_MOE_CP_JOB = "<ep> <recompute> <tag> <drop 0|1>"; cp 2, dp_shard = world / 2 (ZeRO-3 when
-// above 1), ep carved out of dp_shard x cp (mesh.h: each cp pair is an ep group at ep 2).
+// A rank: ATOLL_MOE_CP_JOB = "<ep> <recompute> <tag> <drop 0|1> <hsdp 0|1>"; cp 2, dp_shard = world / 2
+// (ZeRO-3 when above 1; with hsdp dp_replicate 2 x dp_shard world / 4, HSDP sharding over dp_shard x
+// cp), ep carved out of dp_shard x cp (mesh.h: each cp pair is an ep group at ep 2).
 void job_rank(const std::string& spec) {
   std::istringstream in(spec);
   int64_t ep = 1;
-  int drop = 0;
+  int drop = 0, hsdp = 0;
   std::string recompute, tag;
-  in >> ep >> recompute >> tag >> drop;
+  in >> ep >> recompute >> tag >> drop >> hsdp;
   set_num_threads(1);
   auto comm = comm::make_communicator("gloo");
   const int64_t W = comm->size();
   MeshShape shape;
   shape.cp = 2;
-  shape.dp_shard = W / 2;
+  shape.dp_replicate = hsdp ? 2 : 1;
+  shape.dp_shard = W / 2 / shape.dp_replicate;
   shape.ep = ep;
   Mesh mesh(comm.get(), shape);
   std::unique_ptr<nn::Model> owned = std::make_unique<nn::MoEModel>(model_config(drop != 0));
@@ -167,11 +169,12 @@ void job_rank(const std::string& spec) {
   ParallelConfig pc;
   pc.strategy = shape.strategy(3);
   pc.mesh = shape;
+  pc.hsdp_shard_size = int(shape.dp_shard);  // as ParallelConfig::from_config sets it under hsdp
   pc.bucket_mb = 0.004;
   auto dp = make_data_parallel(model, comm.get(), pc, kAdam, nullptr, {}, &mesh);
   if (shards) shards->attach(kAdam, dp->world());
   const int r = comm->rank();
-  const int64_t data_rank = mesh.coord("dp_shard");  // the cp pair shares its rows
+  const int64_t data_rank = mesh.coord("dp_replicate") * shape.dp_shard + mesh.coord("dp_shard");  // the cp pair shares its rows
   Trace tr;
   for (int s = 0; s < kSteps; ++s) {
     dp->zero_grad();
@@ -207,14 +210,17 @@ struct Scratch {
   ~Scratch() { fs::remove_all(root); }
 };
 
-void job_equals_reference(int world, int64_t ep, const std::string& recompute, bool drop = false) {
+void job_equals_reference(int world, int64_t ep, const std::string& recompute, bool drop = false,
+                          bool hsdp = false) {
   Scratch s;
   const std::string tag = (s.root / "job").string();
   auto codes = run_rank_programs(
       world, "MoEContextParallel.RankProgram",
-      {"ATOLL_MOE_CP_JOB=" + std::to_string(ep) + " " + recompute + " " + tag + " " + (drop ? "1" : "0")}, tag, 180);
+      {"ATOLL_MOE_CP_JOB=" + std::to_string(ep) + " " + recompute + " " + tag + " " + (drop ? "1" : "0") + " " +
+       (hsdp ? "1" : "0")},
+      tag, 180);
   const std::string what = std::to_string(world) + " ranks, cp 2, ep " + std::to_string(ep) + ", recompute " +
-                           recompute + (drop ? ", token dropping" : "");
+                           recompute + (drop ? ", token dropping" : "") + (hsdp ? ", hsdp (2 replicas)" : "");
   auto got = collect_kinds(tag, codes, {"loss", "gnorm", "balance", "z", "params", "dropped"}, what);
   ASSERT_EQ(got.size(), 6u) << what;
   // The layout: rank r = dp * 2 + cp; at ep 2 the ep coordinate is the cp one (the cp pair is the ep group).
@@ -304,6 +310,14 @@ TEST(MoEContextParallel, Cp2WithTokenDroppingAndFullRecomputeFollowsOneProcess) 
 }
 TEST(MoEContextParallel, Ep2TimesCp2WithTokenDroppingOnFourRanksFollowsOneProcess) {
   job_equals_reference(4, 2, "none", true);
+}
+
+// ep 2 x cp 2 under HSDP on 8 ranks: 2 replicas of dp_shard 2 x cp 2, the dense parameters sharded
+// over each replica's 4 ranks and their gradients also averaged over the 2 replicas, the experts
+// (outside the flat buffers, expert_shards.h) summed over the 4 ranks of their ep coordinate; with
+// token dropping, so that the rows' capacity exchange runs too. 4 data ranks against one process.
+TEST(MoEContextParallel, Ep2TimesCp2UnderHsdpOnEightRanksFollowsOneProcess) {
+  job_equals_reference(8, 2, "none", true, true);
 }
 
 // `atoll train` on `world` ranks with the [parallel] lines `parallel` against one rank on the same
