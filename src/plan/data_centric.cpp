@@ -104,7 +104,7 @@ DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, i
   Cluster group = job.cluster;
   group.devices_per_node = cp;
   for (int64_t g = 0; g < c.dp; ++g) {
-    double t = 0, link = 0;
+    double t = 0, link = 0, att_s = 0;
     for (const std::vector<int64_t>& mb : dcp_group_share(rows, cp, accum, job.world, g, quad)) {
       const int64_t T = dcp_micro_batch_len(rows, mb, cp);
       const ModelSpec m = dcp_micro_batch_spec(job.model, rows, mb, T);
@@ -114,15 +114,24 @@ DcpChoice price_packed(const DcpJob& job, const std::vector<RowLengths>& rows, i
       l.recompute = recompute;
       l.precision = job.precision;
       const Prediction p = predict(m, group, l);
-      const double work = p.compute + p.memory_bound + p.recompute + p.grad_buffers;
+      // The attention cores' part: the same micro-batch priced with (almost) no query-key pairs
+      // (0 would mean "the full causal square" to the model). Its ring exposure is taken from
+      // the whole price.
+      ModelSpec m0 = m;
+      m0.attention_sq_len = 1e-300;
+      const Prediction p0 = predict(m0, group, l);
+      const double work0 = p0.compute + p0.memory_bound + p0.recompute + p0.grad_buffers;
+      const double att = std::max(0.0, p.compute + p.memory_bound + p.recompute + p.grad_buffers - work0);
+      const double work = work0 + job.attention_scale * att;
       t += work + p.cp.total();
       link += p.cp.total();
+      att_s += job.attention_scale * att;
       c.fits = c.fits && !p.memory.oom;
       c.memory_bytes = std::max(c.memory_bytes, p.memory.total);
       c.micro_batch = std::max<int64_t>(c.micro_batch, int64_t(mb.size()));
       c.seq = std::max(c.seq, T);
     }
-    if (t > c.step_s || g == 0) c.step_s = t, c.compute_s = t - link, c.link_s = link;
+    if (t > c.step_s || g == 0) c.step_s = t, c.compute_s = t - link, c.link_s = link, c.attention_s = att_s;
   }
   return c;
 }
@@ -138,23 +147,64 @@ Device dcp_scaled_device(const Device& d, double k) {
   return s;
 }
 
-void DcpCalibration::observe(const DcpChoice& ran, double measured_s, double scale_then) {
-  if (!(ran.compute_s > 0) || !(measured_s > 0) || !(scale_then > 0)) return;
+void DcpCalibration::observe(const DcpChoice& ran, double measured_s, double scale_then, double attention_scale_then) {
+  if (!(ran.compute_s > 0) || !(measured_s > 0) || !(scale_then > 0) || !(attention_scale_then > 0)) return;
   // What the kernels took: the measurement less the ring's exposed part as priced; at least a
   // tenth of the measurement (a ring priced above the whole step says nothing about the kernels).
   const double kernels = std::max(measured_s - ran.link_s, 0.1 * measured_s);
-  k_.push_back(scale_then * kernels / ran.compute_s);
+  // The price's two parts at scale 1 (the device's own figures, attention_scale 1).
+  const double A = std::max(0.0, ran.attention_s) / (scale_then * attention_scale_then);
+  const double P = std::max(0.0, ran.compute_s - ran.attention_s) / scale_then;
+  k_.push_back(kernels / (P + A));  // = scale_then · kernels / compute_s when attention_scale_then = 1
   ++observed_;
   if (int64_t(k_.size()) > window_) k_.erase(k_.begin());
+  if (two_terms_ && P > 0) {
+    x_.push_back(A / P), y_.push_back(kernels / P);
+    if (int64_t(x_.size()) > fit_window_) x_.erase(x_.begin()), y_.erase(y_.begin());
+    fit();
+  }
 }
 
-double DcpCalibration::scale() const {
-  if (k_.empty()) return 1.0;
-  std::vector<double> v = k_;
+namespace {
+double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+}  // namespace
+
+void DcpCalibration::fit() {
+  fit_ok_ = false;
+  const size_t n = x_.size();
+  if (int64_t(n) < min_fit_) return;
+  const double xm = median(x_);
+  const auto [lo, hi] = std::minmax_element(x_.begin(), x_.end());
+  if (!(xm > 0) || *hi - *lo < 0.2 * xm) return;
+  std::vector<double> slopes;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j)
+      if (std::fabs(x_[j] - x_[i]) > 1e-3 * xm) slopes.push_back((y_[j] - y_[i]) / (x_[j] - x_[i]));
+  if (slopes.size() < 4) return;
+  const double b = median(slopes);
+  // Determined: the pairwise slopes' middle half within ±b/2 of each other's spread (their
+  // inter-quartile range at most b). Wall-clock noise on steps whose attention shares differ
+  // little scatters the slopes over both signs; a ratio taken from them would swing the choices.
+  std::sort(slopes.begin(), slopes.end());
+  const double q1 = slopes[slopes.size() / 4], q3 = slopes[(3 * slopes.size()) / 4];
+  if (!(q3 - q1 <= b)) return;
+  std::vector<double> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = y_[i] - b * x_[i];
+  const double a = median(r);
+  if (!(a > 0) || !(b > 0) || !std::isfinite(a) || !std::isfinite(b)) return;
+  alpha_ = a, beta_ = b, fit_ok_ = true;
+}
+
+double DcpCalibration::scale() const {
+  if (fit_ok_) return alpha_;
+  return k_.empty() ? 1.0 : median(k_);
+}
+
+double DcpCalibration::attention_scale() const { return fit_ok_ ? beta_ / alpha_ : 1.0; }
 
 DcpChoice predict_config(const DcpJob& job, const std::vector<int64_t>& lengths, int64_t cp, int64_t accum,
                          const std::string& recompute) {

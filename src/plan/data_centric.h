@@ -36,6 +36,9 @@ struct DcpJob {
   std::vector<std::string> recompute = {"none", "selective", "full"};
   std::string precision = "bf16";
   int zero = 1;
+  // The attention kernels' time relative to the rest's, beyond the device's figures
+  // (DcpCalibration's two-term fit): each micro-batch's attention part is multiplied by it.
+  double attention_scale = 1.0;
 };
 
 struct DcpChoice {
@@ -45,6 +48,9 @@ struct DcpChoice {
   // The slowest dp group's step split: its kernels (compute, memory-bound, recompute, gradient
   // buffers) and its ring exchanges not hidden behind them (step_s = compute_s + link_s).
   double compute_s = 0, link_s = 0;
+  // The part of compute_s that is the attention cores' (the price less the same micro-batches'
+  // with no query-key pairs), at the job's attention_scale.
+  double attention_s = 0;
   bool fits = false;
   std::string describe() const;
   bool same_config(const DcpChoice& o) const {
@@ -93,17 +99,38 @@ Device dcp_scaled_device(const Device& d, double k);
 // k · (measured − link_s) / compute_s, the link part taken as priced (it was timed, not
 // assumed). scale() is the median of the last `window` steps (1 before the first), so one
 // step's hiccup of the machine does not move the choices.
+//
+// Two terms (two_terms = true): one scale cannot correct a model that prices per-position work
+// too dear against attention (docs/data_centric.md: a batch of short rows predicted at 2.7x its
+// measured time while long-document batches were within 20%). Each step's kernels are then
+// measured = α P + β A, P and A its priced non-attention and attention parts at scale 1; over the
+// last `fit_window` steps, y = measured / P against x = A / P is a line of intercept α and slope
+// β, fitted by Theil–Sen (the median of the pairwise slopes, then the median intercept: a
+// stalled step moves neither). The fit is used only when it is determined and physical: at least
+// `min_fit` steps, their x spread over at least a fifth of its median (batches of one shape say
+// nothing about the ratio), the pairwise slopes' inter-quartile range at most β (noisy steps
+// scatter them over both signs), α > 0 and β > 0; then scale() = α and attention_scale() = β / α.
+// Otherwise the one-scale rule above, with attention_scale() = 1.
 class DcpCalibration {
  public:
-  explicit DcpCalibration(int window = 5) : window_(window) {}
-  void observe(const DcpChoice& ran, double measured_s, double scale_then);
+  explicit DcpCalibration(int window = 5, bool two_terms = false, int fit_window = 16, int min_fit = 8)
+      : window_(window), fit_window_(fit_window), min_fit_(min_fit), two_terms_(two_terms) {}
+  // attention_scale_then: the job's attention_scale the choice was priced at.
+  void observe(const DcpChoice& ran, double measured_s, double scale_then, double attention_scale_then = 1.0);
   double scale() const;
+  double attention_scale() const;
+  bool fitted() const { return fit_ok_; }  // the two-term fit is in force
   int64_t steps() const { return observed_; }
 
  private:
-  int window_;
+  void fit();
+  int window_, fit_window_, min_fit_;
+  bool two_terms_;
   int64_t observed_ = 0;
   std::vector<double> k_;
+  std::vector<double> x_, y_;  // A/P and measured/P at scale 1, the last fit_window steps
+  bool fit_ok_ = false;
+  double alpha_ = 1.0, beta_ = 1.0;
 };
 
 // The functions below take a batch as its documents' lengths, packed by pack_lengths.

@@ -115,6 +115,10 @@ DcpSettings DcpSettings::from_config(Config& cfg, const TrainOptions& o) {
   s.link_gbps = cfg.get_float("parallel.dcp_link_gbps", 0.0, 0.0, 1e6);
   s.link_latency_us = cfg.get_float("parallel.dcp_link_latency_us", 0.0, 0.0, 1e7);
   s.calibrate = cfg.get_bool("parallel.dcp_calibrate", true);
+  s.calibrate_attention = cfg.get_bool("parallel.dcp_calibrate_attention", true);
+  ATOLL_CHECK(s.calibrate || !cfg.has("parallel.dcp_calibrate_attention") || !s.calibrate_attention,
+              "parallel.dcp_calibrate_attention = true ({}) needs parallel.dcp_calibrate = true ({})",
+              cfg.where("parallel.dcp_calibrate_attention"), cfg.where("parallel.dcp_calibrate"));
   return s;
 }
 
@@ -124,7 +128,7 @@ std::unique_ptr<DataCentricStep> DataCentricStep::from_config(Config& cfg, const
   if (s.data.batch_tokens == 0) {
     for (const char* k : {"parallel.dcp_cp", "parallel.dcp_accum", "parallel.dcp_recompute", "parallel.dcp_device",
                           "parallel.dcp_memory_gb", "parallel.dcp_margin", "parallel.dcp_link_gbps",
-                          "parallel.dcp_link_latency_us", "parallel.dcp_calibrate", "data.varlen_lengths", "data.varlen_alpha",
+                          "parallel.dcp_link_latency_us", "parallel.dcp_calibrate", "parallel.dcp_calibrate_attention", "data.varlen_lengths", "data.varlen_alpha",
                           "data.varlen_min_len"})
       ATOLL_CHECK(!cfg.has(k), "{} ({}) applies to the variable-length corpus only: set data.varlen_tokens > 0", k,
                   cfg.where(k));
@@ -150,6 +154,7 @@ DataCentricStep::DataCentricStep(DcpSettings s, const TrainOptions& o, int world
     : s_(std::move(s)), world_(world), seq_len_(o.seq_len), peak_gflops_(o.peak_gflops), data_dir_(o.data_dir),
       tokenizer_(o.tokenizer) {
   job_.precision = o.matmul_dtype == "bf16" ? "bf16" : "fp32";
+  calibration_ = plan::DcpCalibration(5, s_.calibrate_attention);
 }
 
 DataCentricStep::~DataCentricStep() = default;
@@ -230,8 +235,9 @@ void DataCentricStep::setup(nn::Model& model, comm::Communicator* comm) {
             describe().empty() ? "" : "; fixed: " + describe());
   if (s_.calibrate)
     log::info("data-centric parallel: the cost model's kernels are scaled by the run's measured steps (median of the "
-              "last 5), its link kept as {} (parallel.dcp_calibrate)", s_.link_gbps > 0 || s_.link_latency_us > 0
-              ? "given" : "timed");
+              "last 5{}), its link kept as {} (parallel.dcp_calibrate)",
+              s_.calibrate_attention ? "; the attention's scale apart once 8 of the last 16 steps determine it, "
+              "parallel.dcp_calibrate_attention" : "", s_.link_gbps > 0 || s_.link_latency_us > 0 ? "given" : "timed");
 }
 
 std::string DataCentricStep::describe() const {
@@ -301,7 +307,7 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
   const std::vector<PackedRow> rows = pack_documents(docs);
   const auto t0 = std::chrono::steady_clock::now();
   const plan::DcpChoice c = choose(rows, &last_by_cp_);
-  const double c_scale = scale_;
+  const double c_scale = scale_, c_attention = job_.attention_scale;
   choose_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t N = 0, longest = 0;
   for (const VarlenDocument& d : docs) N += d.targets(), longest = std::max(longest, d.targets());
@@ -348,14 +354,16 @@ double DataCentricStep::compute(int64_t step, nn::Model& model, parallel::DataPa
     measured_s_ = double(v.f32()[0]), busy_s_ = double(v.f32()[1]);
   }
   if (s_.calibrate) {
-    calibration_.observe(c, measured_s_, scale_);
+    calibration_.observe(c, measured_s_, scale_, job_.attention_scale);
     if (calibration_.scale() != scale_) {
       scale_ = calibration_.scale();
       job_.cluster = plan::make_cluster(plan::dcp_scaled_device(device_, scale_), world_, 1, 1);
     }
+    job_.attention_scale = calibration_.attention_scale();
   }
   last_ = c;
   last_scale_ = c_scale;
+  last_attention_scale_ = c_attention;
   last_tokens_ = N;
   total_tokens_ += N;
   last_docs_ = int64_t(docs.size());
@@ -372,7 +380,9 @@ nlohmann::json DataCentricStep::record() const {
             {"recompute", last_.recompute}, {"seq", last_.seq}, {"docs", last_docs_}, {"longest", last_longest_},
             {"rows", last_rows_}, {"predicted_ms", last_.step_s * 1e3}, {"predicted_link_ms", last_.link_s * 1e3},
             {"predicted_ms_by_cp", by_cp},
-            {"measured_ms", measured_s_ * 1e3}, {"busy_ms", busy_s_ * 1e3}, {"compute_scale", last_scale_}, {"choose_ms", choose_s_ * 1e3}}},
+            {"measured_ms", measured_s_ * 1e3}, {"busy_ms", busy_s_ * 1e3}, {"compute_scale", last_scale_},
+            {"attention_scale", last_attention_scale_}, {"predicted_attention_ms", last_.attention_s * 1e3},
+            {"choose_ms", choose_s_ * 1e3}}},
           {"tokens", total_tokens_}};
 }
 

@@ -65,6 +65,9 @@ struct DcpSettings {
   // default: a given or timed link is in real seconds whatever the device's nominal figures say.
   // Off: the choices are a function of the config alone (the tests' fixed figures).
   bool calibrate = true;
+  // With calibrate: fit the attention kernels' scale apart from the rest's (DcpCalibration's two
+  // terms), once the run's steps determine it; off: one scale for every kernel.
+  bool calibrate_attention = true;
   static DcpSettings from_config(Config& cfg, const TrainOptions& o);
 };
 
@@ -86,12 +89,14 @@ class DataCentricStep {
   int64_t step_tokens() const { return last_tokens_; }  // targets of the last batch (whole job)
   // The last step's choice for its metrics record: "dcp" {cp, dp, accum, micro_batch, recompute,
   // seq, docs, longest, rows, predicted_ms, predicted_link_ms (its ring part), predicted_ms_by_cp,
-  // measured_ms, compute_scale,
+  // measured_ms, compute_scale, attention_scale, predicted_attention_ms,
   // choose_ms}, and "tokens" (cumulative over this run). predicted_ms_by_cp: the fastest fitting
   // candidate of each cp degree, so that a run's choices can be checked against what it measured;
   // measured_ms / busy_ms: the slowest rank's forward + backward of this batch, wall-clock / its
   // process's CPU time;
-  // compute_scale: the kernels' scale the choice was priced at (plan::DcpCalibration).
+  // compute_scale: the kernels' scale the choice was priced at (plan::DcpCalibration);
+  // attention_scale: the attention part's further factor then (1 until the two-term fit holds);
+  // predicted_attention_ms: the attention part of predicted_ms.
   nlohmann::json record() const;
   std::string describe() const;
   // The choice for a batch's rows (the fixed keys held).
@@ -115,7 +120,7 @@ class DataCentricStep {
   plan::DcpCalibration calibration_;
   double scale_ = 1.0;   // the compute scale the job's cluster is priced at
   std::unique_ptr<comm::Communicator> calib_comm_;  // the measured times' max (apart from DDP's traffic)
-  double measured_s_ = 0, busy_s_ = 0, last_scale_ = 1.0;
+  double measured_s_ = 0, busy_s_ = 0, last_scale_ = 1.0, last_attention_scale_ = 1.0;
   int64_t last_rows_ = 0;
   plan::DcpChoice last_;
   std::map<int64_t, double> last_by_cp_;  // the last choice's by_cp (see choose)

@@ -394,7 +394,7 @@ TEST(DataCentricTrain, ChoosesPerBatchAndTrainsToTheStaticConfigurationsLoss) {
 // completing with cp 1 and cp 2 steps is part of the check; the loss is the static layout's.
 TEST(DataCentricTrain, CalibratedRunsPriceTheirKernelsByTheirOwnMeasuredSteps) {
   DcpFixture f;
-  ASSERT_EQ(f.train("cal", 2, {"--parallel.dcp_calibrate=true", "--train.steps=6"}), 0);
+  ASSERT_EQ(f.train("cal", 2, {"--parallel.dcp_calibrate=true", "--parallel.dcp_calibrate_attention=false", "--train.steps=6"}), 0);
   ASSERT_EQ(f.train("static", 2, {"--train.steps=6", "--parallel.dcp_cp=1", "--parallel.dcp_accum=1",
                                   "--parallel.dcp_recompute=none"}), 0);
   const auto cal = records(f.root / "cal"), st = records(f.root / "static");
@@ -456,4 +456,47 @@ TEST(DataCentricTrain, BadSettingsAreRefusedWithTheKey) {
   ASSERT_NE(f.train("bad_alone", 1, {"--data.varlen_tokens=0", "--parallel.dcp_cp=1"}, true), 0);
   EXPECT_NE(f.log("bad_alone").find("applies to the variable-length corpus only"), std::string::npos)
       << f.log("bad_alone");
+  // The fixture has dcp_calibrate = false: the attention's own scale needs the calibration.
+  ASSERT_NE(f.train("bad_att", 1, {"--parallel.dcp_calibrate_attention=true"}, true), 0);
+  EXPECT_NE(f.log("bad_att").find("parallel.dcp_calibrate_attention = true"), std::string::npos) << f.log("bad_att");
+  EXPECT_NE(f.log("bad_att").find("needs parallel.dcp_calibrate = true"), std::string::npos) << f.log("bad_att");
+}
+
+// Session 16: with the two-term calibration on (parallel.dcp_calibrate_attention, the default),
+// each step is priced at the scales the run's earlier steps give: replaying the records'
+// observations (the price's parts, the slowest rank's measured time, the scales then) through a
+// plan::DcpCalibration gives every next record's compute_scale and attention_scale (bound 1e-9:
+// the same doubles, printed in ms). Whether the fit takes hold in 16 steps depends on this
+// machine's timings (it needs 8 steps whose attention shares differ and a positive slope); the
+// replay must agree either way, and the loss is the static layout's.
+TEST(DataCentricTrain, TheAttentionsScaleIsFittedApartFromTheRunsOwnSteps) {
+  DcpFixture f;
+  ASSERT_EQ(f.train("cal2", 2, {"--parallel.dcp_calibrate=true", "--train.steps=16"}), 0);
+  ASSERT_EQ(f.train("static", 2, {"--train.steps=16", "--parallel.dcp_cp=1", "--parallel.dcp_accum=1",
+                                  "--parallel.dcp_recompute=none"}), 0);
+  const auto cal = records(f.root / "cal2"), st = records(f.root / "static");
+  ASSERT_EQ(cal.size(), 16u);
+  ASSERT_EQ(st.size(), 16u);
+  plan::DcpCalibration replay(5, true);
+  std::string seen;
+  for (size_t s = 0; s < cal.size(); ++s) {
+    const auto& d = cal[s]["dcp"];
+    ASSERT_TRUE(d.contains("attention_scale") && d.contains("predicted_attention_ms")) << d.dump();
+    const double scale = d["compute_scale"], att_scale = d["attention_scale"];
+    EXPECT_NEAR(scale, replay.scale(), 1e-9 * replay.scale()) << "step " << s + 1 << ": " << d.dump();
+    EXPECT_NEAR(att_scale, replay.attention_scale(), 1e-9 * replay.attention_scale()) << "step " << s + 1;
+    plan::DcpChoice c;
+    c.step_s = d["predicted_ms"].get<double>() / 1e3;
+    c.link_s = d["predicted_link_ms"].get<double>() / 1e3;
+    c.compute_s = c.step_s - c.link_s;
+    c.attention_s = d["predicted_attention_ms"].get<double>() / 1e3;
+    EXPECT_GT(c.attention_s, 0.0) << d.dump();
+    EXPECT_LT(c.attention_s, c.compute_s) << d.dump();
+    replay.observe(c, d["measured_ms"].get<double>() / 1e3, scale, att_scale);
+    seen += fmt::format("{:.3g}/x{:.3g} (cp {}) ", scale, att_scale, d["cp"].get<int>());
+    const double e = std::fabs(cal[s]["loss"].get<double>() - st[s]["loss"].get<double>()) / st[s]["loss"].get<double>();
+    EXPECT_LE(e, s == 0 ? 1e-6 : 1e-4) << "loss at step " << s + 1;
+  }
+  std::printf("scales/attention scales: %s; fit %s after 16 steps\n", seen.c_str(), replay.fitted() ? "held" : "not held");
+  EXPECT_NE(f.log("cal2").find("the attention's scale apart"), std::string::npos) << f.log("cal2");
 }

@@ -4,6 +4,8 @@
 // slower (predicted) than the best static configuration, and here strictly faster.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdio>
 
 #include "plan/data_centric.h"
@@ -198,4 +200,89 @@ TEST(DataCentricParallel, TheRunsMeasuredStepsScaleTheKernelsAgainstATimedLink) 
   w.observe(predict_config(j50, lumpy, 1, 1, "none"), 49.0 * cp1.step_s, 50.0);
   EXPECT_NEAR(w.scale(), 50.0, 1e-6) << "window now 500, 48, 51, 50, 49";
   EXPECT_EQ(w.steps(), 7);
+}
+
+// Session 16: the two-term calibration. A price is split into its attention cores' part
+// (attention_s: the same micro-batches priced with no query-key pairs, subtracted) and the rest,
+// and attention_scale multiplies only the first — exactly, since the parts add. A run whose
+// kernels take α P + β A (here α = 40, β = 120: attention three times dearer against the rest
+// than the device's figures say) is recovered exactly from 8 batches of different attention
+// shares, each priced at the scales then in force as the trainer does; a stalled step (10x) moves
+// neither coefficient (Theil–Sen: 28 of the 36 pairwise slopes are still β); batches of one shape
+// determine no ratio, so the one-scale rule stays. With one scale (the old rule) the fitted
+// price of a batch of short documents is off by the mix; with both it equals what was measured.
+TEST(DataCentricParallel, TheTwoTermCalibrationRecoversTheAttentionScaleApartFromTheRest) {
+  const DcpJob base = bench_job();
+  const std::vector<int64_t> lumpy = [] {
+    std::vector<int64_t> v = {2048};
+    v.insert(v.end(), 20, 100);
+    return v;
+  }();
+  const DcpChoice c1 = predict_config(base, lumpy, 1, 1, "none");
+  ASSERT_GT(c1.attention_s, 0.0);
+  ASSERT_LT(c1.attention_s, c1.compute_s);
+  DcpJob j3 = base;
+  j3.attention_scale = 3.0;
+  const DcpChoice c3 = predict_config(j3, lumpy, 1, 1, "none");
+  EXPECT_NEAR(c3.attention_s, 3.0 * c1.attention_s, 1e-12 * c3.step_s);
+  EXPECT_NEAR(c3.compute_s, c1.compute_s + 2.0 * c1.attention_s, 1e-12 * c3.step_s);
+  // Longer documents, a larger attention share.
+  const DcpChoice shorts = predict_config(base, std::vector<int64_t>(40, 50), 1, 1, "none");
+  EXPECT_LT(shorts.attention_s / shorts.compute_s, c1.attention_s / c1.compute_s);
+
+  const double alpha = 40.0, beta = 120.0;
+  auto truth = [&](const std::vector<int64_t>& docs) {  // measured kernels (cp 1: no link)
+    const DcpChoice c = predict_config(base, docs, 1, 1, "none");
+    return alpha * (c.compute_s - c.attention_s) + beta * c.attention_s;
+  };
+  std::vector<std::vector<int64_t>> batches;
+  for (int64_t len : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) batches.push_back(std::vector<int64_t>(4096 / len, len));
+  DcpCalibration cal(5, true);
+  DcpJob j = base;
+  double scale_then = 1.0;
+  for (size_t b = 0; b < 8; ++b) {
+    EXPECT_FALSE(cal.fitted()) << "after " << b << " steps (8 are needed)";
+    const DcpChoice ran = predict_config(j, batches[b], 1, 1, "none");
+    cal.observe(ran, truth(batches[b]), scale_then, j.attention_scale);
+    scale_then = cal.scale();
+    j.cluster = make_cluster(dcp_scaled_device(base.cluster.device, scale_then), 2, 1, 1);
+    j.attention_scale = cal.attention_scale();
+  }
+  ASSERT_TRUE(cal.fitted());
+  EXPECT_NEAR(cal.scale(), alpha, 1e-9 * alpha);
+  EXPECT_NEAR(cal.attention_scale(), beta / alpha, 1e-9);
+  // The fitted price of a batch it never saw is what it measures.
+  const DcpChoice unseen = predict_config(j, batches[8], 1, 1, "none");
+  EXPECT_NEAR(unseen.step_s, truth(batches[8]), 1e-9 * unseen.step_s);
+  // One scale (the old rule, fitted to the same runs: the median of the last five k) misprices
+  // the batch of the shortest documents by more than 10%.
+  DcpCalibration one;
+  for (size_t b = 0; b < 8; ++b) one.observe(predict_config(base, batches[b], 1, 1, "none"), truth(batches[b]), 1.0);
+  DcpJob j1 = base;
+  j1.cluster = make_cluster(dcp_scaled_device(base.cluster.device, one.scale()), 2, 1, 1);
+  const double one_err = predict_config(j1, batches[0], 1, 1, "none").step_s / truth(batches[0]) - 1.0;
+  std::printf("one scale %.2f: the 32-long batch off by %+.1f%%; two terms %.2f, x%.3f\n", one.scale(), 100 * one_err,
+              cal.scale(), cal.attention_scale());
+  EXPECT_GT(std::fabs(one_err), 0.1);
+
+  // A stalled step: 10x its kernels. Neither coefficient moves.
+  cal.observe(predict_config(j, batches[8], 1, 1, "none"), 10.0 * truth(batches[8]), cal.scale(), cal.attention_scale());
+  ASSERT_TRUE(cal.fitted());
+  EXPECT_NEAR(cal.scale(), alpha, 1e-9 * alpha);
+  EXPECT_NEAR(cal.attention_scale(), beta / alpha, 1e-9);
+
+  // Batches of one shape: no ratio is determined; the one-scale median holds.
+  DcpCalibration same(5, true);
+  for (int i = 0; i < 10; ++i) same.observe(predict_config(base, lumpy, 1, 1, "none"), truth(lumpy), 1.0);
+  EXPECT_FALSE(same.fitted());
+  EXPECT_EQ(same.attention_scale(), 1.0);
+  EXPECT_NEAR(same.scale(), truth(lumpy) / c1.compute_s, 1e-9 * same.scale());
+  // A fit that would make attention free (β ≤ 0) is refused: the kernels shrink as attention grows.
+  DcpCalibration neg(5, true);
+  for (size_t b = 0; b < 9; ++b) {
+    const DcpChoice c = predict_config(base, batches[b], 1, 1, "none");
+    neg.observe(c, 40.0 * (c.compute_s - c.attention_s) - 5.0 * c.attention_s, 1.0);
+  }
+  EXPECT_FALSE(neg.fitted());
+  EXPECT_EQ(neg.attention_scale(), 1.0);
 }
