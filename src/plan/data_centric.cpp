@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "plan/comm_fit.h"
 #include "plan/predict.h"
 
 namespace atl::plan {
@@ -165,19 +166,11 @@ void DcpCalibration::observe(const DcpChoice& ran, double measured_s, double sca
   }
 }
 
-namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-}  // namespace
-
 void DcpCalibration::fit() {
   fit_ok_ = false;
   const size_t n = x_.size();
   if (int64_t(n) < min_fit_) return;
-  const double xm = median(x_);
+  const double xm = median_of(x_);
   const auto [lo, hi] = std::minmax_element(x_.begin(), x_.end());
   if (!(xm > 0) || *hi - *lo < 0.2 * xm) return;
   std::vector<double> slopes;
@@ -185,7 +178,7 @@ void DcpCalibration::fit() {
     for (size_t j = i + 1; j < n; ++j)
       if (std::fabs(x_[j] - x_[i]) > 1e-3 * xm) slopes.push_back((y_[j] - y_[i]) / (x_[j] - x_[i]));
   if (slopes.size() < 4) return;
-  const double b = median(slopes);
+  const double b = median_of(slopes);
   // Determined: the pairwise slopes' middle half within ±b/2 of each other's spread (their
   // inter-quartile range at most b). Wall-clock noise on steps whose attention shares differ
   // little scatters the slopes over both signs; a ratio taken from them would swing the choices.
@@ -194,14 +187,14 @@ void DcpCalibration::fit() {
   if (!(q3 - q1 <= b)) return;
   std::vector<double> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = y_[i] - b * x_[i];
-  const double a = median(r);
+  const double a = median_of(r);
   if (!(a > 0) || !(b > 0) || !std::isfinite(a) || !std::isfinite(b)) return;
   alpha_ = a, beta_ = b, fit_ok_ = true;
 }
 
 double DcpCalibration::scale() const {
   if (fit_ok_) return alpha_;
-  return k_.empty() ? 1.0 : median(k_);
+  return k_.empty() ? 1.0 : median_of(k_);
 }
 
 double DcpCalibration::attention_scale() const { return fit_ok_ ? beta_ / alpha_ : 1.0; }
