@@ -25,6 +25,12 @@ class PipelineStages {
   virtual Shape stage_hidden_shape(const Shape& input) const = 0;
   // The last block's output -> the scalar training loss against target (final norm, head, loss).
   virtual Tensor stage_loss(const Tensor& x, const Tensor& target) const = 0;
+  // The auxiliary losses (an MoE router's balance and z-losses) of the blocks the last
+  // stage_blocks call ran, summed, in that call's graph; undefined when they have none. Model::loss
+  // adds them to the cross-entropy, so stage_loss does not: the pipeline seeds their gradient with
+  // the loss's seed on the stage that ran them (the router's gradient then is one process's) and
+  // adds their value to the loss it reports. Taken once per stage_blocks call.
+  virtual Tensor stage_take_aux_loss() const { return Tensor(); }
 };
 
 }  // namespace atl::nn

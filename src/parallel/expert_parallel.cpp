@@ -593,9 +593,8 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   const MeshShape& m = mesh.shape();
   if (m.ep == 1) return nullptr;
   check_expert_layout(m, *model);
-  ATOLL_CHECK(m.pp == 1 && m.island == 1, "parallel.ep = {} with parallel.pp = {} and parallel.islands = {}: sharded "
-              "experts compose with data, context and tensor parallelism only (pp and islands must be 1)", m.ep, m.pp,
-              m.island);
+  ATOLL_CHECK(m.island == 1, "parallel.ep = {} with parallel.islands = {}: sharded experts compose with data, "
+              "context, tensor and pipeline parallelism (islands must be 1)", m.ep, m.island);
   // ep x tp (Megatron-Core's composition): each tp rank routes its sequence-parallel share of the
   // tokens over the ep group of its tp coordinate, to experts whole on every tp rank. Without
   // sequence parallelism every tp rank would route and compute the same tokens (Megatron-Core
@@ -612,9 +611,11 @@ std::unique_ptr<ExpertShards> apply_expert_parallel(Config& cfg, std::unique_ptr
   comm::Communicator* ep = mesh.axis("ep");
   ATOLL_CHECK(!ep || (ep->size() == m.ep && ep->rank() == coord), "expert parallel: the ep group ({} ranks, rank {}) "
               "does not match the mesh (ep = {}, coordinate {})", ep ? ep->size() : 1, ep ? ep->rank() : 0, m.ep, coord);
-  // The ranks holding the same experts: equal ep coordinates over the whole world (pp = 1), the
-  // tp ranks among them (their token shares reach the same experts).
-  std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(coord), world->rank()) : nullptr;
+  // The ranks holding the same experts: equal ep coordinates within a pipeline stage (equal pp
+  // coordinates: a stage's experts are its MoE layers', ExpertShards::set_pipeline), the tp ranks
+  // among them (their token shares reach the same experts).
+  const int64_t color = mesh.coord("pp") * m.ep + coord;
+  std::unique_ptr<comm::Communicator> replicas = world ? world->split(int(color), world->rank()) : nullptr;
   model = dynamic_cast<nn::ExpertModel&>(*model).expert_shard(m.ep, coord);
   allocator_for(Device::cpu()).release_cache();  // the whole model's buffers go back, not to the cache
   auto d = make_expert_dispatcher(kind, ep, overlap, grain);

@@ -11,6 +11,13 @@
 // squares summed over the ep group (replicas counted once). Checkpoints hold the whole model and a
 // single-rank AdamW's state under their usual names (the experts gathered over the ep group), so a
 // run resumes under any ep, or none.
+//
+// Under a pipeline (pp x ep, set_pipeline) a rank steps the experts of its own stages' MoE layers
+// only: their replicas are the ranks of the same pp and ep coordinates, the gradient norm's
+// squares add up over the ep group and then over pp (as the pipeline sums its stages'), the other
+// stages' experts hold no values, gradients or optimizer state between steps (sync_full_model
+// binds their values for an evaluation), and a checkpoint takes every stage's experts from their
+// stage over the pp axis before the ep gather.
 #pragma once
 #include <memory>
 #include <string>
@@ -36,6 +43,12 @@ class ExpertShards {
   // The model was rebuilt after the expert shard (tensor parallelism's shard of it, ep x tp):
   // takes its expert parameters and injects the dispatcher into it. Before attach().
   void rebind(nn::Model& model);
+  // pp > 1: this rank's stages are pipe's; pp: the pipeline axis (the ranks of this ep coordinate
+  // on every stage). Releases the other stages' experts. Before attach().
+  void set_pipeline(const class PipelineParallel& pipe, comm::Communicator* pp);
+  // Under a pipeline: every stage's experts' values bound here from their stage (collective over
+  // pp), for an evaluation; released by the next zero_grad(). Without one: nothing.
+  void sync_full_model();
 
   // Once the data-parallel strategy is built: the experts' AdamW, and the divisor of the
   // gradients (the strategy's data-parallel ranks). other_optimizer: the job's [optim] places
@@ -70,7 +83,14 @@ class ExpertShards {
   std::unique_ptr<nn::ExpertDispatcher> dispatcher_;
   comm::Communicator* ep_;
   std::unique_ptr<comm::Communicator> replicas_;
-  std::vector<nn::Parameter*> params_;
+  std::vector<nn::Parameter*> params_;  // the experts this rank steps (under a pipeline: its stages')
+  // Under a pipeline: every MoE layer's experts of this ep rank, the pp rank of each one's stage.
+  std::vector<nn::Parameter*> all_;
+  std::vector<int> owner_;
+  comm::Communicator* pp_ = nullptr;
+  bool others_bound_ = false;
+  bool mine(size_t i) const { return !pp_ || owner_[i] == pp_->rank(); }
+  void release_others();
   std::unique_ptr<AdamW> opt_;
   float divisor_ = 1.f;
 };

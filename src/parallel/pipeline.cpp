@@ -142,6 +142,7 @@ std::vector<std::pair<std::string, Tensor>> recv_named(comm::Communicator& c, in
 struct InFlight {
   Tape tape;
   Tensor in, out, loss;  // in: the received activation (a leaf); out: what was sent on
+  Tensor aux;            // the stage's auxiliary losses (PipelineStages::stage_take_aux_loss), if any
   std::vector<std::function<void()>> weight_work;  // ZB: the deferred W pass
 };
 
@@ -160,8 +161,6 @@ PipelineParallel::PipelineParallel(nn::Model& model, comm::Communicator* world, 
   // Across islands (ms.island > 1) `world` is the island's communicator: every axis below lies
   // inside the island, and the checkpoint gathers the island's model on its rank 0
   // (lowcomm/pipeline_islands.cpp).
-  ATOLL_CHECK(ms.ep == 1, "parallel.pp = {} composes with data, tensor and context parallelism only in this build "
-              "(mesh {})", pc.pp, ms.describe());
   ATOLL_CHECK(world && int64_t(world->size()) * ms.island == ms.world(),
               "pipeline over islands: built over {} ranks, the island has {} (mesh {})", world ? world->size() : 1,
               ms.world() / ms.island, ms.describe());
@@ -418,7 +417,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
   auto tag = [&](bool grad, int mb, int stage) { return base + (stage * m_ + mb) * 2 + (grad ? 1 : 0); };
   std::vector<comm::WorkPtr> sends;
   spans_.clear();
-  double loss_sum = 0;
+  double loss_sum = 0, aux_sum = 0;
   auto& inflight = impl_->inflight;
   inflight.clear();
   for (const PipeAction& a : sched_.ranks[size_t(r_)]) {
@@ -442,6 +441,8 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
       TapeScope scope(f.tape);
       const auto& [first, last] = blocks_[size_t(s)];
       Tensor y = stages_->stage_blocks(x, first, last);
+      f.aux = stages_->stage_take_aux_loss();
+      if (f.aux.defined()) aux_sum += double(f.aux.item());
       if (s == S - 1) {
         f.loss = stages_->stage_loss(y, targets[size_t(a.mb)]);
         loss_sum += double(f.loss.item());
@@ -460,6 +461,9 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
         TapeScope scope(f.tape);
         std::unique_ptr<WeightGradDeferral> defer;
         if (sched_.split_backward) defer = std::make_unique<WeightGradDeferral>();
+        // The auxiliary losses are a second root of this backward: one process adds them to the
+        // loss, whose seed 1/m reaches each of them unchanged through the additions.
+        if (f.aux.defined() && requires_grad(f.aux)) grad_buffer(f.aux).fill(1.f / float(m_));
         if (s == S - 1) backward(f.loss, 1.f / float(m_));
         else backward(f.out, g);
         if (defer) f.weight_work = defer->take();
@@ -471,6 +475,7 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
       }
       f.out = Tensor();
       f.loss = Tensor();
+      f.aux = Tensor();
       if (!sched_.split_backward) inflight.erase({a.mb, a.chunk});
     } else {
       for (auto& w : f.weight_work) w();
@@ -480,10 +485,14 @@ double PipelineParallel::forward_backward(const std::vector<Tensor>& inputs, con
   }
   for (auto& w : sends) w->wait();
   ++steps_run_;
-  // The mean loss, from the last stage to every stage.
-  Tensor l = split_double(r_ == p_ - 1 ? loss_sum / double(m_) : 0.0);
-  pp_comm_->broadcast(l, p_ - 1);
-  return double(l.f32()[0]) + double(l.f32()[1]);
+  // The mean loss (the last stage's cross-entropy and every stage's auxiliary losses) on every
+  // stage. Without auxiliary losses only the last stage's term is nonzero: the sum is its bits.
+  Tensor mine = split_double(((r_ == p_ - 1 ? loss_sum : 0.0) + aux_sum) / double(m_));
+  Tensor all = Tensor::empty({2 * int64_t(p_)});
+  pp_comm_->all_gather(mine, all);
+  double total = 0;
+  for (int i = 0; i < p_; ++i) total += double(all.f32()[2 * i]) + double(all.f32()[2 * i + 1]);
+  return total;
 }
 
 void PipelineParallel::finish_backward() {

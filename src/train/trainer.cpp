@@ -176,6 +176,7 @@ struct Trainer::Impl {
 
   double evaluate() {
     if (pipe) pipe->sync_full_model();
+    if (pipe && experts) experts->sync_full_model();  // pp x ep: every stage's experts of this ep rank
     double v = task->evaluate(*model);
     return lowcomm ? lowcomm->world_average(v) : dp->average(v);
   }
@@ -327,7 +328,12 @@ Trainer::Trainer(Config& cfg) : impl_(std::make_unique<Impl>()) {
   }
   if (I.lowcomm) I.lowcomm->set_pipeline(I.pipe);  // pp inside the islands: per-stage outer state
   if (I.lowcomm) I.lowcomm->attach(*I.model, I.pc.strategy, I.tp.get(), I.dp->value_ranges());
-  if (I.experts) I.experts->attach(placement.adamw, I.dp->world(), !placement_adamw_only);
+  // pp x ep: the stage's experts only; the divisor is the data-parallel ranks (dp x cp), which a
+  // pipeline's communicator (the whole world) is not.
+  if (I.experts && I.pipe) I.experts->set_pipeline(*I.pipe, I.mesh->axis("pp"));
+  if (I.experts)
+    I.experts->attach(placement.adamw, I.pipe ? int(I.pc.mesh.dp() * I.pc.mesh.cp) : I.dp->world(),
+                      !placement_adamw_only);
   if (I.dcp) I.dcp->setup(*I.model, I.comm.get());
   I.sample_rng = Rng(uint64_t(I.o.seed), 1000);
 }
@@ -633,6 +639,7 @@ TrainResult Trainer::run(bool resume) {
       if (guard) resilience::check_phase(*I.comm, "sample", step + 1);
       resilience::PhaseScope in_sample(resilience::Phase::eval);
       if (I.pipe) I.pipe->sync_full_model();
+      if (I.pipe && I.experts) I.experts->sync_full_model();
       std::string s = I.task->sample(*I.model, I.sample_rng);
       if (s.empty()) s = "(the model does not generate)";
       rec["sample"] = valid_utf8(s);  // byte-level samples may cut characters; JSON needs UTF-8

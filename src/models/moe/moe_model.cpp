@@ -116,35 +116,94 @@ void MoEModel::set_recompute(std::vector<Recompute> per_block) {
   Model::set_recompute(std::move(per_block));
 }
 
-Tensor MoEModel::hidden(const Tensor& tokens) const {
+Tensor MoEModel::embed(const Tensor& tokens) const {
   ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
   ATOLL_CHECK(tokens.size(1) <= c_.attn.block_size, "sequence length {} exceeds block_size {}", tokens.size(1),
               c_.attn.block_size);
-  begin_forward();
   // Under cp every layer below sees this rank's spans of each row only (positions: Attention::core).
   const Tensor tok = context_ ? take_spans(tokens, context_->spans(tokens.size(1))) : tokens;
-  if (tp_) tp_->begin_forward(tok.size(0), tok.size(1));
-  Tensor x = tp_ ? tp_->vocab_embedding(tok, embed_tokens->weight->value, vocab_lo_, Tensor())
-                 : ops::embedding(tok, embed_tokens->weight->value, Tensor());
-  aux_.assign(layers.size(), Tensor());
-  x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) {
-    MoEBlock* b = layers[i];
-    if (!b->moe || i >= full_moe_.size() || !full_moe_[i] || !grad_enabled()) {
-      Tensor y = (*b)(in);
-      if (b->moe) aux_[i] = b->moe->aux_loss();
-      return y;
-    }
-    // Full recompute of an MoE block: the checkpoint's one output carries the block's output and
-    // its auxiliary loss, so that the loss's gradient reaches the recomputed router too.
-    Tensor packed = checkpoint("recompute_block", in, [b](const Tensor& xi) {
-      Tensor y = (*b)(xi);
-      return ops::concat({ops::reshape(y, {y.numel()}), ops::reshape(b->moe->aux_loss(), {1})}, 0);
-    });
-    std::vector<Tensor> parts = ops::split(packed, {in.numel(), 1}, 0);
-    aux_[i] = ops::reshape(parts[1], b->moe->aux_loss().shape());
-    return ops::reshape(parts[0], in.shape());
+  return tp_ ? tp_->vocab_embedding(tok, embed_tokens->weight->value, vocab_lo_, Tensor())
+             : ops::embedding(tok, embed_tokens->weight->value, Tensor());
+}
+
+Tensor MoEModel::run_block(size_t i, const Tensor& in, Tensor& aux) const {
+  MoEBlock* b = layers[i];
+  if (!b->moe || i >= full_moe_.size() || !full_moe_[i] || !grad_enabled()) {
+    Tensor y = (*b)(in);
+    if (b->moe) aux = b->moe->aux_loss();
+    return y;
+  }
+  // Full recompute of an MoE block: the checkpoint's one output carries the block's output and
+  // its auxiliary loss, so that the loss's gradient reaches the recomputed router too.
+  Tensor packed = checkpoint("recompute_block", in, [b](const Tensor& xi) {
+    Tensor y = (*b)(xi);
+    return ops::concat({ops::reshape(y, {y.numel()}), ops::reshape(b->moe->aux_loss(), {1})}, 0);
   });
+  std::vector<Tensor> parts = ops::split(packed, {in.numel(), 1}, 0);
+  aux = ops::reshape(parts[1], b->moe->aux_loss().shape());
+  return ops::reshape(parts[0], in.shape());
+}
+
+Tensor MoEModel::hidden(const Tensor& tokens) const {
+  ATOLL_CHECK(tokens.dim() == 2, "model input must be [B,T] token ids");
+  begin_forward();
+  if (tp_) tp_->begin_forward(tokens.size(0), tokens.size(1) / (context_ ? context_->ranks() : 1));
+  Tensor x = embed(tokens);
+  aux_.assign(layers.size(), Tensor());
+  x = run_blocks(x, layers.size(), [this](size_t i, const Tensor& in) { return run_block(i, in, aux_[i]); });
   return (*norm)(x);
+}
+
+// Pipeline stages: embed / blocks / norm + head + cross-entropy, as hidden() and loss() run them.
+// A dense block under "full" recompute is checkpointed here as run_blocks does; an MoE block's
+// own checkpoint (run_block) carries its auxiliary loss.
+void MoEModel::stage_begin(const Shape& in) const {
+  if (tp_) tp_->begin_forward(in.at(0), in.at(1) / (context_ ? context_->ranks() : 1));
+}
+
+Shape MoEModel::stage_hidden_shape(const Shape& in) const {
+  const int64_t T = in.at(1) / (context_ ? context_->ranks() : 1);
+  if (tp_ && tp_->sequence_sharded()) return {in.at(0) * T / tp_->size(), c_.attn.n_embd};
+  return {in.at(0), T, c_.attn.n_embd};
+}
+
+Tensor MoEModel::stage_input(const Tensor& tokens) const { return embed(tokens); }
+
+Tensor MoEModel::stage_blocks(const Tensor& x, int64_t first, int64_t last) const {
+  ATOLL_CHECK(0 <= first && first <= last && last <= int64_t(layers.size()), "blocks [{}, {}) of {}", first, last,
+              layers.size());
+  Tensor y = x;
+  stage_aux_ = Tensor();
+  staged_.resize(layers.size(), false);
+  for (int64_t i = first; i < last; ++i) {
+    const size_t b = size_t(i);
+    staged_[b] = true;
+    if (recompute(b) == Recompute::full && grad_enabled()) {  // a dense block (set_recompute)
+      y = checkpoint("recompute_block", y, [this, b](const Tensor& xi) {
+        Tensor none;
+        return run_block(b, xi, none);
+      });
+      continue;
+    }
+    Tensor a;
+    y = run_block(b, y, a);
+    if (a.defined() && grad_enabled()) stage_aux_ = stage_aux_.defined() ? ops::add(stage_aux_, a) : a;
+  }
+  return y;
+}
+
+Tensor MoEModel::stage_take_aux_loss() const {
+  Tensor a = stage_aux_;
+  stage_aux_ = Tensor();
+  return a;
+}
+
+Tensor MoEModel::stage_loss(const Tensor& x, const Tensor& targets) const {
+  const Tensor tgt = context_ ? take_spans(targets, context_->spans(targets.size(1))) : targets;
+  const Tensor h = (*norm)(x);
+  Tensor l = tp_ ? tp_->vocab_cross_entropy(logits_of(h), tgt, vocab_lo_)
+                 : ops::cross_entropy(logits_of(h), tgt, /*reuse_logits=*/true);
+  return context_ ? context_share_of_loss(l, tgt, *context_) : l;
 }
 
 Tensor MoEModel::logits_of(const Tensor& h) const {
@@ -206,14 +265,19 @@ void MoEModel::set_expert_dispatcher(ExpertDispatcher* d) {
 }
 
 std::vector<std::pair<std::string, double>> MoEModel::step_metrics() const {
+  // Under a pipeline a rank reports the MoE layers of its own stages (the others never run here
+  // in training; an evaluation's forward would leave its figures in them).
   double bal = 0, z = 0, drop = 0;
-  auto ms = moe_layers();
-  for (MoELayer* m : ms) {
+  size_t count = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const MoELayer* m = layers[i]->moe;
+    if (!m || (!staged_.empty() && !staged_[i])) continue;
     bal += m->last_balance_loss();
     z += m->last_z_loss();
     drop += m->last_dropped_fraction();
+    ++count;
   }
-  const double n = double(std::max<size_t>(1, ms.size()));
+  const double n = double(std::max<size_t>(1, count));
   return {{"moe_balance_loss", bal / n}, {"moe_z_loss", z / n}, {"moe_dropped", drop / n}};
 }
 

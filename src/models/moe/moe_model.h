@@ -25,7 +25,7 @@ class MoEBlock : public Module {
   MoELayer* moe = nullptr;       // "mlp" of an MoE layer
 };
 
-class MoEModel : public Model, public TokenModel, public ExpertModel, public SequenceSharded {
+class MoEModel : public Model, public TokenModel, public ExpertModel, public SequenceSharded, public PipelineStages {
  public:
   // tp: build this tp rank's shard (parallelize.cpp's plan): attention, dense FFNs and shared
   // experts tensor-parallel, embedding and head split by vocabulary rows, routed experts whole
@@ -42,6 +42,14 @@ class MoEModel : public Model, public TokenModel, public ExpertModel, public Seq
   Tensor loss(const Tensor& tokens, const Tensor& targets) const override;
   Tensor forward(const Tensor& tokens) const override;
   std::vector<Module*> blocks() override { return {layers.begin(), layers.end()}; }
+  // Pipeline stages (nn/pipeline_stages.h): together loss(), the routers' auxiliary losses handed
+  // to the pipeline per stage (stage_take_aux_loss) rather than added by the last stage.
+  void stage_begin(const Shape& in) const override;
+  Tensor stage_input(const Tensor& tokens) const override;
+  Tensor stage_blocks(const Tensor& x, int64_t first, int64_t last) const override;
+  Shape stage_hidden_shape(const Shape& in) const override;
+  Tensor stage_loss(const Tensor& x, const Tensor& targets) const override;
+  Tensor stage_take_aux_loss() const override;
   // "selective" recomputes a block's attention core (as GPT's); "full" is run_blocks' checkpoint
   // for a dense block, and for an MoE block one that also returns the layer's auxiliary loss
   // (hidden()), without which the recomputed router would get no balance or z-loss gradient.
@@ -80,6 +88,11 @@ class MoEModel : public Model, public TokenModel, public ExpertModel, public Seq
   std::vector<bool> full_moe_;       // MoE blocks under "full" recompute (checkpointed in hidden())
   const ContextAttention* context_ = nullptr;
   mutable std::vector<Tensor> aux_;  // each MoE block's auxiliary loss of the last forward, in its graph
+  mutable Tensor stage_aux_;         // the last stage_blocks call's auxiliary losses, summed
+  mutable std::vector<bool> staged_;  // blocks a pipeline stage has run here (step_metrics averages those)
+  // Block i on x; its auxiliary loss (an MoE block's) into aux. Full recompute included.
+  Tensor run_block(size_t i, const Tensor& x, Tensor& aux) const;
+  Tensor embed(const Tensor& tokens) const;  // this rank's spans (cp) -> the first block's input
 };
 
 }  // namespace atl::nn
